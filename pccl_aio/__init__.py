@@ -1,0 +1,74 @@
+"""pccl_aio: fault-tolerant collective communications over the internet, in pure asyncio.
+
+A ``Master`` orchestrates a run; ``Communicator`` peers join and leave at any moment and run
+ring all-reduces over pooled TCP connections with Cython kernels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from ._communicator import AllReduceHandle, Communicator
+from ._errors import (
+    InvalidUsageError,
+    KickedError,
+    MasterConnectionError,
+    PcclError,
+    PcclTimeoutError,
+    PeerLostError,
+    ProtocolError,
+    RemoteProtocolError,
+    SharedStateError,
+    TooFewPeersError,
+    VersionMismatchError,
+)
+from ._types import (
+    DataType,
+    QuantAlgo,
+    Quantization,
+    ReduceInfo,
+    ReduceOp,
+    SyncInfo,
+    SyncStrategy,
+)
+from ._version import __version__
+from .master import Master
+
+__all__ = [
+    "AllReduceHandle",
+    "Communicator",
+    "DataType",
+    "InvalidUsageError",
+    "KickedError",
+    "Master",
+    "MasterConnectionError",
+    "PcclError",
+    "PcclTimeoutError",
+    "PeerLostError",
+    "ProtocolError",
+    "QuantAlgo",
+    "Quantization",
+    "ReduceInfo",
+    "ReduceOp",
+    "RemoteProtocolError",
+    "SharedStateError",
+    "SyncInfo",
+    "SyncStrategy",
+    "TooFewPeersError",
+    "VersionMismatchError",
+    "__version__",
+    "run",
+]
+
+_T = TypeVar("_T")
+
+
+def run(main: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``main`` on uvloop when it is installed, else on the stock asyncio loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.run(main)
+    return uvloop.run(main)

@@ -1,0 +1,195 @@
+"""One ring all-reduce attempt on one peer: the pipelined data path and its life cycle.
+
+Life cycle, driven by the communicator's control reader *in master message order*:
+``launch`` (CollectiveInit sent) -> ``on_start`` (seq known, data flows) -> the run task
+reports ``CollectiveDone`` -> ``on_complete`` | ``on_abort`` | ``on_rejected``. The terminal
+callbacks run synchronously inside the reader so that every peer of a group reacts to the same
+sequence of verdicts identically (that is what keeps retries in lock-step).
+
+The data path: received segments are written by the receiver straight into ``scratch``
+(reduce-scatter) or ``dst`` (all-gather); the run task reduces each reduce-scatter segment into
+``dst`` with the Cython kernel and forwards it at once, so receive, reduce and send overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import _ops
+from . import _ring as ring
+from ._buffers import Buffer
+from ._dataplane import HEADER, MAGIC, Link
+from ._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
+from ._types import ReduceInfo, ReduceOp
+
+if TYPE_CHECKING:
+    from ._communicator import Communicator
+
+log = logging.getLogger("pccl_aio.collective")
+
+SEGMENT_BYTES = 1 << 20
+
+
+class Collective:
+    """One attempt of one tagged all-reduce on this peer."""
+
+    def __init__(self, comm: Communicator, tag: int, src: Buffer, dst: Buffer,
+                 op: ReduceOp, in_place: bool) -> None:
+        self.comm, self.tag, self.op = comm, tag, op
+        self.src, self.dst = src, dst
+        loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[ReduceInfo] = loop.create_future()
+        self.seq = 0
+        self.world = 0
+        self.active = False
+        self.tx = self.rx = 0
+        self.hooks: list[Callable[[Collective], None]] = []
+        self._run: asyncio.Task[None] | None = None
+        self._inbox: collections.deque[tuple[int, int, int]] = collections.deque()
+        self._wake: asyncio.Future[None] | None = None
+        self._expected: dict[tuple[int, int], int] = {}
+        self._error: str | None = None
+        self._scratch: memoryview | None = None
+        self._scratch_owner: bytearray | None = None
+        self.cancelled = False
+        # In place: keep the input so an aborted attempt can be undone bit-exactly.
+        self._backup: bytes | None = None
+        if in_place:
+            self._backup = bytes(dst.view)
+        else:
+            dst.view[:] = src.view
+
+    # ---- driven by the control reader -------------------------------------------------------
+    def on_start(self, seq: int, ring_ids: list[int], me: int) -> None:
+        """The master started this collective as ``seq`` on ``ring_ids``: start moving data."""
+        self.seq = seq
+        if self.cancelled:  # the caller gave up before the start: tell the master at once
+            self.comm._registry.skip(seq)
+            self.comm._send_done(self.tag, seq, False, "cancelled")
+            return
+        self.world = len(ring_ids)
+        rank = ring_ids.index(me)
+        b = self.dst.dtype.itemsize
+        self.plan = ring.RingPlan(rank, self.world, self.dst.count, b,
+                                  max(1, SEGMENT_BYTES // b))
+        self._expected = self.plan.expected()
+        self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.view.nbytes)
+        self.active = True
+        self.comm._registry.add(seq, self)
+        succ = ring_ids[(rank + 1) % self.world]
+        self._run = asyncio.ensure_future(self._run_data(succ))
+
+    def on_complete(self) -> None:
+        self._finish(None)
+
+    def on_abort(self, reason: str) -> None:
+        if self._backup is not None:
+            self.dst.view[:] = self._backup
+        self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}"))
+
+    def on_rejected(self, reason: str) -> None:
+        self._finish(InvalidUsageError(f"all-reduce tag {self.tag} rejected: {reason}"))
+
+    def on_lost(self, exc: BaseException) -> None:
+        """The control connection is gone: no verdict will come."""
+        if self._backup is not None:
+            self.dst.view[:] = self._backup
+        self._finish(exc)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        self.active = False
+        if self.seq:
+            self.comm._registry.remove(self.seq)
+        if self._run is not None and not self._run.done():
+            self._run.cancel()
+        if self._scratch_owner is not None:
+            self.comm._scratch.give(self._scratch_owner)
+            self._scratch_owner = self._scratch = None
+        if not self.future.done():
+            if exc is None:
+                self.future.set_result(ReduceInfo(self.world, self.tx, self.rx))
+            else:
+                self.future.set_exception(exc)
+        for hook in self.hooks:
+            hook(self)
+
+    # ---- driven by the receiver (Sink protocol) ---------------------------------------------
+    def target(self, phase: int, offset: int, length: int) -> memoryview | None:
+        if self._expected.pop((phase, offset), -1) != length:
+            return None
+        buf = self._scratch if phase == ring.RS else self.dst.view
+        assert buf is not None
+        return buf[offset : offset + length]
+
+    def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
+        self.rx += length + HEADER.size
+        self._inbox.append((phase, offset, length))
+        self._poke()
+
+    def on_error(self, reason: str) -> None:
+        self._error = reason
+        self._poke()
+
+    def _poke(self) -> None:
+        w, self._wake = self._wake, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # ---- the run task -----------------------------------------------------------------------
+    async def _run_data(self, succ: int) -> None:
+        try:
+            link = await self.comm._link(succ)
+            await self._pipeline(link)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # report, then wait for the master's abort
+            log.debug("collective tag=%d seq=%d failed locally: %r", self.tag, self.seq, exc)
+            self.comm._send_done(self.tag, self.seq, False, repr(exc))
+            return
+        self.comm._send_done(self.tag, self.seq, True, "")
+
+    async def _pipeline(self, link: Link) -> None:
+        plan, dst, kernel_op, dt = self.plan, self.dst.view, self.op, self.dst.dtype
+        scratch = self._scratch
+        assert scratch is not None
+        self._sent = 0
+        for off, n in plan.first_sends():
+            await self._send(link, ring.RS, off, n)
+        remaining = len(self._expected)
+        timeout = self.comm.data_timeout
+        while remaining:
+            if not self._inbox:
+                if self._error is not None:
+                    raise PeerLostError(self._error)
+                self._wake = asyncio.get_running_loop().create_future()
+                try:
+                    async with asyncio.timeout(timeout):
+                        await self._wake
+                except TimeoutError:
+                    raise PcclTimeoutError(
+                        f"no data for {timeout:.1f} s (seq {self.seq}); predecessor stalled"
+                    ) from None
+                continue
+            phase, off, n = self._inbox.popleft()
+            remaining -= 1
+            owned, fwd = plan.after_receive(phase, off)
+            if phase == ring.RS:
+                seg = dst[off : off + n]
+                _ops.reduce_into(seg, scratch[off : off + n], kernel_op, dt)
+                if owned and kernel_op == ReduceOp.AVG:
+                    _ops.divide(seg, self.world, dt)
+            if fwd is not None:
+                await self._send(link, fwd, off, n)
+        if self._error is not None:
+            raise PeerLostError(self._error)
+
+    async def _send(self, link: Link, phase: int, off: int, n: int) -> None:
+        header = HEADER.pack(MAGIC, phase, self.tag, self.seq, off, n, 0.0, 0.0)
+        await link.send(self.seq + self._sent, header, self.dst.view[off : off + n])
+        self._sent += 1
+        self.tx += n + HEADER.size
+

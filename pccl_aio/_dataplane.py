@@ -1,0 +1,317 @@
+"""The data plane: pooled TCP links to the ring successor, zero-copy receive from predecessors.
+
+Wire format. A connection opens with ``HELLO`` (magic, version, sender peer id, connection
+index). Then frames: a fixed ``HEADER`` (magic, tag, seq, phase, byte offset, byte length, two
+float64 quantization parameters) followed by ``length`` payload bytes. ``seq`` is the master's
+global collective number, so frames of an aborted attempt (older seq) are dropped, and frames
+of a collective this peer has not yet been told about (newer seq) pause that connection until
+the master's ``CollectiveStart`` arrives.
+
+Receive is zero-copy: ``_Receiver`` is an ``asyncio.BufferedProtocol`` whose ``get_buffer``
+hands the kernel the destination slice (or the collective's scratch) directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Callable
+from typing import Final, Protocol, cast
+
+from ._netutil import set_nodelay
+
+log = logging.getLogger("pccl_aio.dataplane")
+
+MAGIC: Final = 0x50434131  # "PCA1"
+HELLO: Final = struct.Struct("<IHHQH6x")  # magic, version, reserved, peer id, conn index
+HEADER: Final = struct.Struct("<IBxxxQQQQdd")  # magic, phase, tag, seq, offset, length, p0, p1
+DATA_VERSION: Final = 1
+
+
+class Sink(Protocol):
+    """A running collective as the receiver sees it."""
+
+    active: bool
+
+    def target(self, phase: int, offset: int, length: int) -> memoryview | None:
+        """Where the payload of a frame goes, or None if the frame is illegal."""
+
+    def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
+        """A whole payload arrived."""
+
+    def on_error(self, reason: str) -> None:
+        """The frame stream broke the protocol."""
+
+
+class Registry:
+    """seq -> running collective, shared by all receive connections of one communicator."""
+
+    def __init__(self) -> None:
+        self.sinks: dict[int, Sink] = {}
+        self.max_seq = 0
+        self._parked: list[_Receiver] = []
+
+    def add(self, seq: int, sink: Sink) -> None:
+        """Register a collective; wakes connections parked on its frames."""
+        self.sinks[seq] = sink
+        self.max_seq = max(self.max_seq, seq)
+        parked, self._parked = self._parked, []
+        for r in parked:
+            r.unpark()
+
+    def skip(self, seq: int) -> None:
+        """``seq`` started without us (a cancelled attempt): its frames are now stale."""
+        self.max_seq = max(self.max_seq, seq)
+        parked, self._parked = self._parked, []
+        for r in parked:
+            r.unpark()
+
+    def remove(self, seq: int) -> None:
+        """Stop accepting frames of ``seq``; later frames of it are discarded."""
+        self.sinks.pop(seq, None)
+
+    def park(self, r: _Receiver) -> None:
+        self._parked.append(r)
+
+    def forget(self, r: _Receiver) -> None:
+        with contextlib.suppress(ValueError):
+            self._parked.remove(r)
+
+
+_S_HELLO, _S_HEADER, _S_PAYLOAD, _S_DISCARD = range(4)
+
+
+class _Receiver(asyncio.BufferedProtocol):
+    """One incoming data connection; writes payloads straight into collectives' buffers."""
+
+    def __init__(self, registry: Registry, conns: set[_Receiver]) -> None:
+        self._reg = registry
+        self._conns = conns
+        self._state = _S_HELLO
+        self._hdr = bytearray(max(HEADER.size, HELLO.size))
+        self._hdr_view = memoryview(self._hdr)
+        self._got = 0
+        self._want = HELLO.size
+        self._sink: Sink | None = None
+        self._target: memoryview | None = None
+        self._frame: tuple[int, int, int, float, float] = (0, 0, 0, 0.0, 0.0)
+        self._discard = bytearray(1 << 16)
+        self._transport: asyncio.Transport | None = None
+        self._want_len = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        set_nodelay(transport)
+        self._conns.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._conns.discard(self)
+        self._reg.forget(self)
+        self._transport = None
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._state == _S_PAYLOAD:
+            sink = self._sink
+            if sink is not None and sink.active and self._target is not None:
+                return self._target[self._got : self._want]
+            self._state = _S_DISCARD  # the collective was aborted mid-frame: drop the rest
+        if self._state == _S_DISCARD:
+            return memoryview(self._discard)[: min(len(self._discard), self._want - self._got)]
+        return self._hdr_view[self._got : self._want]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._got += nbytes
+        if self._got < self._want:
+            return
+        state = self._state
+        if state == _S_HELLO:
+            magic, version, _, _peer, _idx = HELLO.unpack_from(self._hdr)
+            if magic != MAGIC or version != DATA_VERSION:
+                return self._violation("bad data-plane hello")
+            self._expect_header()
+        elif state == _S_HEADER:
+            magic, phase, _tag, seq, off, length, p0, p1 = HEADER.unpack_from(self._hdr)
+            if magic != MAGIC:
+                return self._violation("bad frame magic")
+            self._frame = (seq, phase, off, p0, p1)
+            self._route(seq, phase, off, length)
+        elif state == _S_PAYLOAD:
+            seq, phase, off, p0, p1 = self._frame
+            sink = self._sink
+            self._sink = self._target = None
+            self._expect_header()
+            if sink is not None and sink.active:
+                sink.on_segment(phase, off, self._want_len, p0, p1)
+        else:
+            self._expect_header()
+
+    def _expect_header(self) -> None:
+        self._state, self._got, self._want = _S_HEADER, 0, HEADER.size
+
+    def _route(self, seq: int, phase: int, off: int, length: int) -> bool:
+        """Pick where the payload goes; True if the connection was parked instead."""
+        self._want_len = length
+        self._got, self._want = 0, length
+        sink = self._reg.sinks.get(seq)
+        if sink is None:
+            if seq > self._reg.max_seq and self._transport is not None:
+                # A collective we have not heard of yet: wait for the master's CollectiveStart.
+                self._state = _S_HEADER
+                self._got, self._want = HEADER.size, HEADER.size
+                self._transport.pause_reading()
+                self._reg.park(self)
+                return True
+            self._state = _S_DISCARD  # stale frame of an aborted attempt
+        else:
+            target = sink.target(phase, off, length)
+            if target is None:
+                sink.on_error(f"unexpected frame phase={phase} offset={off} length={length}")
+                self._state = _S_DISCARD
+            else:
+                self._sink, self._target, self._state = sink, target, _S_PAYLOAD
+        if length == 0:
+            self.buffer_updated(0)
+        return False
+
+    def unpark(self) -> None:
+        """Re-route the held header now that the registry changed, then resume reading."""
+        if self._transport is None:
+            return
+        seq, phase, off, _p0, _p1 = self._frame
+        if not self._route(seq, phase, off, self._want_len) and self._transport is not None:
+            with contextlib.suppress(Exception):
+                self._transport.resume_reading()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def _violation(self, reason: str) -> None:
+        log.warning("closing data connection: %s", reason)
+        if self._transport is not None:
+            self._transport.abort()
+
+
+class Listener:
+    """The p2p listening socket of one communicator."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.conns: set[_Receiver] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int = 0) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Receiver(self.registry, self.conns), host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for c in list(self.conns):
+            c.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+
+class _Sender(asyncio.Protocol):
+    """One outgoing data connection with write flow control."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.error: Exception | None = None
+        self._drain: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        set_nodelay(transport)
+        transport.set_write_buffer_limits(high=8 << 20, low=1 << 20)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.error = exc or ConnectionResetError("data connection closed")
+        self.transport = None
+        self._wake()
+
+    def pause_writing(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        self._wake()
+
+    def _wake(self) -> None:
+        d, self._drain = self._drain, None
+        if d is not None and not d.done():
+            d.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the receiving side never writes
+
+    async def drained(self) -> None:
+        while self._drain is not None:
+            await asyncio.shield(self._drain)
+        if self.error is not None:
+            raise ConnectionResetError(f"data connection lost: {self.error}")
+
+
+class Link:
+    """``k`` TCP connections to one peer's listener; frames are striped over them."""
+
+    def __init__(self, peer_id: int, host: str, port: int, k: int, me: int) -> None:
+        self.peer_id, self.host, self.port, self.k, self.me = peer_id, host, port, k, me
+        self.senders: list[_Sender] = []
+        self._ready: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        """Connect all ``k`` connections (once; concurrent callers share the attempt)."""
+        if self._ready is None:
+            self._ready = asyncio.ensure_future(self._connect())
+        await asyncio.shield(self._ready)
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def one(i: int) -> _Sender:
+            _, proto = await loop.create_connection(_Sender, self.host, self.port)
+            assert proto.transport is not None
+            proto.transport.write(HELLO.pack(MAGIC, DATA_VERSION, 0, self.me, i))
+            return proto
+
+        self.senders = list(await asyncio.gather(*(one(i) for i in range(self.k))))
+
+    @property
+    def broken(self) -> bool:
+        return any(s.error is not None for s in self.senders)
+
+    async def send(self, idx: int, header: bytes, payload: memoryview) -> None:
+        """Queue one frame on connection ``idx % k``; waits while that connection is saturated.
+
+        Raises ConnectionResetError if the connection is gone. Cancelling may leave a partial
+        frame queued; the receiver then drops the frame as stale once the attempt is aborted.
+        """
+        s = self.senders[idx % self.k]
+        await s.drained()
+        t = s.transport
+        if t is None:
+            raise ConnectionResetError("data connection lost")
+        t.write(header)
+        if len(payload):
+            t.write(payload)
+
+    def close(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.cancel()
+        for s in self.senders:
+            if s.transport is not None:
+                s.transport.abort()
+
+
+LinkFactory = Callable[[int, str, int], Link]

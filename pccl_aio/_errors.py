@@ -1,0 +1,108 @@
+"""The exception tree of pccl_aio.
+
+::
+
+    PcclError                                   base of everything pccl_aio raises
+    ├── InvalidUsageError(PcclError, ValueError) bad argument or call order (raised before I/O)
+    ├── MasterConnectionError(PcclError, ConnectionError)
+    │   └── VersionMismatchError                 master speaks another protocol version
+    ├── PeerLostError(PcclError, ConnectionError) a collective was aborted: a peer left; retry
+    ├── TooFewPeersError(PcclError)               fewer than two peers in the peer group
+    ├── KickedError(PcclError)                    the master closed our session
+    ├── SharedStateError(PcclError)               shared-state sync could not complete
+    ├── PcclTimeoutError(PcclError, TimeoutError) a protocol deadline passed
+    └── ProtocolError(PcclError)                  a frame or message broke the protocol
+        ├── RemoteProtocolError                   the other side sent garbage
+        └── LocalProtocolError                    we were about to send something illegal
+
+Each class names the PCCL result code it corresponds to in ``code``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "InvalidUsageError",
+    "KickedError",
+    "LocalProtocolError",
+    "MasterConnectionError",
+    "PcclError",
+    "PcclTimeoutError",
+    "PeerLostError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "SharedStateError",
+    "TooFewPeersError",
+    "VersionMismatchError",
+]
+
+
+class PcclError(Exception):
+    """Base class of every exception raised by pccl_aio."""
+
+    code: ClassVar[str] = "INTERNAL_ERROR"
+
+
+class InvalidUsageError(PcclError, ValueError):
+    """A wrong argument or a call in the wrong state; nothing was sent."""
+
+    code = "INVALID_USAGE"
+
+
+class MasterConnectionError(PcclError, ConnectionError):
+    """The master could not be reached, or the connection to it was lost."""
+
+    code = "MASTER_CONNECTION_FAILED"
+
+
+class VersionMismatchError(MasterConnectionError):
+    """The master speaks another protocol version; retrying will not help."""
+
+
+class PeerLostError(PcclError, ConnectionError):
+    """A collective was aborted because a peer left or failed; retry it.
+
+    Survivors' world sizes are already updated when this is raised and an
+    in-place input buffer has been restored bit-exactly.
+    """
+
+    code = "RANK_CONNECTION_LOST"
+
+
+class TooFewPeersError(PcclError):
+    """The peer group has fewer than two peers, so no collective can run."""
+
+    code = "TOO_FEW_PEERS"
+
+
+class KickedError(PcclError):
+    """The master ended this peer's session (protocol violation or shared-state mismatch)."""
+
+    code = "UPDATE_TOPOLOGY_FAILED"
+
+
+class SharedStateError(PcclError):
+    """Shared-state synchronisation failed (no distributor, or a hash mismatch)."""
+
+    code = "NO_SHARED_STATE_AVAILABLE"
+
+
+class PcclTimeoutError(PcclError, TimeoutError):
+    """A protocol deadline (heartbeat, data plane, connect) passed."""
+
+    code = "RANK_CONNECTION_LOST"
+
+
+class ProtocolError(PcclError):
+    """A frame or message broke the wire protocol."""
+
+    code = "INTERNAL_ERROR"
+
+
+class RemoteProtocolError(ProtocolError):
+    """The other side sent a malformed, oversized or illegal frame or message."""
+
+
+class LocalProtocolError(ProtocolError):
+    """This side was about to send something the protocol does not allow."""

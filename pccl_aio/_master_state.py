@@ -1,0 +1,360 @@
+"""The master's whole logic, sans-IO: events in, actions out.
+
+Rule 1: every membership and collective transition lives in this file.
+Rule 2: time arrives only through ``Event.now``; this module never reads a clock, opens a
+socket or imports asyncio (``tests/unit/test_layering.py`` checks it).
+
+Theory of operation. A connection becomes a peer with ``Hello``. The first peer is accepted
+at once; later ones stay *pending* until every accepted peer (all groups) votes
+``VoteUpdateTopology``. ``VotePeersPending`` is a joint vote of the same scope. A collective
+``tag`` of a peer group starts when every accepted member of the group sent ``CollectiveInit``
+with one descriptor; it completes when every participant sent ``CollectiveDone(ok)``, and is
+aborted (once, for everyone) when a participant fails or disappears. Every peer gets exactly
+one terminal message (``CollectiveComplete``, ``CollectiveAbort`` or ``CollectiveRejected``)
+per collective it voted for. A peer silent for ``heartbeat_timeout`` is treated as dead.
+Anything illegal gets ``Kicked`` and a ``Close``; it never raises out of ``handle``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from typing import TypeAlias
+
+from . import _messages as m
+from ._errors import RemoteProtocolError
+
+# ---- events ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Connected:
+    conn: int
+    host: str
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Received:
+    conn: int
+    msg: m.PeerToMaster
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Malformed:
+    """A frame that failed to decode (``body``) or broke framing; closes that connection."""
+
+    conn: int
+    reason: str
+    now: float
+    body: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Disconnected:
+    conn: int
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick:
+    now: float
+
+
+Event: TypeAlias = Connected | Received | Malformed | Disconnected | Tick
+
+# ---- actions --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Send:
+    conn: int
+    msg: m.MasterToPeer
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Close:
+    conn: int
+    reason: str
+
+
+Action: TypeAlias = Send | Close
+
+
+@dataclasses.dataclass(slots=True)
+class _Peer:
+    conn: int
+    host: str
+    last_seen: float
+    registered: bool = False
+    accepted: bool = False
+    group: int = 0
+    port: int = 0
+    voted_topology: bool = False
+    voted_pending: bool = False
+    tags: set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(slots=True)
+class _Op:
+    """One collective of a group: voting (seq 0) or running on ``participants``."""
+
+    descs: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    seq: int = 0
+    participants: tuple[int, ...] = ()
+    done: set[int] = dataclasses.field(default_factory=set)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class MasterState:
+    """Membership, votes and collective bookkeeping of one run. Single-threaded, no I/O."""
+
+    def __init__(self, *, heartbeat_timeout: float = 5.0) -> None:
+        self.heartbeat_timeout = heartbeat_timeout
+        self.epoch = 0
+        self._peers: dict[int, _Peer] = {}
+        self._ops: dict[tuple[int, int], _Op] = {}
+        self._seq = 0
+
+    # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
+    def accepted(self, group: int | None = None) -> list[int]:
+        """Accepted peers (of ``group``) in ring order."""
+        return sorted(
+            p.conn for p in self._peers.values()
+            if p.accepted and (group is None or p.group == group)
+        )
+
+    def pending(self) -> list[int]:
+        """Registered peers waiting for admission."""
+        return sorted(p.conn for p in self._peers.values() if p.registered and not p.accepted)
+
+    def running(self, group: int) -> dict[int, int]:
+        """tag -> seq of the group's collectives that started (for tests)."""
+        return {t: op.seq for (g, t), op in self._ops.items() if g == group and op.seq}
+
+    # ---- entry point ----------------------------------------------------------------------------
+    def handle(self, event: Event) -> list[Action]:
+        """Apply one event; return the actions the transport must perform, in order."""
+        out: list[Action] = []
+        match event:
+            case Connected(conn=conn, host=host, now=now):
+                self._peers[conn] = _Peer(conn=conn, host=host, last_seen=now)
+            case Received(conn=conn, msg=msg, now=now):
+                peer = self._peers.get(conn)
+                if peer is None:
+                    return out
+                peer.last_seen = now
+                try:
+                    self._on_message(peer, msg, out)
+                except RemoteProtocolError as exc:
+                    out.append(Send(conn, m.Kicked(str(exc))))
+                    out.append(Close(conn, str(exc)))
+                    self._remove(conn, out)
+            case Malformed(conn=conn, reason=reason, body=body):
+                version = m.peek_hello_version(body) if body else None
+                peer = self._peers.get(conn)
+                if version is not None and version != m.PROTOCOL_VERSION and peer and not peer.registered:
+                    reason = (f"protocol version {version} is not supported; this master speaks "
+                              f"version {m.PROTOCOL_VERSION}")
+                    out.append(Send(conn, m.Rejected(reason)))
+                elif conn in self._peers:
+                    out.append(Send(conn, m.Kicked(reason)))
+                out.append(Close(conn, reason))
+                self._remove(conn, out)
+            case Disconnected(conn=conn):
+                self._remove(conn, out)
+            case Tick(now=now):
+                for peer in list(self._peers.values()):
+                    if now - peer.last_seen > self.heartbeat_timeout:
+                        out.append(Close(peer.conn, "heartbeat timeout"))
+                        self._remove(peer.conn, out)
+                out.extend(Send(c, m.MasterHeartbeat()) for c in self._peers)
+        return out
+
+    # ---- messages -------------------------------------------------------------------------------
+    def _on_message(self, peer: _Peer, msg: m.PeerToMaster, out: list[Action]) -> None:
+        if isinstance(msg, m.Heartbeat):
+            return
+        if isinstance(msg, m.Hello):
+            self._on_hello(peer, msg, out)
+            return
+        if not peer.registered:
+            raise RemoteProtocolError(f"{type(msg).__name__} before Hello")
+        match msg:
+            case m.Leave():
+                out.append(Close(peer.conn, "left"))
+                self._remove(peer.conn, out)
+            case m.VoteUpdateTopology():
+                self._require_accepted(peer, msg)
+                if peer.voted_topology or peer.tags:
+                    raise RemoteProtocolError(
+                        "update_topology vote while already voting or with collectives running")
+                peer.voted_topology = True
+                self._check_topology(out)
+            case m.VotePeersPending():
+                self._require_accepted(peer, msg)
+                if peer.voted_pending:
+                    raise RemoteProtocolError("duplicate peers-pending vote")
+                peer.voted_pending = True
+                self._check_pending(out)
+            case m.CollectiveInit():
+                self._require_accepted(peer, msg)
+                if msg.tag in peer.tags or peer.voted_topology:
+                    raise RemoteProtocolError(f"collective tag {msg.tag} already running")
+                op = self._ops.setdefault((peer.group, msg.tag), _Op())
+                if op.seq:
+                    raise RemoteProtocolError(f"collective tag {msg.tag} already started")
+                peer.tags.add(msg.tag)
+                op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo,
+                                       msg.quant_dtype)
+                self._check_initiate(peer.group, msg.tag, out)
+            case m.CollectiveDone():
+                self._require_accepted(peer, msg)
+                op = self._ops.get((peer.group, msg.tag))
+                if op is None or op.seq != msg.seq or peer.conn not in op.participants:
+                    return  # stale: the op was aborted before this report arrived
+                if msg.ok:
+                    op.done.add(peer.conn)
+                    self._check_complete(peer.group, msg.tag, out)
+                else:
+                    self._abort(peer.group, msg.tag, f"peer {peer.conn} failed: {msg.reason}", out)
+
+    def _require_accepted(self, peer: _Peer, msg: m.PeerToMaster) -> None:
+        if not peer.accepted:
+            raise RemoteProtocolError(f"{type(msg).__name__} from a peer not yet accepted")
+
+    def _on_hello(self, peer: _Peer, msg: m.Hello, out: list[Action]) -> None:
+        if peer.registered:
+            raise RemoteProtocolError("second Hello")
+        if msg.version != m.PROTOCOL_VERSION:
+            reason = (f"protocol version {msg.version} is not supported; this master speaks "
+                      f"version {m.PROTOCOL_VERSION}")
+            out.append(Send(peer.conn, m.Rejected(reason)))
+            out.append(Close(peer.conn, reason))
+            self._remove(peer.conn, out)
+            return
+        if not (0 <= msg.peer_group < 2**32 and 0 < msg.p2p_port < 65536):
+            raise RemoteProtocolError("Hello with an invalid peer group or port")
+        host = msg.advertise_host or peer.host
+        others = [p for p in self._peers.values() if p.registered]
+        if others and any(_is_loopback(p.host) != _is_loopback(host) for p in others):
+            reason = "loopback and non-loopback peers cannot be mixed in one run"
+            out.append(Send(peer.conn, m.Rejected(reason)))
+            out.append(Close(peer.conn, reason))
+            self._remove(peer.conn, out)
+            return
+        peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
+        first = not self.accepted()
+        peer.accepted = first
+        out.append(Send(peer.conn, m.Welcome(peer.conn, first)))
+        if first:
+            self.epoch += 1
+            out.extend(self._membership([peer.conn]))
+
+    # ---- consensus ----------------------------------------------------------------------------
+    def _membership(self, conns: list[int]) -> list[Action]:
+        accepted = [self._peers[c] for c in self.accepted()]
+        sizes: dict[int, int] = {}
+        for p in accepted:
+            sizes[p.group] = sizes.get(p.group, 0) + 1
+        out: list[Action] = []
+        for c in conns:
+            group = self._peers[c].group
+            ring = [m.PeerAddr(p.conn, p.host, p.port) for p in accepted if p.group == group]
+            out.append(Send(c, m.Membership(self.epoch, len(accepted), len(sizes),
+                                            max(sizes.values(), default=0), ring)))
+        return out
+
+    def _check_topology(self, out: list[Action]) -> None:
+        voters = self.accepted()
+        if not voters or not all(self._peers[c].voted_topology for c in voters):
+            return
+        for c in self.pending():
+            self._peers[c].accepted = True
+        for c in voters:
+            self._peers[c].voted_topology = False
+        self.epoch += 1
+        everyone = self.accepted()
+        out.extend(self._membership(everyone))
+        out.extend(Send(c, m.TopologyUpdated(self.epoch)) for c in voters)
+
+    def _check_pending(self, out: list[Action]) -> None:
+        voters = self.accepted()
+        if not voters or not all(self._peers[c].voted_pending for c in voters):
+            return
+        answer = m.PeersPendingAnswer(bool(self.pending()))
+        for c in voters:
+            self._peers[c].voted_pending = False
+            out.append(Send(c, answer))
+
+    def _check_initiate(self, group: int, tag: int, out: list[Action]) -> None:
+        op = self._ops.get((group, tag))
+        if op is None or op.seq:
+            return
+        members = self.accepted(group)
+        if not op.descs or not all(c in op.descs for c in members):
+            return
+        voters = sorted(op.descs)
+        if len(set(op.descs.values())) > 1:
+            reason = "peers disagree on count/dtype/op/quantization: " + ", ".join(
+                f"peer {c}: {op.descs[c]}" for c in voters)
+            del self._ops[(group, tag)]
+            for c in voters:
+                self._peers[c].tags.discard(tag)
+                out.append(Send(c, m.CollectiveRejected(tag, reason)))
+            return
+        if len(voters) < 2:
+            del self._ops[(group, tag)]
+            for c in voters:
+                self._peers[c].tags.discard(tag)
+                out.append(Send(c, m.CollectiveAbort(tag, 0, "too few peers in the group")))
+            return
+        self._seq += 1
+        op.seq, op.participants = self._seq, tuple(voters)
+        out.extend(Send(c, m.CollectiveStart(tag, op.seq, self.epoch)) for c in voters)
+
+    def _check_complete(self, group: int, tag: int, out: list[Action]) -> None:
+        op = self._ops[(group, tag)]
+        if not op.done.issuperset(op.participants):
+            return
+        del self._ops[(group, tag)]
+        for c in op.participants:
+            self._peers[c].tags.discard(tag)
+            out.append(Send(c, m.CollectiveComplete(tag, op.seq)))
+
+    def _abort(self, group: int, tag: int, reason: str, out: list[Action]) -> None:
+        op = self._ops.pop((group, tag))
+        for c in op.participants:
+            if c in self._peers:
+                self._peers[c].tags.discard(tag)
+                out.append(Send(c, m.CollectiveAbort(tag, op.seq, reason)))
+
+    # ---- departures -----------------------------------------------------------------------------
+    def _remove(self, conn: int, out: list[Action]) -> None:
+        peer = self._peers.pop(conn, None)
+        if peer is None or not peer.accepted:
+            return
+        self.epoch += 1
+        # Membership first: when a survivor sees the abort, its world size is already fresh.
+        out.extend(self._membership(self.accepted()))
+        for (group, tag), op in list(self._ops.items()):
+            if group != peer.group:
+                continue
+            if op.seq:
+                if conn in op.participants:
+                    self._abort(group, tag, f"peer {conn} left the run", out)
+            else:
+                op.descs.pop(conn, None)
+                if op.descs:
+                    self._check_initiate(group, tag, out)
+                else:
+                    del self._ops[(group, tag)]
+        self._check_topology(out)
+        self._check_pending(out)

@@ -1,0 +1,202 @@
+"""Every control-plane wire message, as msgspec Structs in tagged unions per direction.
+
+Schema rules (msgspec schema evolution): never reorder fields, append new fields only with
+defaults, never reuse a tag. Tag ranges name the direction: 1-63 peer->master,
+64-127 master->peer. Tensor payloads never pass through msgspec (see ``_dataplane``).
+"""
+
+from __future__ import annotations
+
+from typing import Final, TypeAlias
+
+import msgspec
+
+from ._errors import RemoteProtocolError
+
+PROTOCOL_VERSION: Final = 1
+
+
+class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
+    """Base of every wire message."""
+
+
+# ---- peer -> master ------------------------------------------------------------------------
+class Hello(_Msg, tag=1):
+    """First message of a session; the master refuses another protocol ``version``."""
+
+    version: int
+    peer_group: int
+    p2p_port: int
+    advertise_host: str = ""
+
+
+class Heartbeat(_Msg, tag=2):
+    """Liveness beacon, sent both ways every heartbeat interval."""
+
+
+class VoteUpdateTopology(_Msg, tag=3):
+    """Joint vote of all accepted peers: admit the pending peers."""
+
+
+class VotePeersPending(_Msg, tag=4):
+    """Joint vote of all accepted peers: are any peers waiting to be admitted?"""
+
+
+class CollectiveInit(_Msg, tag=5):
+    """Vote to start the collective ``tag`` in this peer's group with this descriptor."""
+
+    tag: int
+    count: int
+    dtype: int
+    op: int
+    quant_algo: int = 0
+    quant_dtype: int = 0
+
+
+class CollectiveDone(_Msg, tag=6):
+    """This peer finished its part of collective (tag, seq); ``ok`` False reports a failure."""
+
+    tag: int
+    seq: int
+    ok: bool
+    reason: str = ""
+
+
+class Leave(_Msg, tag=7):
+    """Graceful goodbye; the master then treats the peer as gone."""
+
+
+# ---- master -> peer ------------------------------------------------------------------------
+class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Where a peer's data-plane listener is."""
+
+    peer_id: int
+    host: str
+    port: int
+
+
+class Welcome(_Msg, tag=64):
+    """Registration accepted; ``accepted`` False means: wait for the others' update_topology."""
+
+    peer_id: int
+    accepted: bool
+    version: int = PROTOCOL_VERSION
+
+
+class Rejected(_Msg, tag=65):
+    """Registration refused (e.g. protocol version mismatch); the master closes the connection."""
+
+    reason: str
+    version: int = PROTOCOL_VERSION
+
+
+class Membership(_Msg, tag=66):
+    """The run's membership as of ``epoch``; ``ring`` is this peer's group in ring order."""
+
+    epoch: int
+    global_world_size: int
+    num_groups: int
+    largest_group_world_size: int
+    ring: list[PeerAddr]
+
+
+class TopologyUpdated(_Msg, tag=67):
+    """Answer to VoteUpdateTopology, sent after the new Membership."""
+
+    epoch: int
+
+
+class PeersPendingAnswer(_Msg, tag=68):
+    """Answer to VotePeersPending."""
+
+    pending: bool
+
+
+class CollectiveStart(_Msg, tag=69):
+    """All group peers voted for ``tag`` with one descriptor: run it as ``seq`` on ring ``epoch``."""
+
+    tag: int
+    seq: int
+    epoch: int
+
+
+class CollectiveComplete(_Msg, tag=70):
+    """Every participant reported success: the result of (tag, seq) stands."""
+
+    tag: int
+    seq: int
+
+
+class CollectiveAbort(_Msg, tag=71):
+    """Collective ``tag`` (``seq`` 0 if it never started) was aborted; the caller may retry."""
+
+    tag: int
+    seq: int
+    reason: str
+
+
+class CollectiveRejected(_Msg, tag=72):
+    """The group's peers disagreed on the descriptor of ``tag``; nothing ran."""
+
+    tag: int
+    reason: str
+
+
+class Kicked(_Msg, tag=73):
+    """The master ends this session (protocol violation); the connection closes next."""
+
+    reason: str
+
+
+class MasterHeartbeat(_Msg, tag=74):
+    """Liveness beacon of the master."""
+
+
+PeerToMaster: TypeAlias = (
+    Hello | Heartbeat | VoteUpdateTopology | VotePeersPending | CollectiveInit | CollectiveDone
+    | Leave
+)
+MasterToPeer: TypeAlias = (
+    Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart
+    | CollectiveComplete | CollectiveAbort | CollectiveRejected | Kicked | MasterHeartbeat
+)
+
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_P2M: Final = msgspec.msgpack.Decoder(PeerToMaster)
+_M2P: Final = msgspec.msgpack.Decoder(MasterToPeer)
+
+
+def encode(msg: _Msg) -> bytes:
+    """Encode one message body (without the frame's length prefix)."""
+    return _ENCODER.encode(msg)
+
+
+def decode_peer_to_master(buf: bytes | memoryview) -> PeerToMaster:
+    """Decode a peer->master body; raises RemoteProtocolError on anything malformed."""
+    try:
+        return _P2M.decode(buf)
+    except msgspec.DecodeError as exc:
+        raise RemoteProtocolError(f"bad peer->master message: {exc}") from exc
+
+
+def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
+    """Decode a master->peer body; raises RemoteProtocolError on anything malformed."""
+    try:
+        return _M2P.decode(buf)
+    except msgspec.DecodeError as exc:
+        raise RemoteProtocolError(f"bad master->peer message: {exc}") from exc
+
+
+def peek_hello_version(buf: bytes | memoryview) -> int | None:
+    """The protocol version inside a Hello body this version cannot decode, else None.
+
+    Lets the master refuse a peer of another version with a clear reason even when the
+    Hello's schema changed.
+    """
+    try:
+        raw = msgspec.msgpack.decode(buf)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(raw, list) and len(raw) >= 2 and raw[0] == 1 and isinstance(raw[1], int):
+        return raw[1]
+    return None

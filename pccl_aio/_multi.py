@@ -1,0 +1,87 @@
+"""``all_reduce_multiple_with_retry``: many tagged all-reduces in flight, relaunched on loss.
+
+Every decision (launch the next, relaunch an aborted one, give up) is taken synchronously in
+the verdict callbacks, which run in the master's message order. All peers of a group see the
+same verdicts in the same order, so they launch the same tags in the same order without any
+extra coordination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from typing import TYPE_CHECKING
+
+from ._buffers import Buffer
+from ._collective import Collective
+from ._errors import PcclError, PeerLostError, TooFewPeersError
+from ._types import ReduceInfo, ReduceOp
+
+if TYPE_CHECKING:
+    from ._communicator import Communicator
+
+
+class MultiReduce:
+    """One call of ``all_reduce_multiple_with_retry``."""
+
+    def __init__(self, comm: Communicator, bufs: list[Buffer], tags: list[int], op: ReduceOp,
+                 max_in_flight: int, max_attempts: int) -> None:
+        self.comm, self.bufs, self.tags, self.op = comm, bufs, tags, op
+        self.max_in_flight, self.max_attempts = max_in_flight, max_attempts
+        self.todo = list(range(len(bufs)))
+        self.inflight: dict[int, Collective] = {}
+        self.infos: list[ReduceInfo | None] = [None] * len(bufs)
+        self.attempts = [0] * len(bufs)
+        self.error: BaseException | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def run(self) -> list[ReduceInfo]:
+        """Blocks until every tensor is reduced; cancelling aborts what is in flight."""
+        self._fill()
+        self._maybe_done()
+        try:
+            await asyncio.shield(self.done)
+        except asyncio.CancelledError:
+            self.error = self.error or asyncio.CancelledError()
+            for coll in list(self.inflight.values()):
+                self.comm._cancel(coll)
+            raise
+        if self.error is not None:
+            raise self.error
+        return [i for i in self.infos if i is not None]
+
+    def _fill(self) -> None:
+        while self.todo and len(self.inflight) < self.max_in_flight and self.error is None:
+            i = self.todo.pop(0)
+            coll = Collective(self.comm, self.tags[i], self.bufs[i], self.bufs[i], self.op, True)
+            try:
+                self.comm._launch(coll)
+            except PcclError as exc:
+                self.error = exc
+                return
+            coll.hooks.append(lambda c, i=i: self._on_verdict(i, c))
+            self.inflight[i] = coll
+
+    def _on_verdict(self, i: int, coll: Collective) -> None:
+        self.inflight.pop(i, None)
+        exc = coll.future.exception()
+        if exc is None:
+            self.infos[i] = coll.future.result()
+        elif isinstance(exc, PeerLostError) and self.error is None:
+            self.attempts[i] += 1
+            if self.comm.peer_group_world_size < 2:
+                self.error = TooFewPeersError(
+                    f"peer group has {self.comm.peer_group_world_size} peer(s) left")
+            elif self.attempts[i] >= self.max_attempts:
+                self.error = exc
+            else:
+                bisect.insort(self.todo, i)
+        elif self.error is None:
+            self.error = exc
+        self._fill()
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if not self.inflight and (self.error is not None or not self.todo):
+            if not self.done.done():
+                self.done.set_result(None)

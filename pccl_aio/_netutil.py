@@ -1,0 +1,26 @@
+"""Small asyncio socket helpers shared by the master and the peers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from . import _framing
+
+
+def set_nodelay(transport: asyncio.BaseTransport) -> None:
+    """Disable Nagle's algorithm: small control frames must not wait for an ACK."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def read_frame(reader: asyncio.StreamReader, max_size: int = _framing.MAX_FRAME_SIZE) -> bytes:
+    """Read one length-prefixed frame body.
+
+    Blocks until a whole frame arrived. Raises ``asyncio.IncompleteReadError`` at EOF and
+    ``RemoteProtocolError`` for an oversized frame. Cancelling leaves the stream mid-frame:
+    close the connection afterwards.
+    """
+    header = await reader.readexactly(_framing.HEADER_SIZE)
+    return await reader.readexactly(_framing.body_length(header, max_size))
