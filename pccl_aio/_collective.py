@@ -43,6 +43,7 @@ class Collective:
         self.src, self.dst = src, dst
         loop = asyncio.get_running_loop()
         self.future: asyncio.Future[ReduceInfo] = loop.create_future()
+        self.started: asyncio.Future[None] = loop.create_future()
         self.seq = 0
         self.world = 0
         self.active = False
@@ -52,6 +53,7 @@ class Collective:
         self._inbox: collections.deque[tuple[int, int, int]] = collections.deque()
         self._wake: asyncio.Future[None] | None = None
         self._expected: dict[tuple[int, int], int] = {}
+        self._total = 0
         self._error: str | None = None
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
@@ -67,6 +69,8 @@ class Collective:
     def on_start(self, seq: int, ring_ids: list[int], me: int) -> None:
         """The master started this collective as ``seq`` on ``ring_ids``: start moving data."""
         self.seq = seq
+        if not self.started.done():
+            self.started.set_result(None)
         if self.cancelled:  # the caller gave up before the start: tell the master at once
             self.comm._registry.skip(seq)
             self.comm._send_done(self.tag, seq, False, "cancelled")
@@ -77,6 +81,7 @@ class Collective:
         self.plan = ring.RingPlan(rank, self.world, self.dst.count, b,
                                   max(1, SEGMENT_BYTES // b))
         self._expected = self.plan.expected()
+        self._total = len(self._expected)  # frames may arrive before the run task starts
         self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.view.nbytes)
         self.active = True
         self.comm._registry.add(seq, self)
@@ -109,6 +114,8 @@ class Collective:
         if self._scratch_owner is not None:
             self.comm._scratch.give(self._scratch_owner)
             self._scratch_owner = self._scratch = None
+        if not self.started.done():
+            self.started.cancel()
         if not self.future.done():
             if exc is None:
                 self.future.set_result(ReduceInfo(self.world, self.tx, self.rx))
@@ -159,7 +166,7 @@ class Collective:
         self._sent = 0
         for off, n in plan.first_sends():
             await self._send(link, ring.RS, off, n)
-        remaining = len(self._expected)
+        remaining = self._total
         timeout = self.comm.data_timeout
         while remaining:
             if not self._inbox:

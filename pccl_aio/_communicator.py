@@ -43,6 +43,20 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
     def done(self) -> bool:
         return self._coll.future.done()
 
+    async def started(self) -> bool:
+        """Wait until the master started the collective (data is flowing).
+
+        Returns False if it ended without starting (rejected, aborted while voting).
+        Cancelling this wait does not affect the collective.
+        """
+        try:
+            await asyncio.shield(self._coll.started)
+        except asyncio.CancelledError:
+            if self._coll.started.cancelled():
+                return False
+            raise
+        return True
+
     def __await__(self) -> Generator[Any, None, ReduceInfo]:
         return self._wait().__await__()
 

@@ -1,0 +1,212 @@
+"""Front door of the kernels: checks arguments, then calls the Cython or numpy implementation.
+
+The kernels themselves (``_kernels.pyx``, and ``_kernels_py.py`` which is the specification)
+trust their arguments; every check lives here and raises ``InvalidUsageError`` before any
+byte is touched. The checks are O(1) because they run once per segment on the hot path.
+
+``PCCL_AIO_NO_EXTENSIONS=1`` (any value but "" or "0") forces the numpy reference;
+otherwise the Cython module is used when it imports, else numpy (logged once at DEBUG).
+Buffers: anything exposing a C-contiguous buffer (numpy arrays, memoryview, bytearray,
+``tensor.numpy()``); a ``dst`` must be writable. bfloat16 data is passed as its raw 16-bit
+words (e.g. a torch bf16 tensor viewed as int16). A ``dst`` must not partially overlap its
+``src`` (the same buffer is fine).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import TYPE_CHECKING, Literal
+
+from ._errors import InvalidUsageError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = [
+    "IMPLEMENTATION",
+    "dequantize",
+    "dequantize_accumulate",
+    "divide",
+    "minmax",
+    "quantize",
+    "reduce_into",
+]
+
+_log = logging.getLogger(__name__)
+
+NO_EXTENSIONS = os.environ.get("PCCL_AIO_NO_EXTENSIONS", "") not in ("", "0")
+
+if TYPE_CHECKING or NO_EXTENSIONS:
+    from . import _kernels_py as _impl
+else:
+    try:
+        from . import _kernels as _impl
+    except ImportError as exc:  # pragma: no cover - depends on the build
+        from . import _kernels_py as _impl
+
+        _log.debug("pccl_aio._kernels unavailable (%s); using the numpy kernels", exc)
+
+#: Which kernels run: "cython" (compiled extension) or "numpy" (the reference).
+IMPLEMENTATION: Literal["cython", "numpy"] = (
+    "cython" if _impl.__name__.endswith("._kernels") else "numpy"
+)
+
+# DataType value -> itemsize; ReduceOp and QuantAlgo values (see _types.py).
+_ITEMSIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 8, 7: 8, 8: 2, 9: 2, 10: 4, 11: 8}
+_DTYPE_NAMES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+                "float16", "bfloat16", "float32", "float64")
+_FLOATS = frozenset((8, 9, 10, 11))
+_QDTYPES = {0: 1, 2: 2}  # uint8, uint16 -> itemsize
+_OPS = {op: op for op in range(5)}  # SUM AVG PROD MAX MIN
+_ALGOS = {1: 1, 2: 2}  # MIN_MAX, ZERO_POINT_SCALE (NONE is not a quantizer)
+_MAX_DIVISOR = 2**31 - 1
+#: Largest magnitude accepted for dequantization metadata (twice the quantizer's limit).
+_META_LIMIT = 2.0**1001
+
+
+def _bytes(buf: Buffer, name: str, writable: bool) -> memoryview:
+    """A flat byte memoryview of buf, after checking contiguity (and writability)."""
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        raise InvalidUsageError(
+            f"{name} must support the buffer protocol, not {type(buf).__name__}"
+        ) from None
+    if not mv.c_contiguous:
+        raise InvalidUsageError(f"{name} must be a C-contiguous buffer")
+    if writable and mv.readonly:
+        raise InvalidUsageError(f"{name} is read-only")
+    if mv.format != "B" or mv.ndim != 1:
+        try:
+            mv = mv.cast("B")
+        except (TypeError, ValueError) as exc:
+            raise InvalidUsageError(f"{name}: unsupported buffer format ({exc})") from None
+    return mv
+
+
+def _lookup(table: dict[int, int], value: object) -> int | None:
+    """table[value] for a plain int or IntEnum value (not bool); None otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return table.get(value)
+    return None
+
+
+def _itemsize(dtype: int, name: str = "dtype") -> int:
+    size = _lookup(_ITEMSIZE, dtype)
+    if size is None:
+        raise InvalidUsageError(f"unknown {name} {dtype!r}")
+    return size
+
+
+def _float_itemsize(dtype: int, name: str) -> int:
+    size = _itemsize(dtype, name)
+    if dtype not in _FLOATS:
+        raise InvalidUsageError(
+            f"{name} must be float16, bfloat16, float32 or float64, not {_DTYPE_NAMES[dtype]}"
+        )
+    return size
+
+
+def _q_itemsize(q_dtype: int) -> int:
+    size = _lookup(_QDTYPES, q_dtype)
+    if size is None:
+        raise InvalidUsageError(f"quantized dtype must be uint8 (0) or uint16 (2), not {q_dtype!r}")
+    return size
+
+
+def _check_op(op: int) -> None:
+    if _lookup(_OPS, op) is None:
+        raise InvalidUsageError(f"unknown reduce op {op!r}")
+
+
+def _check_algo(algo: int) -> None:
+    if _lookup(_ALGOS, algo) is None:
+        raise InvalidUsageError(f"unknown quantization algorithm {algo!r} (NONE does not quantize)")
+
+
+def _check_elements(nbytes: int, size: int, name: str) -> int:
+    if nbytes % size:
+        raise InvalidUsageError(f"{name} has {nbytes} bytes, not a multiple of itemsize {size}")
+    return nbytes // size
+
+
+def _check_meta(p0: float, p1: float) -> None:
+    for p in (p0, p1):
+        if not (isinstance(p, (int, float)) and math.isfinite(p) and abs(p) <= _META_LIMIT):
+            raise InvalidUsageError(f"quantization metadata must be finite, got {(p0, p1)!r}")
+
+
+def reduce_into(dst: Buffer, src: Buffer, op: int, dtype: int) -> None:
+    """``dst[i] = op(dst[i], src[i])`` element-wise (AVG adds; see :func:`divide`)."""
+    d, s = _bytes(dst, "dst", True), _bytes(src, "src", False)
+    size = _itemsize(dtype)
+    _check_op(op)
+    if d.nbytes != s.nbytes:
+        raise InvalidUsageError(f"length mismatch: dst has {d.nbytes} bytes, src {s.nbytes}")
+    _check_elements(d.nbytes, size, "dst")
+    _impl.reduce_into(d, s, int(op), int(dtype))
+
+
+def divide(dst: Buffer, divisor: int, dtype: int) -> None:
+    """AVG finalisation ``dst[i] /= divisor``; integers truncate toward zero."""
+    d = _bytes(dst, "dst", True)
+    size = _itemsize(dtype)
+    if not isinstance(divisor, int) or isinstance(divisor, bool) or not (
+        1 <= divisor <= _MAX_DIVISOR
+    ):
+        raise InvalidUsageError(f"divisor must be an int in [1, 2**31 - 1], not {divisor!r}")
+    _check_elements(d.nbytes, size, "dst")
+    _impl.divide(d, int(divisor), int(dtype))
+
+
+def minmax(src: Buffer, dtype: int) -> tuple[float, float]:
+    """(min, max) of the finite elements of a float buffer, (0.0, 0.0) if none."""
+    s = _bytes(src, "src", False)
+    _check_elements(s.nbytes, _float_itemsize(dtype, "dtype"), "src")
+    return _impl.minmax(s, int(dtype))
+
+
+def quantize(dst_q: Buffer, src: Buffer, src_dtype: int, q_dtype: int, algo: int
+             ) -> tuple[float, float]:
+    """Quantize ``src`` into ``dst_q`` (one code per element); return the metadata pair."""
+    d, s = _bytes(dst_q, "dst_q", True), _bytes(src, "src", False)
+    n = _check_elements(s.nbytes, _float_itemsize(src_dtype, "src_dtype"), "src")
+    qsize = _q_itemsize(q_dtype)
+    _check_algo(algo)
+    if d.nbytes != n * qsize:
+        raise InvalidUsageError(
+            f"length mismatch: dst_q has {d.nbytes} bytes, {n} codes need {n * qsize}"
+        )
+    return _impl.quantize(d, s, int(src_dtype), int(q_dtype), int(algo))
+
+
+def _check_dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtype: int,
+                      q_dtype: int, algo: int) -> tuple[memoryview, memoryview]:
+    d, s = _bytes(dst, "dst", True), _bytes(src_q, "src_q", False)
+    n = _check_elements(d.nbytes, _float_itemsize(dst_dtype, "dst_dtype"), "dst")
+    qsize = _q_itemsize(q_dtype)
+    _check_algo(algo)
+    _check_meta(p0, p1)
+    if s.nbytes != n * qsize:
+        raise InvalidUsageError(
+            f"length mismatch: src_q has {s.nbytes} bytes, {n} elements need {n * qsize}"
+        )
+    return d, s
+
+
+def dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtype: int,
+               q_dtype: int, algo: int) -> None:
+    """``dst[i] = D(q[i])`` with the metadata ``(p0, p1)`` returned by :func:`quantize`."""
+    d, s = _check_dequantize(dst, src_q, p0, p1, dst_dtype, q_dtype, algo)
+    _impl.dequantize(d, s, float(p0), float(p1), int(dst_dtype), int(q_dtype), int(algo))
+
+
+def dequantize_accumulate(dst: Buffer, src_q: Buffer, p0: float, p1: float, op: int,
+                          dst_dtype: int, q_dtype: int, algo: int) -> None:
+    """``dst[i] = op(dst[i], D(q[i]))`` in one pass (bit-identical to dequantize + reduce)."""
+    d, s = _check_dequantize(dst, src_q, p0, p1, dst_dtype, q_dtype, algo)
+    _check_op(op)
+    _impl.dequantize_accumulate(d, s, float(p0), float(p1), int(op), int(dst_dtype),
+                                int(q_dtype), int(algo))

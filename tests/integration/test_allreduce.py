@@ -1,0 +1,179 @@
+"""Ring all-reduce correctness with several communicators and a master in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import pccl_aio as pccl
+
+INT_DTYPES = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"]
+FLOAT_DTYPES = ["float16", "float32", "float64"]
+OPS = list(pccl.ReduceOp)
+
+
+def _inputs(dtype: str, n: int, ws: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lo = -3 if dtype.startswith("int") or dtype.startswith("float") else 0
+    # Small integers: sums and products are exact in every dtype, so results compare exactly.
+    return [rng.integers(lo, 4, n).astype(dtype) for _ in range(ws)]
+
+
+def _expected(xs: list[np.ndarray], op: pccl.ReduceOp) -> np.ndarray:
+    dt = xs[0].dtype
+    acc = xs[0].astype(np.float64 if dt.kind == "f" else dt)
+    for x in xs[1:]:
+        if op in (pccl.ReduceOp.SUM, pccl.ReduceOp.AVG):
+            acc = acc + x
+        elif op == pccl.ReduceOp.PROD:
+            acc = acc * x
+        elif op == pccl.ReduceOp.MAX:
+            acc = np.maximum(acc, x)
+        else:
+            acc = np.minimum(acc, x)
+    if op == pccl.ReduceOp.AVG:
+        if dt.kind == "f":
+            calc = np.float32 if dt == np.float16 else dt.type
+            return (np.asarray(acc, calc) / calc(len(xs))).astype(dt)
+        wide = acc.astype(np.int64) if dt != np.uint64 else acc
+        return np.trunc(wide / len(xs)).astype(dt)  # C division: toward zero
+    return acc.astype(dt)
+
+
+async def _reduce_all(comms, xs, op, *, in_place=True, tag=0):
+    if in_place:
+        outs = [x.copy() for x in xs]
+        infos = await asyncio.gather(*(c.all_reduce(o, op=op, tag=tag) for c, o in zip(comms, outs)))
+    else:
+        outs = [np.empty_like(x) for x in xs]
+        infos = await asyncio.gather(*(c.all_reduce(x, o, op=op, tag=tag)
+                                       for c, x, o in zip(comms, xs, outs)))
+    return outs, infos
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+async def test_every_op_and_dtype_bit_identical(peers, ws):
+    comms = await peers(ws)
+    for dtype in INT_DTYPES + FLOAT_DTYPES:
+        for op in OPS:
+            for n in (0, 1, ws - 1, ws, 1025):
+                xs = _inputs(dtype, n, ws, seed=n * 31 + op)
+                outs, infos = await _reduce_all(comms, xs, op, in_place=(n % 2 == 1))
+                want = _expected(xs, op)
+                for o in outs:
+                    assert o.tobytes() == outs[0].tobytes(), (dtype, op, n)
+                np.testing.assert_array_equal(outs[0], want, err_msg=f"{dtype} {op!r} n={n}")
+                assert all(i.world_size == ws for i in infos)
+
+
+async def test_large_float32_random_parity_and_tolerance(peers):
+    comms = await peers(4, p2p_connections=3)
+    rng = np.random.default_rng(7)
+    xs = [rng.random(203_530, dtype=np.float32) for _ in comms]
+    for op in (pccl.ReduceOp.SUM, pccl.ReduceOp.AVG):
+        outs, infos = await _reduce_all(comms, xs, op, in_place=False)
+        ref = np.sum(np.stack(xs).astype(np.float64), axis=0)
+        if op == pccl.ReduceOp.AVG:
+            ref /= len(comms)
+        for o in outs:
+            assert o.tobytes() == outs[0].tobytes()
+        np.testing.assert_allclose(outs[0], ref, rtol=1e-5)
+        n = xs[0].nbytes
+        for i in infos:  # 2(ws-1)/ws of the payload each way, plus frame headers
+            assert 1.5 * n * 3 / 4 * 0.99 <= i.tx_bytes <= 1.5 * n * 1.05
+            assert 1.5 * n * 3 / 4 * 0.99 <= i.rx_bytes <= 1.5 * n * 1.05
+
+
+async def test_integer_wraparound_and_truncating_avg(peers):
+    comms = await peers(2)
+    a = np.array([100, -100, 127, -7], np.int8)
+    b = np.array([100, -100, 1, 0], np.int8)
+    outs, _ = await _reduce_all(comms, [a, b], pccl.ReduceOp.SUM)
+    assert outs[0].tolist() == [-56, 56, -128, -7]
+    outs, _ = await _reduce_all(comms, [a, b], pccl.ReduceOp.AVG)
+    assert outs[0].tolist() == [-28, 28, -64, -3]  # wrapped sum / 2, toward zero
+    u = np.array([2**64 - 1], np.uint64)
+    outs, _ = await _reduce_all(comms, [u, np.array([2], np.uint64)], pccl.ReduceOp.SUM)
+    assert outs[0].tolist() == [1]
+
+
+async def test_torch_tensors_including_bfloat16(peers):
+    torch = pytest.importorskip("torch")
+    comms = await peers(3)
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int16, torch.int64):
+        ts = [torch.arange(0, 1001, dtype=torch.float32).to(dt) * (i + 1) % 7 for i in range(3)]
+        want = (ts[0].double() + ts[1].double() + ts[2].double()).to(dt)
+        outs = [t.clone() for t in ts]
+        await asyncio.gather(*(c.all_reduce(o) for c, o in zip(comms, outs)))
+        for o in outs:
+            assert torch.equal(o, outs[0])
+        assert torch.equal(outs[0], want), dt
+
+
+async def test_concurrent_tags_and_reused_tag(peers):
+    comms = await peers(2)
+    a = [np.full(256, 10 * (i + 1), np.int32) for i in range(2)]
+    b = [np.arange(256, dtype=np.int32) * (i + 1) for i in range(2)]
+    hs = []
+    for c, x, y in zip(comms, a, b):
+        hs.append(c.all_reduce_async(x, tag=123, op=pccl.ReduceOp.SUM))
+        hs.append(c.all_reduce_async(y, tag=456, op=pccl.ReduceOp.MAX))
+    with pytest.raises(pccl.InvalidUsageError, match="already in flight"):
+        comms[0].all_reduce_async(np.zeros(4, np.int32), tag=123)
+    await asyncio.gather(*hs)
+    assert (a[0] == 30).all() and (a[1] == 30).all()
+    assert (b[0] == np.arange(256) * 2).all()
+
+
+async def test_many_in_flight_over_a_pool(peers):
+    comms = await peers(3, p2p_connections=4)
+    xs = [[np.full(3000 + t, t + i, np.int64) for t in range(64)] for i in range(3)]
+    hs = [[c.all_reduce_async(x, tag=t) for t, x in enumerate(row)] for c, row in zip(comms, xs)]
+    await asyncio.gather(*(h for row in hs for h in row))
+    for t in range(64):
+        assert all((xs[i][t] == 3 * t + 3).all() for i in range(3))
+
+
+async def test_descriptor_mismatch_rejected_everywhere(peers):
+    comms = await peers(2)
+    r = await asyncio.gather(comms[0].all_reduce(np.zeros(10, np.float32)),
+                             comms[1].all_reduce(np.zeros(11, np.float32)),
+                             return_exceptions=True)
+    assert all(isinstance(e, pccl.InvalidUsageError) for e in r), r
+    assert "disagree" in str(r[0])
+    xs = [np.ones(10, np.float32) for _ in comms]  # the tag is free again
+    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
+    assert (xs[0] == 2).all()
+
+
+async def test_bad_arguments_raise_before_sending(peers):
+    comms = await peers(2)
+    c = comms[0]
+    with pytest.raises(pccl.InvalidUsageError, match="contiguous"):
+        await c.all_reduce(np.arange(10.0)[::2])
+    with pytest.raises(pccl.InvalidUsageError, match="read-only"):
+        await c.all_reduce(np.frombuffer(b"\0" * 16, np.float32))
+    with pytest.raises(pccl.InvalidUsageError, match="differ"):
+        await c.all_reduce(np.zeros(4, np.float32), np.zeros(5, np.float32))
+    with pytest.raises(pccl.InvalidUsageError, match="unsupported dtype"):
+        await c.all_reduce(np.zeros(4, np.complex64))
+    with pytest.raises(pccl.InvalidUsageError, match="reduce op"):
+        await c.all_reduce(np.zeros(4, np.float32), op=17)
+    with pytest.raises(pccl.InvalidUsageError, match="tag"):
+        await c.all_reduce(np.zeros(4, np.float32), tag=-1)
+    assert not c._colls and not comms[1]._colls  # nothing was launched
+    xs = [np.ones(3, np.float32) for _ in comms]
+    await asyncio.gather(*(p.all_reduce(x) for p, x in zip(comms, xs)))
+    assert (xs[1] == 2).all()
+
+
+async def test_single_peer_too_few(peers):
+    (c,) = await peers(1)
+    assert (c.world_size, c.peer_group_world_size, c.num_peer_groups,
+            c.largest_peer_group_world_size) == (1, 1, 1, 1)
+    with pytest.raises(pccl.TooFewPeersError):
+        await c.all_reduce(np.zeros(4, np.float32))
+    with pytest.raises(pccl.TooFewPeersError):
+        await c.all_reduce_multiple_with_retry([np.zeros(4, np.float32)])

@@ -1,0 +1,164 @@
+"""Failures inside one event loop: vanished peers, bad input to the master, master loss."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgspec
+import numpy as np
+import pytest
+from conftest import FAST, crash
+
+import pccl_aio as pccl
+from pccl_aio import _messages as m
+from pccl_aio._framing import frame
+
+
+async def _reduce_ok(comms, n=100):
+    xs = [np.ones(n, np.float32) for _ in comms]
+    infos = await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
+    assert all((x == len(comms)).all() for x in xs)
+    return infos
+
+
+async def test_crash_mid_allreduce_aborts_everyone_and_retry_works(peers):
+    comms = await peers(4)
+    victim, survivors = comms[1], [comms[0], comms[2], comms[3]]
+    xs = [np.arange(1 << 20, dtype=np.float32) * (i + 1) for i in range(4)]
+    originals = [x.copy() for x in xs]
+    hs = [c.all_reduce_async(x, tag=7) for c, x in zip(comms, xs)]
+    assert await hs[0].started()
+    crash(victim)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    res = await asyncio.gather(*(hs[i] for i in (0, 2, 3)), return_exceptions=True)
+    assert loop.time() - t0 < 2.0
+    for r in res:  # every survivor, neighbour of the victim or not
+        assert isinstance(r, pccl.PeerLostError), r
+    for i, c in zip((0, 2, 3), survivors):
+        assert c.peer_group_world_size == 3  # updated without update_topology
+        assert xs[i].tobytes() == originals[i].tobytes()  # in-place input restored
+    infos = await asyncio.gather(*(c.all_reduce(xs[i], tag=7) for i, c in zip((0, 2, 3), survivors)))
+    want = originals[0] + originals[2] + originals[3]
+    for i in (0, 2, 3):
+        assert xs[i].tobytes() == xs[0].tobytes()
+        np.testing.assert_allclose(xs[i], want, rtol=1e-6)
+    assert [i.world_size for i in infos] == [3, 3, 3]
+
+
+async def test_multiple_with_retry_survives_a_crash(peers):
+    comms = await peers(3, p2p_connections=2)
+    tensors = [[np.full(40_000, t + 1 + 100 * i, np.float64) for t in range(10)] for i in range(3)]
+    tasks = [asyncio.ensure_future(c.all_reduce_multiple_with_retry(ts, max_in_flight=4))
+             for c, ts in zip(comms, tensors)]
+    # crash once the first collective started on the victim
+    while not comms[2]._colls or not any(c.seq for c in comms[2]._colls.values()):
+        await asyncio.sleep(0)
+    crash(comms[2])
+    tasks[2].cancel()
+    infos = await asyncio.gather(tasks[0], tasks[1])
+    assert len(infos[0]) == 10
+    for t in range(10):
+        assert tensors[0][t].tobytes() == tensors[1][t].tobytes()
+        assert tensors[0][t][0] in (2 * (t + 1) + 100, 3 * (t + 1) + 300)
+
+
+async def test_too_few_peers_after_crash(peers):
+    a, b = await peers(2)
+    x = np.ones(1 << 18, np.float32)
+    y = np.ones(1 << 18, np.float32)
+    ta = asyncio.ensure_future(a.all_reduce_multiple_with_retry([x]))
+    hb = asyncio.ensure_future(b.all_reduce_multiple_with_retry([y]))
+    while not a._colls or not any(c.seq for c in a._colls.values()):
+        await asyncio.sleep(0)
+    crash(b)
+    hb.cancel()
+    with pytest.raises(pccl.TooFewPeersError):
+        await ta
+    assert a.peer_group_world_size == 1
+
+
+async def test_crash_during_admission_vote(master, peers):
+    comms = await peers(3)
+    joiner = pccl.Communicator(master.address, **FAST)
+    async with joiner:
+        task = asyncio.ensure_future(joiner.connect())
+        while not all(await asyncio.gather(*(c.are_peers_pending() for c in comms))):
+            pass
+        votes = [asyncio.ensure_future(c.update_topology()) for c in comms[:2]]
+        crash(comms[2])  # never votes
+        await asyncio.gather(*votes)
+        await task
+        assert comms[0].world_size == 3 and joiner.world_size == 3
+        await _reduce_ok([comms[0], comms[1], joiner])
+
+
+async def test_master_loss_fails_pending_and_later_calls(master, peers):
+    a, b = await peers(2)
+    vote = asyncio.ensure_future(a.update_topology())  # b never votes
+    x = np.ones(4, np.float32)
+    await master.close()
+    with pytest.raises(pccl.MasterConnectionError):
+        await vote
+    with pytest.raises(pccl.MasterConnectionError):
+        await b.all_reduce(x)
+    assert (x == 1).all()
+
+
+async def _raw(master):
+    reader, writer = await asyncio.open_connection("127.0.0.1", master.port)
+    return reader, writer
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x00\x00\x00\x05garbage-not-msgpack",
+    struct.pack(">I", 1 << 30) + b"x",  # oversized frame
+    frame(msgspec.msgpack.encode([99, 1, 2])),  # unknown message tag
+    frame(m.encode(m.VoteUpdateTopology())),  # a vote before Hello
+    b"\xff" * 64,
+])
+async def test_bad_bytes_close_only_that_connection(master, peers, payload):
+    comms = await peers(2)
+    reader, writer = await _raw(master)
+    writer.write(payload)
+    await writer.drain()
+    rest = await reader.read()  # the master closes us (maybe after a Kicked frame)
+    assert rest == b"" or m.decode_master_to_peer(rest[4:]).__class__ in (m.Kicked, m.Rejected)
+    writer.close()
+    await _reduce_ok(comms)
+
+
+async def test_other_protocol_version_refused_clearly(master):
+    reader, writer = await _raw(master)
+    writer.write(frame(msgspec.msgpack.encode([1, 99, 0, 5000, ""])))
+    body = await reader.read()
+    msg = m.decode_master_to_peer(body[4:])
+    assert isinstance(msg, m.Rejected) and "version 99" in msg.reason
+    writer.close()
+
+
+async def test_peer_refuses_master_of_other_version():
+    async def fake_master(reader, writer):
+        await reader.read(100)
+        writer.write(frame(m.encode(m.Rejected("protocol version 1 is not supported", 2))))
+        writer.close()
+
+    server = await asyncio.start_server(fake_master, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, pccl.Communicator(f"127.0.0.1:{port}", **FAST) as c:
+        with pytest.raises(pccl.VersionMismatchError):
+            await c.connect(attempts=1)
+
+
+async def test_illegal_vote_kicks_that_peer_only(peers):
+    a, b, c = await peers(3)
+    pending = asyncio.ensure_future(a.are_peers_pending())
+    await asyncio.sleep(0)
+    a._send(m.VotePeersPending())  # a duplicate vote breaks the protocol
+    with pytest.raises(pccl.KickedError):
+        await pending
+    with pytest.raises(pccl.KickedError):
+        await a.all_reduce(np.ones(3, np.float32))
+    await _reduce_ok([b, c])
+    assert b.world_size == 2
