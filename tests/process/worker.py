@@ -1,0 +1,84 @@
+"""A peer process for the process tests; prints one JSON object per line on stdout.
+
+Usage: python worker.py MASTER_ADDR PEER_INDEX EXPECTED_WORLD MODE [COUNT]
+
+Modes:
+  reduce  -- join, wait until EXPECTED_WORLD peers are accepted, run one in-place SUM
+             all-reduce (tag 0) of COUNT float32 = (index+1) * arange, print "started" once
+             data flows, and on PeerLostError retry with the same tag; report hashes.
+  multi   -- like reduce but all_reduce_multiple_with_retry over 10 tensors.
+  vote    -- join, wait for the world, then call update_topology() and report the world size.
+  idle    -- join and wait for the world, then block in are_peers_pending() (master-loss test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+import time
+
+import numpy as np
+
+import pccl_aio as pccl
+
+
+def emit(**kw: object) -> None:
+    print(json.dumps({"t": time.time(), **kw}), flush=True)
+
+
+def digest(a: np.ndarray) -> str:
+    return hashlib.sha256(a.tobytes()).hexdigest()[:16]
+
+
+async def main() -> None:
+    addr, index, world, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    count = int(sys.argv[5]) if len(sys.argv) > 5 else 1 << 20
+    comm = pccl.Communicator(addr, heartbeat_interval=0.2, heartbeat_timeout=2.0,
+                             data_timeout=3.0, p2p_connections=2)
+    await comm.connect(attempts=20)
+    emit(event="joined", peer_id=comm.peer_id, ws=comm.world_size)
+    while comm.world_size < world:
+        await comm.update_topology()
+    emit(event="world", ws=comm.world_size)
+    try:
+        if mode == "reduce":
+            x = np.arange(count, dtype=np.float32) * (index + 1)
+            orig = x.copy()
+            h = comm.all_reduce_async(x, tag=0)
+            await h.started()
+            emit(event="started")
+            try:
+                info = await h
+                emit(event="done", ws=info.world_size, hash=digest(x))
+            except pccl.PeerLostError as exc:
+                emit(event="lost", error=str(exc), ws=comm.peer_group_world_size,
+                     restored=bool(x.tobytes() == orig.tobytes()))
+                info = await comm.all_reduce(x, tag=0)
+                emit(event="retried", ws=info.world_size, hash=digest(x),
+                     first=float(x[1]), last=float(x[-1]))
+        elif mode == "multi":
+            ts = [np.full(128 * 128, index + 1 + t, np.float32) for t in range(10)]
+            emit(event="started")
+            infos = await comm.all_reduce_multiple_with_retry(ts, max_in_flight=8)
+            emit(event="done", ws=infos[-1].world_size,
+                 hash=digest(np.concatenate(ts)), firsts=[float(t[0]) for t in ts])
+        elif mode == "vote":
+            emit(event="started")
+            while True:
+                await comm.update_topology()
+                emit(event="voted", ws=comm.world_size)
+        elif mode == "idle":
+            emit(event="started")
+            await comm.are_peers_pending()
+            emit(event="answered")
+            await comm.are_peers_pending()
+    except pccl.PcclError as exc:
+        emit(event="error", kind=type(exc).__name__, error=str(exc))
+    finally:
+        await comm.close()
+
+
+if __name__ == "__main__":
+    pccl.run(main())
