@@ -1,0 +1,165 @@
+"""A self-checking demo: ``python -m pccl_aio.demo``.
+
+Starts a master and 4 peer processes on 127.0.0.1, runs verified all-reduce steps, SIGKILLs
+one peer mid-run, starts a newcomer that joins, prints live progress and ends with a one-line
+verdict. The exit status is non-zero if any result was wrong or the run did not finish.
+
+Each step every peer all-reduces a small MAX of its step counter (so a newcomer learns the
+global step) and a tensor whose exact sum is known, and checks every element.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from . import Communicator, Master, PeerLostError, ReduceOp, run
+
+
+def _pattern(n: int) -> np.ndarray:
+    return (np.arange(n, dtype=np.float32) % 1000) + 1  # small integers: sums are exact
+
+
+async def _peer(addr: str, steps: int, count: int) -> int:
+    """One demo peer; prints JSON progress lines on stdout."""
+    def emit(**kw: Any) -> None:
+        print(json.dumps(kw), flush=True)
+
+    async with Communicator(addr, p2p_connections=2, heartbeat_interval=0.2,
+                            heartbeat_timeout=2.0, data_timeout=5.0) as comm:
+        await comm.connect(attempts=20)
+        emit(event="joined", peer=comm.peer_id, ws=comm.world_size)
+        pattern = _pattern(count)
+        step, first, bad = 0, True, 0
+        while True:
+            # A newcomer starts at the all-reduce: the others passed the vote already.
+            if not first and comm.peer_group_world_size >= 2 and await comm.are_peers_pending():
+                await comm.update_topology()
+            first = False
+            while comm.peer_group_world_size < 2:
+                await comm.update_topology()  # alone: admit whoever is waiting
+                if comm.peer_group_world_size < 2:
+                    await asyncio.sleep(0.05)  # pacing only
+            try:
+                s = np.array([step], np.int64)
+                await comm.all_reduce(s, op=ReduceOp.MAX, tag=1)
+                step = int(s[0])
+                if step >= steps:
+                    break
+                x = pattern.copy()
+                t0 = time.perf_counter()
+                info = await comm.all_reduce(x, tag=0)
+                dt = time.perf_counter() - t0
+            except PeerLostError as exc:
+                emit(event="lost", peer=comm.peer_id, step=step, error=str(exc))
+                continue
+            ok = bool(np.array_equal(x, pattern * np.float32(info.world_size)))
+            bad += not ok
+            busbw = x.nbytes * 2 * (info.world_size - 1) / info.world_size / dt
+            emit(event="step", peer=comm.peer_id, step=step, ws=info.world_size, ok=ok,
+                 gbps=busbw / 1e9)
+            step += 1
+        emit(event="finished", peer=comm.peer_id, bad=bad)
+        return 1 if bad else 0
+
+
+async def _spawn(addr: str, steps: int, count: int) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pccl_aio.demo", "--peer", addr, "--steps", str(steps),
+        "--count", str(count), stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+async def _controller(args: argparse.Namespace) -> int:
+    async with Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0) as master:
+        print(f"master on {master.address}; starting {args.peers} peers "
+              f"({args.count * 4 / 2**20:.0f} MiB float32 per all-reduce, {args.steps} steps)")
+        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        procs: list[asyncio.subprocess.Process] = []
+
+        async def pump(p: asyncio.subprocess.Process) -> None:
+            assert p.stdout is not None
+            async for line in p.stdout:
+                with contextlib.suppress(ValueError):
+                    await events.put(json.loads(line))
+
+        async def start() -> asyncio.subprocess.Process:
+            p = await _spawn(master.address, args.steps, args.count)
+            procs.append(p)
+            pumps.append(asyncio.ensure_future(pump(p)))
+            return p
+
+        pumps: list[asyncio.Task[None]] = []
+        for _ in range(args.peers):
+            await start()
+        killed = joined = False
+        wrong, lost, finished, sizes = 0, 0, 0, []
+        deadline = time.monotonic() + args.timeout
+        try:
+            while finished < len(procs) - int(killed):
+                ev = await asyncio.wait_for(events.get(), max(0.1, deadline - time.monotonic()))
+                if ev["event"] == "step":
+                    wrong += not ev["ok"]
+                    if not sizes or sizes[-1] != ev["ws"]:
+                        sizes.append(ev["ws"])
+                    if ev["peer"] == 1:
+                        print(f"step {ev['step']:3d}  world {ev['ws']}  busbw {ev['gbps']:6.2f} GB/s"
+                              f"  {'ok' if ev['ok'] else 'WRONG'}", flush=True)
+                    if not killed and ev["step"] >= args.steps // 3:
+                        killed = True
+                        print(f"--- SIGKILL peer process {procs[2].pid} mid-run", flush=True)
+                        procs[2].send_signal(signal.SIGKILL)
+                    elif killed and not joined and ev["step"] >= args.steps // 2:
+                        joined = True
+                        print("--- starting a newcomer", flush=True)
+                        await start()
+                elif ev["event"] == "lost":
+                    lost += 1
+                elif ev["event"] == "joined" and joined:
+                    print(f"--- newcomer joined as peer {ev['peer']}", flush=True)
+                elif ev["event"] == "finished":
+                    finished += 1
+                    wrong += ev["bad"]
+        except TimeoutError:
+            print(f"VERDICT: FAIL - the run did not finish within {args.timeout:.0f} s")
+            return 1
+        finally:
+            for p in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+            await asyncio.gather(*(p.wait() for p in procs))
+            for t in pumps:
+                t.cancel()
+        codes = [p.returncode for i, p in enumerate(procs) if i != 2]
+        ok = wrong == 0 and killed and joined and all(c in (0, -signal.SIGKILL) for c in codes)
+        path = "->".join(str(s) for s in sizes)
+        print(f"VERDICT: {'PASS' if ok else 'FAIL'} - {args.steps} steps, world {path}, "
+              f"1 peer killed, 1 joined, {lost} aborted collectives retried, "
+              f"{wrong} wrong results")
+        return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pccl_aio.demo", description=__doc__)
+    p.add_argument("--peers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--count", type=int, default=1 << 21, help="float32 elements per all-reduce")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--peer", metavar="MASTER", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.peer:
+        return run(_peer(args.peer, args.steps, args.count))
+    return run(_controller(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
