@@ -34,7 +34,7 @@ from ._types import (
     SyncStrategy,
 )
 from ._version import __version__
-from .master import Master
+from ._master import Master
 
 __all__ = [
     "AllReduceHandle",

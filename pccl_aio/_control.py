@@ -299,6 +299,10 @@ class ControlPlane:
                     coll.on_rejected(reason)
             case m.TopologyUpdated():
                 self._resolve("topology", None)
+            case m.VoteRejected(kind=kind, reason=reason):
+                fut = self._votes.pop(kind, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(InvalidUsageError(f"{kind} vote withdrawn: {reason}"))
             case m.PeersPendingAnswer(pending=pending):
                 self._resolve("pending", pending)
             case _:

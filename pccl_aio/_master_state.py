@@ -197,12 +197,14 @@ class MasterState:
                     raise RemoteProtocolError(
                         "update_topology vote while already voting or with collectives running")
                 peer.voted_topology = True
+                self._check_conflict(out)
                 self._check_topology(out)
             case m.VotePeersPending():
                 self._require_accepted(peer, msg)
                 if peer.voted_pending:
                     raise RemoteProtocolError("duplicate peers-pending vote")
                 peer.voted_pending = True
+                self._check_conflict(out)
                 self._check_pending(out)
             case m.CollectiveInit():
                 self._require_accepted(peer, msg)
@@ -214,6 +216,7 @@ class MasterState:
                 peer.tags.add(msg.tag)
                 op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo,
                                        msg.quant_dtype)
+                self._check_conflict(out)
                 self._check_initiate(peer.group, msg.tag, out)
             case m.CollectiveDone():
                 self._require_accepted(peer, msg)
@@ -271,6 +274,27 @@ class MasterState:
             out.append(Send(c, m.Membership(self.epoch, len(accepted), len(sizes),
                                             max(sizes.values(), default=0), ring)))
         return out
+
+    def _check_conflict(self, out: list[Action]) -> None:
+        """Peers in different phases would wait for each other forever: withdraw the topology votes.
+
+        ``update_topology`` needs every peer idle, so a topology vote next to a pending vote or
+        a collective that waits for votes means the application's peers disagree on what to
+        call next (e.g. a newcomer calling ``update_topology`` in its first iteration).
+        """
+        voters = [p for p in self._peers.values() if p.voted_topology]
+        if not voters:
+            return
+        busy = [p.conn for p in self._peers.values() if p.voted_pending] + [
+            c for op in self._ops.values() if not op.seq for c in op.descs]
+        if not busy:
+            return
+        reason = (f"peers {sorted(set(busy))} are in are_peers_pending() or an all-reduce while "
+                  f"peers {sorted(p.conn for p in voters)} called update_topology(); all peers "
+                  "must make the same calls in the same order")
+        for p in voters:
+            p.voted_topology = False
+            out.append(Send(p.conn, m.VoteRejected("topology", reason)))
 
     def _check_topology(self, out: list[Action]) -> None:
         voters = self.accepted()

@@ -152,6 +152,13 @@ class MasterHeartbeat(_Msg, tag=74):
     """Liveness beacon of the master."""
 
 
+class VoteRejected(_Msg, tag=75):
+    """A vote of kind ``kind`` ("topology") was withdrawn: other peers are in another phase."""
+
+    kind: str
+    reason: str
+
+
 PeerToMaster: TypeAlias = (
     Hello | Heartbeat | VoteUpdateTopology | VotePeersPending | CollectiveInit | CollectiveDone
     | Leave
@@ -159,6 +166,7 @@ PeerToMaster: TypeAlias = (
 MasterToPeer: TypeAlias = (
     Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart
     | CollectiveComplete | CollectiveAbort | CollectiveRejected | Kicked | MasterHeartbeat
+    | VoteRejected
 )
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

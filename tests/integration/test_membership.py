@@ -125,3 +125,19 @@ async def test_admission_of_a_late_joiner_keeps_reducing(master, peers):
         xs = [np.full(9, 2.0, np.float64) for _ in all3]
         infos = await asyncio.gather(*(c.all_reduce(x, op=pccl.ReduceOp.AVG) for c, x in zip(all3, xs)))
         assert [i.world_size for i in infos] == [3, 3, 3] and (xs[2] == 2.0).all()
+
+
+async def test_phase_disagreement_gives_a_clear_error_not_a_hang(master, peers):
+    # A newcomer that calls update_topology() while the veterans go on to all_reduce
+    # (PCCL deadlocks here, scenario 12): the topology vote is withdrawn with an error.
+    a, b = await peers(2)
+    xa, xb = np.ones(4, np.float32), np.ones(4, np.float32)
+    ha = a.all_reduce_async(xa)
+    with pytest.raises(pccl.InvalidUsageError, match="same calls"):
+        await b.update_topology()
+    await asyncio.gather(ha, b.all_reduce(xb))  # b recovers by following the others
+    assert (xa == 2).all() and (xb == 2).all()
+    pa = asyncio.ensure_future(a.are_peers_pending())
+    with pytest.raises(pccl.InvalidUsageError, match="same calls"):
+        await b.update_topology()
+    assert await asyncio.gather(pa, b.are_peers_pending()) == [False, False]

@@ -1,0 +1,185 @@
+"""The asyncio master: moves frames between sockets and the sans-IO ``MasterState``.
+
+Usage as a library: ``async with pccl_aio.Master("127.0.0.1", 0) as master: ...`` (the OS
+picks a port; ``master.port`` tells it). From the command line:
+``python -m pccl_aio.master --host 0.0.0.0 --port 48148 --log-level INFO``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+from types import TracebackType
+
+from . import _master_state as ms
+from . import _messages as m
+from ._errors import RemoteProtocolError
+from ._framing import MAX_FRAME_SIZE, frame
+from ._netutil import read_frame, set_nodelay
+
+__all__ = ["Master", "main"]
+
+log = logging.getLogger("pccl_aio.master")
+
+
+class Master:
+    """A master server: tracks membership, votes and collectives of one run.
+
+    Args:
+        host: address to listen on.
+        port: TCP port; 0 lets the OS choose (read ``port`` after ``start()``).
+        heartbeat_interval: seconds between the master's liveness ticks.
+        heartbeat_timeout: a peer silent this long is treated as dead (default 5 s).
+        max_frame_size: larger control frames close the connection that sent them.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 48148, *,
+                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
+                 max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        self.host = host
+        self._port = port
+        self.heartbeat_interval = heartbeat_interval
+        self.state = ms.MasterState(heartbeat_timeout=heartbeat_timeout)
+        self._max_frame = max_frame_size
+        self._server: asyncio.Server | None = None
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count(1)
+        self._closed = asyncio.Event()
+
+    @property
+    def port(self) -> int:
+        """The port the master listens on (the OS's choice when constructed with 0)."""
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """``host:port``, ready for ``Communicator(address)``."""
+        return f"{self.host}:{self._port}"
+
+    async def start(self) -> None:
+        """Bind and start serving; returns once the socket listens. Raises OSError on bind failure."""
+        self._server = await asyncio.start_server(self._on_client, self.host, self._port)
+        self._port = self._server.sockets[0].getsockname()[1]
+        self._spawn(self._ticker())
+        log.info("pccl_aio master listening on %s:%d", self.host, self._port)
+
+    async def close(self) -> None:
+        """Stop listening, close every peer connection and wait for all tasks to end."""
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._writers.values()):
+            w.close()
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+        self._closed.set()
+
+    async def serve_forever(self) -> None:
+        """Block until ``close()`` is called (or the task is cancelled)."""
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Master:
+        await self.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # ---- internals --------------------------------------------------------------------------
+    def _spawn(self, coro: object) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _apply(self, actions: list[ms.Action]) -> None:
+        for act in actions:
+            writer = self._writers.get(act.conn)
+            if writer is None:
+                continue
+            if isinstance(act, ms.Send):
+                if not writer.is_closing():
+                    writer.write(frame(m.encode(act.msg)))
+            else:
+                log.info("closing connection %d: %s", act.conn, act.reason)
+                self._writers.pop(act.conn, None)
+                writer.close()
+
+    def _handle(self, event: ms.Event) -> None:
+        self._apply(self.state.handle(event))
+
+    async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            self._handle(ms.Tick(loop.time()))
+
+    def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._spawn(self._serve_client(reader, writer))
+
+    async def _serve_client(self, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        conn = next(self._ids)
+        set_nodelay(writer.transport)
+        peername = writer.get_extra_info("peername") or ("?", 0)
+        self._writers[conn] = writer
+        self._handle(ms.Connected(conn, str(peername[0]), loop.time()))
+        log.debug("connection %d from %s", conn, peername)
+        try:
+            while conn in self._writers:
+                try:
+                    body = await read_frame(reader, self._max_frame)
+                except RemoteProtocolError as exc:
+                    self._handle(ms.Malformed(conn, str(exc), loop.time()))
+                    break
+                try:
+                    msg = m.decode_peer_to_master(body)
+                except RemoteProtocolError as exc:
+                    self._handle(ms.Malformed(conn, str(exc), loop.time(), body))
+                    break
+                self._handle(ms.Received(conn, msg, loop.time()))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            self._handle(ms.Disconnected(conn, loop.time()))
+            self._writers.pop(conn, None)
+            writer.close()
+
+
+async def _run_cli(args: argparse.Namespace) -> None:
+    master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout)
+    await master.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await master.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: ``python -m pccl_aio.master``."""
+    p = argparse.ArgumentParser(prog="python -m pccl_aio.master", description=__doc__)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=48148)
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from . import run
+
+    run(_run_cli(args))
+    return 0
