@@ -43,6 +43,8 @@ class Collective:
         self.src, self.dst = src, dst
         loop = asyncio.get_running_loop()
         self.future: asyncio.Future[ReduceInfo] = loop.create_future()
+        # An abandoned (cancelled) handle must not log "exception was never retrieved".
+        self.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.started: asyncio.Future[None] = loop.create_future()
         self.seq = 0
         self.world = 0

@@ -224,9 +224,11 @@ class ControlPlane:
     def _cancel(self, coll: Collective) -> None:
         """The caller stopped waiting: fail the attempt for the group, keep the tag until the verdict."""
         coll.cancelled = True
-        if coll.seq and coll.active:
+        if not coll.seq:  # still voting: withdraw, the master aborts it for the group
+            self._send_done(coll.tag, 0, False, "cancelled by the caller")
+        elif coll.active:
             coll.active = False
-            self._send_done(coll.tag, coll.seq, False, "cancelled")
+            self._send_done(coll.tag, coll.seq, False, "cancelled by the caller")
 
     def _send_done(self, tag: int, seq: int, ok: bool, reason: str) -> None:
         with contextlib.suppress(PcclError):

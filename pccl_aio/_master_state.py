@@ -221,6 +221,10 @@ class MasterState:
             case m.CollectiveDone():
                 self._require_accepted(peer, msg)
                 op = self._ops.get((peer.group, msg.tag))
+                if (op is not None and msg.seq == 0 and not op.seq and not msg.ok
+                        and peer.conn in op.descs):  # withdrawn before it started
+                    self._abort_vote(peer.group, msg.tag, f"peer {peer.conn}: {msg.reason}", out)
+                    return
                 if op is None or op.seq != msg.seq or peer.conn not in op.participants:
                     return  # stale: the op was aborted before this report arrived
                 if msg.ok:
@@ -335,14 +339,17 @@ class MasterState:
                 out.append(Send(c, m.CollectiveRejected(tag, reason)))
             return
         if len(voters) < 2:
-            del self._ops[(group, tag)]
-            for c in voters:
-                self._peers[c].tags.discard(tag)
-                out.append(Send(c, m.CollectiveAbort(tag, 0, "too few peers in the group")))
+            self._abort_vote(group, tag, "too few peers in the group", out)
             return
         self._seq += 1
         op.seq, op.participants = self._seq, tuple(voters)
         out.extend(Send(c, m.CollectiveStart(tag, op.seq, self.epoch)) for c in voters)
+
+    def _abort_vote(self, group: int, tag: int, reason: str, out: list[Action]) -> None:
+        op = self._ops.pop((group, tag))
+        for c in sorted(op.descs):
+            self._peers[c].tags.discard(tag)
+            out.append(Send(c, m.CollectiveAbort(tag, 0, reason)))
 
     def _check_complete(self, group: int, tag: int, out: list[Action]) -> None:
         op = self._ops[(group, tag)]
@@ -380,5 +387,12 @@ class MasterState:
                     self._check_initiate(group, tag, out)
                 else:
                     del self._ops[(group, tag)]
+        if not self.accepted() and self.pending():
+            # Nobody is left to vote the waiting peers in: admit them now.
+            for c in self.pending():
+                self._peers[c].accepted = True
+            self.epoch += 1
+            out.extend(self._membership(self.accepted()))
+            return
         self._check_topology(out)
         self._check_pending(out)

@@ -174,6 +174,11 @@ _P2M: Final = msgspec.msgpack.Decoder(PeerToMaster)
 _M2P: Final = msgspec.msgpack.Decoder(MasterToPeer)
 
 
+# msgspec raises more than DecodeError on hostile input: invalid UTF-8 in a str field and
+# deeply nested arrays surface as UnicodeDecodeError / RecursionError.
+_DECODE_ERRORS: Final = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+
+
 def encode(msg: _Msg) -> bytes:
     """Encode one message body (without the frame's length prefix)."""
     return _ENCODER.encode(msg)
@@ -183,7 +188,7 @@ def decode_peer_to_master(buf: bytes | memoryview) -> PeerToMaster:
     """Decode a peer->master body; raises RemoteProtocolError on anything malformed."""
     try:
         return _P2M.decode(buf)
-    except msgspec.DecodeError as exc:
+    except _DECODE_ERRORS as exc:
         raise RemoteProtocolError(f"bad peer->master message: {exc}") from exc
 
 
@@ -191,7 +196,7 @@ def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
     """Decode a master->peer body; raises RemoteProtocolError on anything malformed."""
     try:
         return _M2P.decode(buf)
-    except msgspec.DecodeError as exc:
+    except _DECODE_ERRORS as exc:
         raise RemoteProtocolError(f"bad master->peer message: {exc}") from exc
 
 
@@ -203,8 +208,8 @@ def peek_hello_version(buf: bytes | memoryview) -> int | None:
     """
     try:
         raw = msgspec.msgpack.decode(buf)
-    except msgspec.DecodeError:
+    except _DECODE_ERRORS:
         return None
-    if isinstance(raw, list) and len(raw) >= 2 and raw[0] == 1 and isinstance(raw[1], int):
+    if (isinstance(raw, list) and len(raw) >= 2 and raw[0] == 1 and type(raw[1]) is int):
         return raw[1]
     return None

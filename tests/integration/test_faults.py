@@ -162,3 +162,46 @@ async def test_illegal_vote_kicks_that_peer_only(peers):
         await a.all_reduce(np.ones(3, np.float32))
     await _reduce_ok([b, c])
     assert b.world_size == 2
+
+
+async def _wait(h):
+    return await h
+
+
+async def _tasks_of(comms):
+    return {t for t in asyncio.all_tasks() if "Collective" in repr(t.get_coro())}
+
+
+@pytest.mark.parametrize("when", ["voting", "running"])
+async def test_cancelling_an_allreduce_aborts_it_for_the_group(peers, when):
+    comms = await peers(3)
+    xs = [np.full(1 << 20, i + 1, np.float32) for i in range(3)]
+    originals = [x.copy() for x in xs]
+    if when == "voting":  # peer 2 never launches; peer 0 gives up while the vote waits
+        hs = [c.all_reduce_async(x) for c, x in zip(comms[:2], xs)]
+        # joint vote as a barrier: both collective votes reached the master before it
+        await asyncio.gather(*(c.are_peers_pending() for c in comms))
+        tasks = [asyncio.ensure_future(_wait(h)) for h in hs]
+        await asyncio.sleep(0)  # let the awaiting tasks start waiting
+        tasks[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[0]
+        with pytest.raises(pccl.PeerLostError, match="cancelled"):
+            await tasks[1]
+    else:
+        hs = [c.all_reduce_async(x) for c, x in zip(comms, xs)]
+        task = asyncio.ensure_future(hs[0])
+        assert await hs[0].started()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for h in hs[1:]:
+            with pytest.raises(pccl.PeerLostError):
+                await h
+    for x, o in zip(xs, originals):
+        assert x.tobytes() == o.tobytes()  # nothing half-reduced is left behind
+    while comms[0]._colls:  # the cancelled attempt ends with the master's verdict
+        await asyncio.sleep(0)
+    assert not await _tasks_of(comms)  # no task leaked
+    infos = await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
+    assert all(i.world_size == 3 for i in infos) and (xs[0] == 6).all()

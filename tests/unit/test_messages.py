@@ -1,0 +1,349 @@
+"""Control-plane wire messages (``_messages``) and their length-prefixed framing (``_framing``)."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pccl_aio import _framing as fr
+from pccl_aio import _messages as m
+from pccl_aio._errors import ProtocolError, RemoteProtocolError
+
+PV = m.PROTOCOL_VERSION
+enc = msgspec.msgpack.encode
+
+PEER_TO_MASTER = [
+    m.Hello(PV, 7, 4242, "10.1.2.3"),
+    m.Hello(PV, 0, 1),
+    m.Heartbeat(),
+    m.VoteUpdateTopology(),
+    m.VotePeersPending(),
+    m.CollectiveInit(3, 1 << 40, 10, 4, 1, 2),
+    m.CollectiveInit(0, 0, 0, 0),
+    m.CollectiveDone(3, 17, True),
+    m.CollectiveDone(2**31, 2**62, False, "socket closed \u2013 peer 3"),
+    m.Leave(),
+]
+MASTER_TO_PEER = [
+    m.Welcome(5, True),
+    m.Welcome(6, False, PV + 3),
+    m.Rejected("protocol version 9 is not supported"),
+    m.Membership(3, 4, 2, 3, [m.PeerAddr(1, "127.0.0.1", 5000), m.PeerAddr(9, "::1", 65535)]),
+    m.Membership(1, 0, 0, 0, []),
+    m.TopologyUpdated(12),
+    m.PeersPendingAnswer(True),
+    m.PeersPendingAnswer(False),
+    m.CollectiveStart(4, 99, 3),
+    m.CollectiveComplete(4, 99),
+    m.CollectiveAbort(4, 0, "too few peers"),
+    m.CollectiveRejected(4, "peers disagree"),
+    m.Kicked("second Hello"),
+    m.MasterHeartbeat(),
+    m.VoteRejected("topology", "peers disagree on the phase"),
+]
+P2M_CLASSES = {type(x) for x in PEER_TO_MASTER}
+M2P_CLASSES = {type(x) for x in MASTER_TO_PEER}
+
+
+def _tag(cls: type) -> int:
+    return cls.__struct_config__.tag  # type: ignore[attr-defined, no-any-return]
+
+
+def test_samples_cover_every_message_class() -> None:
+    every = set(m._Msg.__subclasses__())
+    assert every == P2M_CLASSES | M2P_CLASSES
+    assert not P2M_CLASSES & M2P_CLASSES
+    assert set(m.PeerToMaster.__args__) == P2M_CLASSES
+    assert set(m.MasterToPeer.__args__) == M2P_CLASSES
+
+
+def test_tags_are_unique_and_inside_their_direction_range() -> None:
+    tags = [_tag(c) for c in P2M_CLASSES | M2P_CLASSES]
+    assert len(tags) == len(set(tags))
+    assert all(isinstance(t, int) for t in tags)
+    assert all(1 <= _tag(c) <= 63 for c in P2M_CLASSES)
+    assert all(64 <= _tag(c) <= 127 for c in M2P_CLASSES)
+
+
+@pytest.mark.parametrize("msg", PEER_TO_MASTER, ids=lambda x: type(x).__name__)
+def test_peer_to_master_roundtrip(msg: m.PeerToMaster) -> None:
+    body = m.encode(msg)
+    assert isinstance(body, bytes)
+    out = m.decode_peer_to_master(body)
+    assert type(out) is type(msg) and out == msg
+    assert m.decode_peer_to_master(memoryview(body)) == msg
+    with pytest.raises(RemoteProtocolError):
+        m.decode_master_to_peer(body)
+
+
+@pytest.mark.parametrize("msg", MASTER_TO_PEER, ids=lambda x: type(x).__name__)
+def test_master_to_peer_roundtrip(msg: m.MasterToPeer) -> None:
+    body = m.encode(msg)
+    out = m.decode_master_to_peer(body)
+    assert type(out) is type(msg) and out == msg
+    assert m.decode_master_to_peer(memoryview(body)) == msg
+    with pytest.raises(RemoteProtocolError):
+        m.decode_peer_to_master(body)
+
+
+def test_wire_layout_is_a_msgpack_array_led_by_the_tag() -> None:
+    """The layout ``peek_hello_version`` and older/newer peers rely on."""
+    assert m.encode(m.Hello(PV, 2, 3, "h")) == enc([1, PV, 2, 3, "h"])
+    assert m.encode(m.Heartbeat()) == enc([2])
+    assert m.encode(m.Membership(1, 1, 1, 1, [m.PeerAddr(4, "h", 5)])) == enc(
+        [66, 1, 1, 1, 1, [[4, "h", 5]]])
+
+
+def test_defaults_and_schema_evolution() -> None:
+    assert m.Welcome(1, True).version == PV
+    assert m.Rejected("r").version == PV
+    # an older sender that does not know the appended, defaulted fields
+    assert m.decode_peer_to_master(enc([1, PV, 0, 5000])) == m.Hello(PV, 0, 5000, "")
+    assert m.decode_peer_to_master(enc([5, 1, 2, 3, 4])) == m.CollectiveInit(1, 2, 3, 4, 0, 0)
+    assert m.decode_peer_to_master(enc([6, 1, 2, True])) == m.CollectiveDone(1, 2, True, "")
+    assert m.decode_master_to_peer(enc([64, 5, True])) == m.Welcome(5, True, PV)
+    # a newer sender that appended fields
+    assert m.decode_peer_to_master(enc([2, "future", 3])) == m.Heartbeat()
+    assert m.decode_master_to_peer(enc([70, 1, 2, [9]])) == m.CollectiveComplete(1, 2)
+
+
+def test_messages_are_immutable() -> None:
+    msg = m.CollectiveStart(1, 2, 3)
+    with pytest.raises(AttributeError):
+        msg.seq = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("body", [
+    b"",
+    b"\xc1",  # never-used msgpack byte
+    b"\x90",  # empty array: no tag
+    b"\x92\x01",  # truncated
+    enc({"t": 1, "version": PV}),
+    enc(None),
+    enc(5),
+    enc("Hello"),
+    enc([0]),
+    enc([8]),  # unknown peer->master tag
+    enc([200, 1]),
+    enc([-1]),
+    enc(["1", PV, 0, 5000]),
+    enc([1, PV, 0]),  # missing a required field
+    enc([1, "one", 0, 5000]),
+    enc([1, PV, 0, 5000, 7]),  # advertise_host must be a str
+    enc([1, PV, 0.5, 5000]),
+    enc([5, 1, 2, 3, "sum"]),
+    enc([6, 1, 2, 1]),  # ok must be a bool
+    enc([64, 5, True]),  # master->peer on the peer->master decoder
+    enc([74]),
+])
+def test_garbage_and_wrong_types_raise_remote_protocol_error(body: bytes) -> None:
+    with pytest.raises(RemoteProtocolError) as info:
+        m.decode_peer_to_master(body)
+    assert isinstance(info.value, ProtocolError)
+    assert "peer->master" in str(info.value)
+
+
+@pytest.mark.parametrize("body", [b"", b"\xc1", enc([1, PV, 0, 5000]), enc([63]), enc([128]),
+                                  enc([66, 1, 1, 1, 1, [[1, "h"]]]), enc([71, 1, 2])])
+def test_master_to_peer_decoder_rejects_garbage(body: bytes) -> None:
+    with pytest.raises(RemoteProtocolError, match="master->peer"):
+        m.decode_master_to_peer(body)
+
+
+# ---- peek_hello_version -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (m.encode(m.Hello(PV, 0, 5000)), PV),
+    (m.encode(m.Hello(PV + 1, 0, 5000)), PV + 1),
+    (enc([1, 7]), 7),
+    (enc([1, 0, {"a": "future"}, [1, 2], b"x"]), 0),
+    (enc([1, PV + 41, "a new schema"]), PV + 41),
+    (enc([2, 5]), None),  # not a Hello
+    (enc([64, 5, True]), None),
+    (enc([1]), None),
+    (enc([1, "2"]), None),
+    (enc([1, 2.0]), None),
+    (enc([]), None),
+    (enc({"t": 1, "version": 2}), None),
+    (enc(1), None),
+    (b"", None),
+    (b"\xc1", None),
+    (b"\x92\x01", None),
+])
+def test_peek_hello_version(body: bytes, expected: int | None) -> None:
+    assert m.peek_hello_version(body) == expected
+    assert m.peek_hello_version(memoryview(body)) == expected
+
+
+@settings(report_multiple_bugs=False)
+@given(st.binary(max_size=64))
+def test_peek_hello_version_never_raises_on_random_bytes(data: bytes) -> None:
+    out = m.peek_hello_version(data)
+    assert out is None or isinstance(out, int)
+
+
+BAD_UTF8 = b"\xa2\xff\xfe"  # a msgpack str of two bytes that are not UTF-8
+
+
+def test_peek_hello_version_of_deeply_nested_garbage_is_none() -> None:
+    assert m.peek_hello_version(b"\x91" * 100_000) is None
+
+
+@pytest.mark.parametrize("body", [BAD_UTF8, b"\x93\x01\x01" + BAD_UTF8], ids=["str", "in-array"])
+def test_peek_hello_version_of_invalid_utf8_is_none(body: bytes) -> None:
+    assert m.peek_hello_version(body) is None
+
+
+@pytest.mark.parametrize("body", [
+    b"\x95\x01\x01\x00\xcd\x13\x88" + BAD_UTF8,  # Hello(1, 0, 5000, advertise_host=<bad>)
+    b"\x95\x06\x01\x02\xc2" + BAD_UTF8,  # CollectiveDone(1, 2, False, reason=<bad>)
+], ids=["Hello.advertise_host", "CollectiveDone.reason"])
+def test_invalid_utf8_in_a_peer_to_master_str_field_is_a_protocol_error(body: bytes) -> None:
+    with pytest.raises(RemoteProtocolError):
+        m.decode_peer_to_master(body)
+
+
+def test_invalid_utf8_in_a_master_to_peer_str_field_is_a_protocol_error() -> None:
+    with pytest.raises(RemoteProtocolError):
+        m.decode_master_to_peer(b"\x92\x49" + BAD_UTF8)  # Kicked(reason=<bad>)
+
+
+def test_deeply_nested_trailing_element_is_a_protocol_error() -> None:
+    with pytest.raises(RemoteProtocolError):
+        m.decode_peer_to_master(b"\x92\x02" + b"\x91" * 100_000 + b"\x01")
+
+
+def test_deeply_nested_trailing_element_is_a_protocol_error_master_to_peer() -> None:
+    with pytest.raises(RemoteProtocolError):
+        m.decode_master_to_peer(b"\x92\x4a" + b"\x91" * 100_000 + b"\x01")
+
+
+# ---- framing ------------------------------------------------------------------------------------
+
+
+def test_frame_prefixes_a_big_endian_length() -> None:
+    assert fr.HEADER_SIZE == 4
+    assert fr.frame(b"abc") == b"\x00\x00\x00\x03abc"
+    assert fr.frame(b"") == b"\x00\x00\x00\x00"
+    assert fr.frame(b"x" * 258)[:4] == b"\x00\x00\x01\x02"
+
+
+def test_body_length() -> None:
+    assert fr.body_length(b"\x00\x00\x01\x02") == 258
+    assert fr.body_length(struct.pack(">I", fr.MAX_FRAME_SIZE)) == fr.MAX_FRAME_SIZE
+    with pytest.raises(RemoteProtocolError, match="exceeds"):
+        fr.body_length(struct.pack(">I", fr.MAX_FRAME_SIZE + 1))
+    assert fr.body_length(struct.pack(">I", 10), max_size=10) == 10
+    with pytest.raises(RemoteProtocolError):
+        fr.body_length(struct.pack(">I", 11), max_size=10)
+    with pytest.raises(RemoteProtocolError):
+        fr.body_length(b"\xff\xff\xff\xff")
+
+
+def test_decoder_partial_feeds_byte_by_byte() -> None:
+    data = fr.frame(b"hello") + fr.frame(b"") + fr.frame(b"w")
+    dec = fr.FrameDecoder()
+    got: list[bytes] = []
+    for i in range(len(data)):
+        out = dec.feed(data[i : i + 1])
+        got += out
+        if i == 8:  # the last byte of the first frame
+            assert out == [b"hello"]
+        elif i == 12:  # the empty frame's header completes it
+            assert out == [b""]
+        elif i != len(data) - 1:
+            assert out == []
+    assert got == [b"hello", b"", b"w"]
+    assert dec.buffered == 0
+
+
+def test_decoder_several_frames_in_one_feed_and_a_partial_tail() -> None:
+    dec = fr.FrameDecoder()
+    data = fr.frame(b"a") + fr.frame(b"bb") + fr.frame(b"ccc") + fr.frame(b"dddd")[:6]
+    assert dec.feed(data) == [b"a", b"bb", b"ccc"]
+    assert dec.buffered == 6
+    assert dec.feed(b"") == []
+    assert dec.feed(b"dd" + fr.frame(b"e")[:2]) == [b"dddd"]
+    assert dec.buffered == 2
+    assert dec.feed(fr.frame(b"e")[2:]) == [b"e"]
+    assert dec.buffered == 0
+
+
+def test_decoder_rejects_an_oversized_frame_as_soon_as_its_header_arrives() -> None:
+    dec = fr.FrameDecoder(max_size=10)
+    assert dec.feed(fr.frame(b"x" * 10)) == [b"x" * 10]
+    assert dec.feed(struct.pack(">I", 11)[:3]) == []
+    with pytest.raises(RemoteProtocolError):
+        dec.feed(struct.pack(">I", 11)[3:])
+    with pytest.raises(RemoteProtocolError):
+        fr.FrameDecoder(max_size=10).feed(fr.frame(b"ok") + fr.frame(b"y" * 11))
+
+
+def test_decoder_default_limit_is_max_frame_size() -> None:
+    with pytest.raises(RemoteProtocolError):
+        fr.FrameDecoder().feed(struct.pack(">I", fr.MAX_FRAME_SIZE + 1))
+    assert fr.FrameDecoder().feed(struct.pack(">I", fr.MAX_FRAME_SIZE)) == []
+
+
+@given(bodies=st.lists(st.binary(max_size=40), max_size=8), cuts=st.lists(st.integers(0, 400)))
+def test_decoder_reassembles_any_split_of_a_frame_stream(bodies: list[bytes],
+                                                         cuts: list[int]) -> None:
+    data = b"".join(fr.frame(b) for b in bodies)
+    points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    dec = fr.FrameDecoder(max_size=40)
+    got: list[bytes] = []
+    for lo, hi in itertools.pairwise(points):
+        got += dec.feed(data[lo:hi])
+    assert got == bodies
+    assert dec.buffered == 0
+
+
+# ---- fuzz: bytes -> frames -> messages, only messages or RemoteProtocolError -----------------
+
+
+def _decode_stream(chunks: list[bytes], decode: object, max_size: int = 256) -> list[object]:
+    dec = fr.FrameDecoder(max_size=max_size)
+    out: list[object] = []
+    for chunk in chunks:
+        try:
+            bodies = dec.feed(chunk)
+        except RemoteProtocolError:
+            return out  # the reader closes the connection
+        for body in bodies:
+            try:
+                out.append(decode(body))  # type: ignore[operator]
+            except RemoteProtocolError:
+                out.append(None)
+    return out
+
+
+@settings(max_examples=300, report_multiple_bugs=False)
+@given(st.lists(st.binary(max_size=64), max_size=6))
+def test_fuzz_random_bytes_through_framing_and_peer_to_master(chunks: list[bytes]) -> None:
+    for msg in _decode_stream(chunks, m.decode_peer_to_master):
+        assert msg is None or isinstance(msg, tuple(P2M_CLASSES))
+
+
+_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() \
+    | st.text(max_size=8) | st.binary(max_size=8)
+_values = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=6)
+                       | st.dictionaries(st.text(max_size=4), kids, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=200)
+@given(tag=st.integers(-2, 130), fields=st.lists(_values, max_size=7))
+def test_fuzz_structured_msgpack_through_both_decoders(tag: int, fields: list[object]) -> None:
+    """Arrays led by a plausible tag reach the typed field validation."""
+    body = enc([tag, *fields])
+    for decode, classes in ((m.decode_peer_to_master, P2M_CLASSES),
+                            (m.decode_master_to_peer, M2P_CLASSES)):
+        (msg,) = _decode_stream([fr.frame(body)], decode, max_size=len(body))
+        assert msg is None or isinstance(msg, tuple(classes))
+        if msg is not None:  # whatever decodes re-encodes to a message that decodes equal
+            assert decode(m.encode(msg)) == msg  # type: ignore[operator]
