@@ -83,7 +83,7 @@ def as_buffer(x: Any, *, writable: bool, dtype: DataType | None = None, what: st
         dt = DataType.UINT8
     if dtype is not None:
         dt = DataType.parse(dtype)
-    view = memoryview(arr).cast("B") if arr.size else memoryview(bytearray(0))
+    view = arr.data.cast("B") if arr.size else memoryview(bytearray(0))
     if arr.size and not arr.flags.writeable and writable:
         raise InvalidUsageError(f"{what} is read-only")
     if view.nbytes % dt.itemsize:

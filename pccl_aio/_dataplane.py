@@ -233,7 +233,7 @@ class _Sender(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         set_nodelay(transport)
-        transport.set_write_buffer_limits(high=8 << 20, low=1 << 20)
+        self.transport.set_write_buffer_limits(high=8 << 20, low=1 << 20)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.error = exc or ConnectionResetError("data connection closed")

@@ -13,7 +13,9 @@ import contextlib
 import itertools
 import logging
 import signal
+from collections.abc import Coroutine
 from types import TracebackType
+from typing import Any
 
 from . import _master_state as ms
 from . import _messages as m
@@ -96,8 +98,8 @@ class Master:
         await self.close()
 
     # ---- internals --------------------------------------------------------------------------
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

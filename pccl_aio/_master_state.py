@@ -220,15 +220,15 @@ class MasterState:
                 self._check_initiate(peer.group, msg.tag, out)
             case m.CollectiveDone():
                 self._require_accepted(peer, msg)
-                op = self._ops.get((peer.group, msg.tag))
-                if (op is not None and msg.seq == 0 and not op.seq and not msg.ok
-                        and peer.conn in op.descs):  # withdrawn before it started
+                done_op = self._ops.get((peer.group, msg.tag))
+                if (done_op is not None and msg.seq == 0 and not done_op.seq and not msg.ok
+                        and peer.conn in done_op.descs):  # withdrawn before it started
                     self._abort_vote(peer.group, msg.tag, f"peer {peer.conn}: {msg.reason}", out)
                     return
-                if op is None or op.seq != msg.seq or peer.conn not in op.participants:
+                if done_op is None or done_op.seq != msg.seq or peer.conn not in done_op.participants:
                     return  # stale: the op was aborted before this report arrived
                 if msg.ok:
-                    op.done.add(peer.conn)
+                    done_op.done.add(peer.conn)
                     self._check_complete(peer.group, msg.tag, out)
                 else:
                     self._abort(peer.group, msg.tag, f"peer {peer.conn} failed: {msg.reason}", out)

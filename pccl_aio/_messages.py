@@ -21,7 +21,7 @@ class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"
 
 
 # ---- peer -> master ------------------------------------------------------------------------
-class Hello(_Msg, tag=1):
+class Hello(_Msg, frozen=True, tag=1):
     """First message of a session; the master refuses another protocol ``version``."""
 
     version: int
@@ -30,19 +30,19 @@ class Hello(_Msg, tag=1):
     advertise_host: str = ""
 
 
-class Heartbeat(_Msg, tag=2):
+class Heartbeat(_Msg, frozen=True, tag=2):
     """Liveness beacon, sent both ways every heartbeat interval."""
 
 
-class VoteUpdateTopology(_Msg, tag=3):
+class VoteUpdateTopology(_Msg, frozen=True, tag=3):
     """Joint vote of all accepted peers: admit the pending peers."""
 
 
-class VotePeersPending(_Msg, tag=4):
+class VotePeersPending(_Msg, frozen=True, tag=4):
     """Joint vote of all accepted peers: are any peers waiting to be admitted?"""
 
 
-class CollectiveInit(_Msg, tag=5):
+class CollectiveInit(_Msg, frozen=True, tag=5):
     """Vote to start the collective ``tag`` in this peer's group with this descriptor."""
 
     tag: int
@@ -53,7 +53,7 @@ class CollectiveInit(_Msg, tag=5):
     quant_dtype: int = 0
 
 
-class CollectiveDone(_Msg, tag=6):
+class CollectiveDone(_Msg, frozen=True, tag=6):
     """This peer finished its part of collective (tag, seq); ``ok`` False reports a failure."""
 
     tag: int
@@ -62,7 +62,7 @@ class CollectiveDone(_Msg, tag=6):
     reason: str = ""
 
 
-class Leave(_Msg, tag=7):
+class Leave(_Msg, frozen=True, tag=7):
     """Graceful goodbye; the master then treats the peer as gone."""
 
 
@@ -75,7 +75,7 @@ class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
     port: int
 
 
-class Welcome(_Msg, tag=64):
+class Welcome(_Msg, frozen=True, tag=64):
     """Registration accepted; ``accepted`` False means: wait for the others' update_topology."""
 
     peer_id: int
@@ -83,14 +83,14 @@ class Welcome(_Msg, tag=64):
     version: int = PROTOCOL_VERSION
 
 
-class Rejected(_Msg, tag=65):
+class Rejected(_Msg, frozen=True, tag=65):
     """Registration refused (e.g. protocol version mismatch); the master closes the connection."""
 
     reason: str
     version: int = PROTOCOL_VERSION
 
 
-class Membership(_Msg, tag=66):
+class Membership(_Msg, frozen=True, tag=66):
     """The run's membership as of ``epoch``; ``ring`` is this peer's group in ring order."""
 
     epoch: int
@@ -100,19 +100,19 @@ class Membership(_Msg, tag=66):
     ring: list[PeerAddr]
 
 
-class TopologyUpdated(_Msg, tag=67):
+class TopologyUpdated(_Msg, frozen=True, tag=67):
     """Answer to VoteUpdateTopology, sent after the new Membership."""
 
     epoch: int
 
 
-class PeersPendingAnswer(_Msg, tag=68):
+class PeersPendingAnswer(_Msg, frozen=True, tag=68):
     """Answer to VotePeersPending."""
 
     pending: bool
 
 
-class CollectiveStart(_Msg, tag=69):
+class CollectiveStart(_Msg, frozen=True, tag=69):
     """All group peers voted for ``tag`` with one descriptor: run it as ``seq`` on ring ``epoch``."""
 
     tag: int
@@ -120,14 +120,14 @@ class CollectiveStart(_Msg, tag=69):
     epoch: int
 
 
-class CollectiveComplete(_Msg, tag=70):
+class CollectiveComplete(_Msg, frozen=True, tag=70):
     """Every participant reported success: the result of (tag, seq) stands."""
 
     tag: int
     seq: int
 
 
-class CollectiveAbort(_Msg, tag=71):
+class CollectiveAbort(_Msg, frozen=True, tag=71):
     """Collective ``tag`` (``seq`` 0 if it never started) was aborted; the caller may retry."""
 
     tag: int
@@ -135,24 +135,24 @@ class CollectiveAbort(_Msg, tag=71):
     reason: str
 
 
-class CollectiveRejected(_Msg, tag=72):
+class CollectiveRejected(_Msg, frozen=True, tag=72):
     """The group's peers disagreed on the descriptor of ``tag``; nothing ran."""
 
     tag: int
     reason: str
 
 
-class Kicked(_Msg, tag=73):
+class Kicked(_Msg, frozen=True, tag=73):
     """The master ends this session (protocol violation); the connection closes next."""
 
     reason: str
 
 
-class MasterHeartbeat(_Msg, tag=74):
+class MasterHeartbeat(_Msg, frozen=True, tag=74):
     """Liveness beacon of the master."""
 
 
-class VoteRejected(_Msg, tag=75):
+class VoteRejected(_Msg, frozen=True, tag=75):
     """A vote of kind ``kind`` ("topology") was withdrawn: other peers are in another phase."""
 
     kind: str
@@ -187,7 +187,8 @@ def encode(msg: _Msg) -> bytes:
 def decode_peer_to_master(buf: bytes | memoryview) -> PeerToMaster:
     """Decode a peer->master body; raises RemoteProtocolError on anything malformed."""
     try:
-        return _P2M.decode(buf)
+        msg: PeerToMaster = _P2M.decode(buf)
+        return msg
     except _DECODE_ERRORS as exc:
         raise RemoteProtocolError(f"bad peer->master message: {exc}") from exc
 
@@ -195,7 +196,8 @@ def decode_peer_to_master(buf: bytes | memoryview) -> PeerToMaster:
 def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
     """Decode a master->peer body; raises RemoteProtocolError on anything malformed."""
     try:
-        return _M2P.decode(buf)
+        reply: MasterToPeer = _M2P.decode(buf)
+        return reply
     except _DECODE_ERRORS as exc:
         raise RemoteProtocolError(f"bad master->peer message: {exc}") from exc
 

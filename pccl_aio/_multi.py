@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 from typing import TYPE_CHECKING
 
 from ._buffers import Buffer
@@ -59,7 +60,7 @@ class MultiReduce:
             except PcclError as exc:
                 self.error = exc
                 return
-            coll.hooks.append(lambda c, i=i: self._on_verdict(i, c))
+            coll.hooks.append(functools.partial(self._on_verdict, i))
             self.inflight[i] = coll
 
     def _on_verdict(self, i: int, coll: Collective) -> None:
@@ -82,6 +83,6 @@ class MultiReduce:
         self._maybe_done()
 
     def _maybe_done(self) -> None:
-        if not self.inflight and (self.error is not None or not self.todo):
-            if not self.done.done():
-                self.done.set_result(None)
+        idle = not self.inflight and (self.error is not None or not self.todo)
+        if idle and not self.done.done():
+            self.done.set_result(None)

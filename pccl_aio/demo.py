@@ -102,7 +102,8 @@ async def _controller(args: argparse.Namespace) -> int:
         for _ in range(args.peers):
             await start()
         killed = joined = False
-        wrong, lost, finished, sizes = 0, 0, 0, []
+        wrong, lost, finished = 0, 0, 0
+        sizes: list[int] = []
         deadline = time.monotonic() + args.timeout
         try:
             while finished < len(procs) - int(killed):

@@ -16,7 +16,7 @@ OPS = list(pccl.ReduceOp)
 
 def _inputs(dtype: str, n: int, ws: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    lo = -3 if dtype.startswith("int") or dtype.startswith("float") else 0
+    lo = -3 if dtype.startswith(("int", "float")) else 0
     # Small integers: sums and products are exact in every dtype, so results compare exactly.
     return [rng.integers(lo, 4, n).astype(dtype) for _ in range(ws)]
 

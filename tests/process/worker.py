@@ -13,7 +13,6 @@ Modes:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import sys
