@@ -24,6 +24,8 @@ from ._errors import (
     TooFewPeersError,
     VersionMismatchError,
 )
+from ._master import Master
+from ._shared_state import SharedState
 from ._types import (
     DataType,
     QuantAlgo,
@@ -34,7 +36,6 @@ from ._types import (
     SyncStrategy,
 )
 from ._version import __version__
-from ._master import Master
 
 __all__ = [
     "AllReduceHandle",
@@ -53,6 +54,7 @@ __all__ = [
     "ReduceInfo",
     "ReduceOp",
     "RemoteProtocolError",
+    "SharedState",
     "SharedStateError",
     "SyncInfo",
     "SyncStrategy",

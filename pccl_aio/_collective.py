@@ -135,7 +135,7 @@ class Collective:
         return buf[offset : offset + length]
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
-        self.rx += length + HEADER.size
+        self.rx += length
         self._inbox.append((phase, offset, length))
         self._poke()
 
@@ -200,5 +200,5 @@ class Collective:
         header = HEADER.pack(MAGIC, phase, self.tag, self.seq, off, n, 0.0, 0.0)
         await link.send(self.seq + self._sent, header, self.dst.view[off : off + n])
         self._sent += 1
-        self.tx += n + HEADER.size
+        self.tx += n
 

@@ -19,7 +19,8 @@ from ._buffers import Buffer, as_buffer
 from ._collective import Collective
 from ._control import ControlPlane
 from ._errors import InvalidUsageError, TooFewPeersError
-from ._types import Quantization, QuantAlgo, ReduceInfo, ReduceOp
+from ._shared_state import SharedState
+from ._types import QuantAlgo, Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
@@ -217,6 +218,24 @@ class Communicator(ControlPlane):
                 f"peer group {self.peer_group} has {self.peer_group_world_size} peer(s)")
         return await MultiReduce(self, bufs, tags, _check_op(op), max_in_flight,
                                  max_attempts).run()
+
+    # ---- shared state -------------------------------------------------------------------------
+    async def sync_shared_state(self, state: SharedState,
+                                strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> SyncInfo:
+        """Make ``state`` identical on every peer of the group (a vote of the whole group).
+
+        Each entry is hashed (xxh3-128); the master elects the popular content and revision.
+        Outdated or drifted peers fetch only their dirty entries, in place, from up-to-date
+        peers (ranges spread over all of them, failing over when one dies) and re-hash them.
+        Blocks until the whole group finished. Returns ``SyncInfo(tx_bytes, rx_bytes,
+        revision)`` and sets ``state.revision``. Raises ``InvalidUsageError`` (collectives in
+        flight), ``SharedStateError`` (no up-to-date source, fetch failed or a hash mismatch;
+        retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
+        rules). Cancelling leaves the peer in the sync; close the communicator then.
+        """
+        from ._sync import sync_shared_state
+
+        return await sync_shared_state(self, state, strategy)
 
     # ---- helpers ------------------------------------------------------------------------------
     def _check_buffers(self, src: Any, dst: Any) -> tuple[Buffer, Buffer, bool]:

@@ -22,10 +22,13 @@ from ._errors import (
     MasterConnectionError,
     PcclError,
     RemoteProtocolError,
+    SharedStateError,
     VersionMismatchError,
 )
 from ._framing import frame
 from ._netutil import read_frame, set_nodelay
+from ._shared_state import SharedState
+from ._state_transfer import StateServer
 
 log = logging.getLogger("pccl_aio.communicator")
 
@@ -72,6 +75,8 @@ class ControlPlane:
         self._scratch = ScratchPool()
         self._links: dict[int, Link] = {}
         self._listener: Listener | None = None
+        self._state_server = StateServer()
+        self._serving: SharedState | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._joined: asyncio.Future[None] | None = None
@@ -104,6 +109,8 @@ class ControlPlane:
         loop = asyncio.get_running_loop()
         self._listener = Listener(self._registry)
         await self._listener.start(self.listen_host)
+        self._state_server.lookup = self._lookup_state
+        await self._state_server.start(self.listen_host)
         last: Exception | None = None
         for i in range(attempts):
             try:
@@ -120,7 +127,8 @@ class ControlPlane:
         set_nodelay(writer.transport)
         self._writer = writer
         writer.write(frame(m.encode(m.Hello(m.PROTOCOL_VERSION, self.peer_group,
-                                            self._listener.port, self.advertise_host))))
+                                            self._listener.port, self.advertise_host,
+                                            self._state_server.port))))
         try:
             reply = m.decode_master_to_peer(await read_frame(reader))
         except (asyncio.IncompleteReadError, OSError, RemoteProtocolError) as exc:
@@ -172,6 +180,7 @@ class ControlPlane:
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
+        await self._state_server.close()
         self._connected = False
 
     def _check_usable(self) -> None:
@@ -210,6 +219,18 @@ class ControlPlane:
             self._votes.pop(kind, None)
             raise
         return await fut
+
+    def _expect(self, kind: str) -> asyncio.Future[Any]:
+        """A future for the next master answer of ``kind`` that needs no vote from us."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._votes[kind] = fut
+        return fut
+
+    def _lookup_state(self, key: str, revision: int) -> memoryview | None:
+        state = self._serving
+        if state is None or key not in state.keys:
+            return None
+        return state.view(key)
 
     def _launch(self, coll: Collective) -> None:
         self._colls[coll.tag] = coll
@@ -301,6 +322,14 @@ class ControlPlane:
                     coll.on_rejected(reason)
             case m.TopologyUpdated():
                 self._resolve("topology", None)
+            case m.SyncPlan():
+                self._resolve("sync", msg)
+            case m.SyncFailed(reason=reason):
+                fut = self._votes.pop("sync", None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(SharedStateError(f"shared-state sync failed: {reason}"))
+            case m.SyncComplete():
+                self._resolve("sync_done", msg)
             case m.VoteRejected(kind=kind, reason=reason):
                 fut = self._votes.pop(kind, None)
                 if fut is not None and not fut.done():

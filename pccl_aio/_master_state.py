@@ -19,67 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from typing import TypeAlias
 
 from . import _messages as m
 from ._errors import RemoteProtocolError
+from ._master_events import (
+    Action,
+    Close,
+    Connected,
+    Disconnected,
+    Event,
+    Malformed,
+    Received,
+    Send,
+    Tick,
+)
+from ._master_sync import SyncRules
 
-# ---- events ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Connected:
-    conn: int
-    host: str
-    now: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Received:
-    conn: int
-    msg: m.PeerToMaster
-    now: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Malformed:
-    """A frame that failed to decode (``body``) or broke framing; closes that connection."""
-
-    conn: int
-    reason: str
-    now: float
-    body: bytes = b""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Disconnected:
-    conn: int
-    now: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Tick:
-    now: float
-
-
-Event: TypeAlias = Connected | Received | Malformed | Disconnected | Tick
-
-# ---- actions --------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Send:
-    conn: int
-    msg: m.MasterToPeer
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Close:
-    conn: int
-    reason: str
-
-
-Action: TypeAlias = Send | Close
+__all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Malformed", "MasterState",
+           "Received", "Send", "Tick"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -94,6 +51,9 @@ class _Peer:
     voted_topology: bool = False
     voted_pending: bool = False
     tags: set[int] = dataclasses.field(default_factory=set)
+    state_port: int = 0
+    sync_vote: m.VoteSync | None = None
+    syncing: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,7 +73,7 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-class MasterState:
+class MasterState(SyncRules):
     """Membership, votes and collective bookkeeping of one run. Single-threaded, no I/O."""
 
     def __init__(self, *, heartbeat_timeout: float = 5.0) -> None:
@@ -122,6 +82,8 @@ class MasterState:
         self._peers: dict[int, _Peer] = {}
         self._ops: dict[tuple[int, int], _Op] = {}
         self._seq = 0
+        self._revisions: dict[int, int] = {}  # group -> last shared-state revision
+        self._sync_parts: dict[int, list[int]] = {}  # group -> peers of the running sync
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
@@ -218,6 +180,17 @@ class MasterState:
                                        msg.quant_dtype)
                 self._check_conflict(out)
                 self._check_initiate(peer.group, msg.tag, out)
+            case m.VoteSync():
+                self._require_accepted(peer, msg)
+                if peer.tags or peer.voted_topology or peer.sync_vote or peer.syncing:
+                    raise RemoteProtocolError("sync vote while another operation is running")
+                peer.sync_vote = msg
+                self._check_sync(peer.group, out)
+            case m.SyncDone():
+                if not peer.syncing:
+                    raise RemoteProtocolError("SyncDone outside a sync")
+                peer.syncing = False
+                self._check_sync_done(peer.group, out)
             case m.CollectiveDone():
                 self._require_accepted(peer, msg)
                 done_op = self._ops.get((peer.group, msg.tag))
@@ -258,6 +231,7 @@ class MasterState:
             self._remove(peer.conn, out)
             return
         peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
+        peer.state_port = msg.state_port
         first = not self.accepted()
         peer.accepted = first
         out.append(Send(peer.conn, m.Welcome(peer.conn, first)))
@@ -274,7 +248,8 @@ class MasterState:
         out: list[Action] = []
         for c in conns:
             group = self._peers[c].group
-            ring = [m.PeerAddr(p.conn, p.host, p.port) for p in accepted if p.group == group]
+            ring = [m.PeerAddr(p.conn, p.host, p.port, p.state_port)
+                    for p in accepted if p.group == group]
             out.append(Send(c, m.Membership(self.epoch, len(accepted), len(sizes),
                                             max(sizes.values(), default=0), ring)))
         return out
@@ -396,3 +371,5 @@ class MasterState:
             return
         self._check_topology(out)
         self._check_pending(out)
+        self._check_sync(peer.group, out)
+        self._check_sync_done(peer.group, out)

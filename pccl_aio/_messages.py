@@ -28,6 +28,7 @@ class Hello(_Msg, frozen=True, tag=1):
     peer_group: int
     p2p_port: int
     advertise_host: str = ""
+    state_port: int = 0
 
 
 class Heartbeat(_Msg, frozen=True, tag=2):
@@ -66,6 +67,32 @@ class Leave(_Msg, frozen=True, tag=7):
     """Graceful goodbye; the master then treats the peer as gone."""
 
 
+class SyncEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One shared-state entry as voted: xxh3-128 ``hash`` of its bytes (empty if not compared)."""
+
+    key: str
+    dtype: int
+    nbytes: int
+    hash: bytes
+    allow_inequality: bool = False
+
+
+class VoteSync(_Msg, frozen=True, tag=8):
+    """Vote to synchronise the group's shared state; ``fresh``: never synced by this peer."""
+
+    revision: int
+    strategy: int
+    entries: list[SyncEntry]
+    fresh: bool = False
+
+
+class SyncDone(_Msg, frozen=True, tag=9):
+    """This peer finished its part of the sync (served or fetched); ``ok`` False if it failed."""
+
+    ok: bool
+    reason: str = ""
+
+
 # ---- master -> peer ------------------------------------------------------------------------
 class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """Where a peer's data-plane listener is."""
@@ -73,6 +100,7 @@ class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
     peer_id: int
     host: str
     port: int
+    state_port: int = 0
 
 
 class Welcome(_Msg, frozen=True, tag=64):
@@ -152,6 +180,27 @@ class MasterHeartbeat(_Msg, frozen=True, tag=74):
     """Liveness beacon of the master."""
 
 
+class SyncPlan(_Msg, frozen=True, tag=76):
+    """Result of the election: adopt ``revision``; fetch ``keys`` (verify ``hashes``) from ``sources``."""
+
+    revision: int
+    keys: list[str]
+    hashes: list[bytes]
+    sources: list[PeerAddr]
+
+
+class SyncComplete(_Msg, frozen=True, tag=77):
+    """Every peer of the group finished the sync."""
+
+    revision: int
+
+
+class SyncFailed(_Msg, frozen=True, tag=78):
+    """The group's sync could not run (e.g. no up-to-date peer); nothing was changed."""
+
+    reason: str
+
+
 class VoteRejected(_Msg, frozen=True, tag=75):
     """A vote of kind ``kind`` ("topology") was withdrawn: other peers are in another phase."""
 
@@ -161,12 +210,12 @@ class VoteRejected(_Msg, frozen=True, tag=75):
 
 PeerToMaster: TypeAlias = (
     Hello | Heartbeat | VoteUpdateTopology | VotePeersPending | CollectiveInit | CollectiveDone
-    | Leave
+    | Leave | VoteSync | SyncDone
 )
 MasterToPeer: TypeAlias = (
     Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart
     | CollectiveComplete | CollectiveAbort | CollectiveRejected | Kicked | MasterHeartbeat
-    | VoteRejected
+    | VoteRejected | SyncPlan | SyncComplete | SyncFailed
 )
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._ring import chunk_bounds
 
 INT_DTYPES = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"]
 FLOAT_DTYPES = ["float16", "float32", "float64"]
@@ -80,10 +81,13 @@ async def test_large_float32_random_parity_and_tolerance(peers):
         for o in outs:
             assert o.tobytes() == outs[0].tobytes()
         np.testing.assert_allclose(outs[0], ref, rtol=1e-5)
-        n = xs[0].nbytes
-        for i in infos:  # 2(ws-1)/ws of the payload each way, plus frame headers
-            assert 1.5 * n * 3 / 4 * 0.99 <= i.tx_bytes <= 1.5 * n * 1.05
-            assert 1.5 * n * 3 / 4 * 0.99 <= i.rx_bytes <= 1.5 * n * 1.05
+        w = len(comms)
+        b = chunk_bounds(xs[0].size, w)
+        size = [(b[c + 1] - b[c]) * 4 for c in range(w)]
+        total = sum(size)
+        for r, i in enumerate(infos):  # exact payload bytes; rank = join order
+            assert i.tx_bytes == 2 * total - size[(r + 1) % w] - size[(r + 2) % w]
+            assert i.rx_bytes == 2 * total - size[r] - size[(r + 1) % w]
 
 
 async def test_integer_wraparound_and_truncating_avg(peers):

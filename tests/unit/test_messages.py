@@ -28,6 +28,10 @@ PEER_TO_MASTER = [
     m.CollectiveDone(3, 17, True),
     m.CollectiveDone(2**31, 2**62, False, "socket closed \u2013 peer 3"),
     m.Leave(),
+    m.VoteSync(3, 0, [m.SyncEntry("w", 10, 4096, b"\x01" * 16), m.SyncEntry("m", 9, 2, b"", True)]),
+    m.VoteSync(0, 2, [], True),
+    m.SyncDone(True),
+    m.SyncDone(False, "source closed"),
 ]
 MASTER_TO_PEER = [
     m.Welcome(5, True),
@@ -45,6 +49,10 @@ MASTER_TO_PEER = [
     m.Kicked("second Hello"),
     m.MasterHeartbeat(),
     m.VoteRejected("topology", "peers disagree on the phase"),
+    m.SyncPlan(4, ["w"], [b"\x02" * 16], [m.PeerAddr(2, "127.0.0.1", 5000, 5001)]),
+    m.SyncPlan(0, [], [], []),
+    m.SyncComplete(4),
+    m.SyncFailed("no up-to-date peer"),
 ]
 P2M_CLASSES = {type(x) for x in PEER_TO_MASTER}
 M2P_CLASSES = {type(x) for x in MASTER_TO_PEER}
@@ -93,10 +101,10 @@ def test_master_to_peer_roundtrip(msg: m.MasterToPeer) -> None:
 
 def test_wire_layout_is_a_msgpack_array_led_by_the_tag() -> None:
     """The layout ``peek_hello_version`` and older/newer peers rely on."""
-    assert m.encode(m.Hello(PV, 2, 3, "h")) == enc([1, PV, 2, 3, "h"])
+    assert m.encode(m.Hello(PV, 2, 3, "h")) == enc([1, PV, 2, 3, "h", 0])
     assert m.encode(m.Heartbeat()) == enc([2])
     assert m.encode(m.Membership(1, 1, 1, 1, [m.PeerAddr(4, "h", 5)])) == enc(
-        [66, 1, 1, 1, 1, [[4, "h", 5]]])
+        [66, 1, 1, 1, 1, [[4, "h", 5, 0]]])
 
 
 def test_defaults_and_schema_evolution() -> None:

@@ -11,7 +11,7 @@ EXPECTED_ALL = {
     "AllReduceHandle", "Communicator", "DataType", "InvalidUsageError", "KickedError", "Master",
     "MasterConnectionError", "PcclError", "PcclTimeoutError", "PeerLostError", "ProtocolError",
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
-    "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "VersionMismatchError",
+    "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "VersionMismatchError",
     "__version__", "run",
 }
 

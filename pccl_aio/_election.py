@@ -1,0 +1,118 @@
+"""Shared-state election, sans-IO: the votes of one peer group in, a sync plan out.
+
+Rules (PCCL §2.8, with its bugs fixed):
+
+1. Revision. On a group's first sync after a master start the highest offered revision is the
+   target (checkpoint resume, independent of vote order); afterwards the target is the last
+   one + 1. A voter above the target broke the one-increment rule and is kicked; below it is
+   *outdated* and fetches.
+2. Layout. The most common entry layout (names, dtypes, byte sizes, inequality flags; order
+   does not matter) wins; a voter with another layout is kicked, the others go on.
+3. Content. Among up-to-date voters that are not RECEIVE_ONLY, the most popular set of hashes
+   wins (ties: the set held by the lowest peer id). No such voter: the sync fails for all.
+4. Strategies. If any voter uses ENFORCE_POPULAR, voters using another strategy are kicked.
+   A SEND_ONLY voter whose content lost is kicked.
+5. Plan. Up-to-date voters holding the winning content are the sources. Every other voter
+   fetches the entries whose hash differs from the winner's; entries that allow content
+   inequality are not compared, but a never-synced outdated voter (a joiner) fetches them too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from . import _messages as m
+from ._types import SyncStrategy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """What one voter does: fetch ``keys`` (expecting ``hashes``) from ``sources``."""
+
+    keys: list[str]
+    hashes: list[bytes]
+
+
+@dataclasses.dataclass(slots=True)
+class Election:
+    revision: int = 0
+    kicks: dict[int, str] = dataclasses.field(default_factory=dict)
+    failed: str = ""
+    sources: list[int] = dataclasses.field(default_factory=list)
+    plans: dict[int, Plan] = dataclasses.field(default_factory=dict)
+
+
+def _layout(v: m.VoteSync) -> tuple[tuple[str, int, int, bool], ...]:
+    return tuple(sorted((e.key, e.dtype, e.nbytes, e.allow_inequality) for e in v.entries))
+
+
+def _content(v: m.VoteSync) -> tuple[tuple[str, bytes], ...]:
+    return tuple(sorted((e.key, e.hash) for e in v.entries if not e.allow_inequality))
+
+
+def elect(votes: dict[int, m.VoteSync], last_revision: int | None) -> Election:
+    """Decide one group's sync from the votes of all its accepted peers."""
+    out = Election()
+    if not votes:
+        return out
+    # 1. revision
+    target = max(v.revision for v in votes.values()) if last_revision is None else last_revision + 1
+    out.revision = target
+    live: dict[int, m.VoteSync] = {}
+    for p, v in votes.items():
+        if v.revision > target:
+            out.kicks[p] = (f"revision {v.revision} skips ahead of {target}: revisions must "
+                            "advance by exactly one per sync")
+        else:
+            live[p] = v
+    # 2. layout
+    if live:
+        layouts = Counter(_layout(v) for v in live.values())
+        best = max(layouts.values())
+        winner_layout = min((lay for lay, n in layouts.items() if n == best),
+                            key=lambda lay: min(p for p, v in live.items() if _layout(v) == lay))
+        for p, v in list(live.items()):
+            if _layout(v) != winner_layout:
+                out.kicks[p] = "shared-state keys, dtypes or sizes differ from the other peers'"
+                del live[p]
+    # 4a. strategy mix
+    if any(v.strategy == SyncStrategy.ENFORCE_POPULAR for v in live.values()):
+        for p, v in list(live.items()):
+            if v.strategy != SyncStrategy.ENFORCE_POPULAR:
+                out.kicks[p] = (f"strategy {SyncStrategy(v.strategy).name} mixed with "
+                                "ENFORCE_POPULAR in one sync")
+                del live[p]
+    # 3. content among up-to-date candidates
+    cands = {p: v for p, v in live.items()
+             if v.revision == target and v.strategy != SyncStrategy.RECEIVE_ONLY}
+    if not cands:
+        out.failed = (f"no up-to-date peer can provide revision {target} of the shared state"
+                      if live else "every peer of the group was kicked")
+        return out
+    counts = Counter(_content(v) for v in cands.values())
+    best = max(counts.values())
+    win = min((c for c, n in counts.items() if n == best),
+              key=lambda c: min(p for p, v in cands.items() if _content(v) == c))
+    winner = dict(win)
+    # 4b. SEND_ONLY peers must hold the winning content
+    for p, v in list(live.items()):
+        if v.strategy == SyncStrategy.SEND_ONLY and _content(v) != win:
+            out.kicks[p] = "SEND_ONLY peer's shared state lost the election"
+            del live[p]
+    # 5. plans
+    out.sources = sorted(p for p, v in cands.items() if _content(v) == win)
+    for p, v in live.items():
+        if p in out.sources:
+            continue
+        keys, hashes = [], []
+        for e in v.entries:
+            if e.allow_inequality:
+                if v.revision < target and v.fresh:
+                    keys.append(e.key)
+                    hashes.append(b"")
+            elif winner[e.key] != e.hash:
+                keys.append(e.key)
+                hashes.append(winner[e.key])
+        out.plans[p] = Plan(keys, hashes)
+    return out

@@ -1,0 +1,65 @@
+"""Events into and actions out of the sans-IO master (see ``_master_state``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypeAlias
+
+from . import _messages as m
+
+# ---- events ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Connected:
+    conn: int
+    host: str
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Received:
+    conn: int
+    msg: m.PeerToMaster
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Malformed:
+    """A frame that failed to decode (``body``) or broke framing; closes that connection."""
+
+    conn: int
+    reason: str
+    now: float
+    body: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Disconnected:
+    conn: int
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick:
+    now: float
+
+
+Event: TypeAlias = Connected | Received | Malformed | Disconnected | Tick
+
+# ---- actions --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Send:
+    conn: int
+    msg: m.MasterToPeer
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Close:
+    conn: int
+    reason: str
+
+
+Action: TypeAlias = Send | Close

@@ -1,0 +1,186 @@
+"""Shared-state transfer between peers: a server that serves byte ranges during a sync, and a
+fetcher that pulls dirty entries straight into the requester's tensors.
+
+Wire: a request is ``REQ`` (magic, revision, offset, length, key length) + key bytes; the answer
+is ``RESP`` (magic, status, length) + ``length`` raw bytes. Requests may be pipelined on one
+connection. The fetcher spreads byte ranges over all sources through a shared work queue; a
+source that fails hands its range back and the others finish the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from typing import Final, cast
+
+from ._netutil import set_nodelay
+
+MAGIC: Final = 0x50435331  # "PCS1"
+REQ: Final = struct.Struct("<IIQQQ")  # magic, key length, revision, offset, length
+RESP: Final = struct.Struct("<IIQ")  # magic, status, length
+OK, NOT_SERVING, BAD_RANGE = 0, 1, 2
+PIECE = 8 << 20
+
+Lookup = Callable[[str, int], memoryview | None]
+
+
+class StateServer:
+    """Answers range requests while a sync is running (``serving`` set), counting bytes sent."""
+
+    def __init__(self) -> None:
+        self.lookup: Lookup | None = None
+        self.tx = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    async def start(self, host: str) -> None:
+        self._server = await asyncio.start_server(self._serve, host, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._writers):
+            w.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        set_nodelay(writer.transport)
+        self._writers.add(writer)
+        try:
+            while True:
+                magic, klen, revision, off, length = REQ.unpack(await reader.readexactly(REQ.size))
+                if magic != MAGIC or klen > 4096:
+                    break
+                key = (await reader.readexactly(klen)).decode("utf-8", "replace")
+                view = self.lookup(key, revision) if self.lookup is not None else None
+                if view is None:
+                    writer.write(RESP.pack(MAGIC, NOT_SERVING, 0))
+                elif off + length > view.nbytes:
+                    writer.write(RESP.pack(MAGIC, BAD_RANGE, 0))
+                else:
+                    writer.write(RESP.pack(MAGIC, OK, length))
+                    writer.write(view[off : off + length])
+                    self.tx += length
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+
+class _FetchProtocol(asyncio.BufferedProtocol):
+    """Client side of one connection: receives each answer straight into its target view."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._hdr = bytearray(RESP.size)
+        self._target: memoryview | None = None
+        self._got = 0
+        self._want = RESP.size
+        self._in_header = True
+        self._waiter: asyncio.Future[int] | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        set_nodelay(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(ConnectionResetError("state source closed the connection"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._in_header or self._target is None:
+            return memoryview(self._hdr)[self._got : RESP.size]
+        return self._target[self._got : self._want]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._got += nbytes
+        if self._got < self._want:
+            return
+        if self._in_header:
+            magic, status, length = RESP.unpack(self._hdr)
+            if magic != MAGIC or status != OK or self._target is None or length != len(self._target):
+                self._finish(exc=ConnectionError(f"state source refused the range (status {status})"))
+                return
+            self._in_header, self._got, self._want = False, 0, length
+            if length:
+                return
+        self._finish()
+
+    def _finish(self, exc: Exception | None = None) -> None:
+        w, self._waiter = self._waiter, None
+        self._in_header, self._got, self._want, self._target = True, 0, RESP.size, None
+        if w is not None and not w.done():
+            if exc is None:
+                w.set_result(0)
+            else:
+                w.set_exception(exc)
+                if self.transport is not None:
+                    self.transport.abort()
+
+    async def fetch(self, key: str, revision: int, offset: int, target: memoryview) -> None:
+        """Request ``len(target)`` bytes of ``key`` from ``offset`` and receive them in place."""
+        if self.transport is None:
+            raise ConnectionResetError("state source connection closed")
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._target = target
+        kb = key.encode()
+        self.transport.write(REQ.pack(MAGIC, len(kb), revision, offset, len(target)) + kb)
+        await self._waiter
+
+
+async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
+                       pieces: list[tuple[str, int, memoryview]], timeout: float) -> int:
+    """Fetch every (key, offset, target) piece from any of ``sources``; returns bytes received.
+
+    Pieces are shared by one worker per source; a failing source returns its piece to the
+    queue. Raises ``ConnectionError`` if pieces remain when every source failed, or
+    ``TimeoutError`` if a piece makes no progress for ``timeout`` seconds.
+    """
+    queue: list[tuple[str, int, memoryview]] = list(reversed(pieces))
+    loop = asyncio.get_running_loop()
+    received = 0
+    errors: list[BaseException] = []
+
+    async def worker(host: str, port: int) -> None:
+        nonlocal received
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(_FetchProtocol, host, port), timeout)
+        except (OSError, TimeoutError) as exc:
+            errors.append(exc)
+            return
+        try:
+            while queue:
+                piece = queue.pop()
+                try:
+                    async with asyncio.timeout(timeout + len(piece[2]) / 50e6):
+                        await proto.fetch(piece[0], revision, piece[1], piece[2])
+                except BaseException as exc:
+                    queue.append(piece)
+                    errors.append(exc)
+                    return
+                received += len(piece[2])
+        finally:
+            if proto.transport is not None:
+                proto.transport.close()
+
+    await asyncio.gather(*(worker(h, p) for h, p in sources))
+    if queue:
+        raise ConnectionError(f"{len(queue)} piece(s) left after every source failed: "
+                              f"{errors[-1] if errors else 'no source'}")
+    return received
+
+
+def split(key: str, view: memoryview, piece: int = PIECE) -> list[tuple[str, int, memoryview]]:
+    """Cut an entry into (key, offset, target) pieces of at most ``piece`` bytes."""
+    return [(key, off, view[off : off + piece]) for off in range(0, view.nbytes, piece)] or \
+        [(key, 0, view[0:0])]
+
