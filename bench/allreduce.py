@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import emit_json, median, print_table, tcp_loopback_gbps  # noqa: E402
+import numpy as np
+from _common import emit_json, median, print_table, tcp_loopback_gbps
 
-import numpy as np  # noqa: E402
-
-import pccl_aio as pccl  # noqa: E402
+import pccl_aio as pccl
 
 
 async def _peer(addr: str, world: int, nbytes: int, iters: int, conns: int) -> None:

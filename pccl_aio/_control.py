@@ -109,7 +109,7 @@ class ControlPlane:
         loop = asyncio.get_running_loop()
         self._listener = Listener(self._registry)
         await self._listener.start(self.listen_host)
-        self._state_server.lookup = self._lookup_state
+        self._state_server.lookup = lambda key, rev: self._lookup_state(key, rev)
         await self._state_server.start(self.listen_host)
         last: Exception | None = None
         for i in range(attempts):

@@ -4,8 +4,8 @@ Rules (PCCL §2.8, with its bugs fixed):
 
 1. Revision. On a group's first sync after a master start the highest offered revision is the
    target (checkpoint resume, independent of vote order); afterwards the target is the last
-   one + 1. A voter above the target broke the one-increment rule and is kicked; below it is
-   *outdated* and fetches.
+   one + 1, or the last one again if no voter advanced (a repeated sync). A voter above the
+   target broke the one-increment rule and is kicked; below it is *outdated* and fetches.
 2. Layout. The most common entry layout (names, dtypes, byte sizes, inequality flags; order
    does not matter) wins; a voter with another layout is kicked, the others go on.
 3. Content. Among up-to-date voters that are not RECEIVE_ONLY, the most popular set of hashes
@@ -57,7 +57,11 @@ def elect(votes: dict[int, m.VoteSync], last_revision: int | None) -> Election:
     if not votes:
         return out
     # 1. revision
-    target = max(v.revision for v in votes.values()) if last_revision is None else last_revision + 1
+    offered = max(v.revision for v in votes.values())
+    if last_revision is None:
+        target = offered
+    else:
+        target = last_revision + 1 if offered > last_revision else last_revision
     out.revision = target
     live: dict[int, m.VoteSync] = {}
     for p, v in votes.items():

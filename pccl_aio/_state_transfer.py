@@ -147,10 +147,12 @@ async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
     queue: list[tuple[str, int, memoryview]] = list(reversed(pieces))
     loop = asyncio.get_running_loop()
     received = 0
+    busy = 0  # pieces in flight: a failing one comes back, so idle workers must wait
+    changed = asyncio.Event()
     errors: list[BaseException] = []
 
     async def worker(host: str, port: int) -> None:
-        nonlocal received
+        nonlocal received, busy
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(_FetchProtocol, host, port), timeout)
@@ -158,8 +160,13 @@ async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
             errors.append(exc)
             return
         try:
-            while queue:
+            while queue or busy:
+                if not queue:
+                    changed.clear()
+                    await changed.wait()
+                    continue
                 piece = queue.pop()
+                busy += 1
                 try:
                     async with asyncio.timeout(timeout + len(piece[2]) / 50e6):
                         await proto.fetch(piece[0], revision, piece[1], piece[2])
@@ -167,7 +174,11 @@ async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
                     queue.append(piece)
                     errors.append(exc)
                     return
-                received += len(piece[2])
+                else:
+                    received += len(piece[2])
+                finally:
+                    busy -= 1
+                    changed.set()
         finally:
             if proto.transport is not None:
                 proto.transport.close()

@@ -50,13 +50,13 @@ class Proc:
                 os.kill(self.proc.pid, sig)
 
 
-async def spawn(name: str, *args: str) -> Proc:
+async def spawn(name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
     root = str(HERE.parent.parent)
     path = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env)
+        stderr=asyncio.subprocess.PIPE, env=full)
     return Proc(proc, name)
 
 

@@ -1,0 +1,134 @@
+"""Shared-state peer processes for the process tests; one JSON event per line on stdout.
+
+Usage: python state_worker.py MASTER_ADDR MODE ARG
+
+  ddp REVISIONS  -- a DDP-like loop: sync the state (weights, momentum, a step counter),
+                    all-reduce (AVG) a peer-specific gradient with retry, update in place,
+                    revision + 1; prints the state hash after every sync; stops after
+                    REVISIONS once three peers are in the group.
+  big MIB        -- hold a MIB-sized state; up-to-date peers (index from env PEER_INDEX != 'joiner')
+                    fill it with a pattern, the joiner starts from zeros at revision 0 and syncs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import xxhash
+
+import pccl_aio as pccl
+
+
+def emit(**kw: object) -> None:
+    print(json.dumps({"t": time.time(), **kw}), flush=True)
+
+
+def state_hash(state: pccl.SharedState) -> str:
+    h = xxhash.xxh3_64()
+    for k in state.keys:
+        h.update(state.view(k))
+    return h.hexdigest()
+
+
+async def admit_round(comm: pccl.Communicator, first: bool) -> None:
+    if not first and comm.peer_group_world_size >= 2 and await comm.are_peers_pending():
+        await comm.update_topology()
+    while comm.peer_group_world_size < 2:
+        await comm.update_topology()
+        if comm.peer_group_world_size < 2:
+            await asyncio.sleep(0.05)  # pacing only: alone, poll for newcomers
+
+
+async def ddp(comm: pccl.Communicator, revisions: int) -> None:
+    n = 1 << 16
+    w, mom, step = np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(1, np.int64)
+    state = pccl.SharedState({"w": w, "m": mom, "step": step})
+    first = True
+    while True:
+        await admit_round(comm, first)
+        first = False
+        info = await comm.sync_shared_state(state)
+        emit(event="synced", revision=state.revision, hash=state_hash(state), rx=info.rx_bytes,
+             tx=info.tx_bytes, ws=comm.peer_group_world_size, nbytes=state.nbytes)
+        # Stop after REVISIONS once three peers take part (the test needs the joiner in);
+        # a MIN all-reduce makes it one decision for all, whatever each saw of the membership.
+        vote = np.array([state.revision >= revisions and comm.peer_group_world_size >= 3],
+                        np.int64)
+        while True:
+            try:
+                await comm.all_reduce(vote, op=pccl.ReduceOp.MIN, tag=1)
+                break
+            except pccl.PeerLostError:
+                continue
+        if vote[0]:
+            break
+        rng = np.random.default_rng(comm.peer_id * 100_003 + state.revision)
+        g = rng.standard_normal(n).astype(np.float32)
+        while True:
+            try:
+                await comm.all_reduce(g, op=pccl.ReduceOp.AVG, tag=0)
+                break
+            except pccl.PeerLostError:
+                continue  # g was restored; retry on the survivors
+        mom *= np.float32(0.9)
+        mom += g
+        w -= np.float32(0.01) * mom
+        step += 1
+        state.revision += 1
+
+
+async def big(comm: pccl.Communicator, mib: int) -> None:
+    joiner = os.environ.get("PEER_INDEX") == "joiner"
+    n = mib * 2**20 // 4
+    entries = {f"e{i}": np.zeros(n // 4, np.float32) for i in range(4)}
+    if not joiner:
+        for i, a in enumerate(entries.values()):
+            a[:] = np.arange(a.size, dtype=np.float32) * (i + 1)
+    state = pccl.SharedState(entries, revision=0 if joiner else 5)
+    if not joiner:
+        orig = comm._lookup_state
+        told = False
+
+        def spy(key: str, rev: int) -> memoryview | None:
+            nonlocal told
+            if not told and comm._serving is not None:
+                told = True
+                emit(event="serving", key=key)
+            return orig(key, rev)
+
+        comm._lookup_state = spy  # type: ignore[method-assign]
+    emit(event="ready")
+    info = await comm.sync_shared_state(state)
+    emit(event="synced", revision=state.revision, hash=state_hash(state), rx=info.rx_bytes,
+         tx=info.tx_bytes)
+
+
+async def main() -> None:
+    addr, mode, arg = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    comm = pccl.Communicator(addr, heartbeat_interval=0.2, heartbeat_timeout=2.0,
+                             data_timeout=3.0)
+    try:
+        await comm.connect(attempts=20)
+        emit(event="joined", peer_id=comm.peer_id, ws=comm.world_size)
+        if mode == "ddp":
+            await ddp(comm, arg)
+        else:
+            want = int(os.environ.get("WORLD", "2"))
+            while comm.world_size < want:
+                await comm.update_topology()
+            emit(event="world", ws=comm.world_size)
+            await big(comm, arg)
+        emit(event="finished")
+    except pccl.PcclError as exc:
+        emit(event="error", kind=type(exc).__name__, error=str(exc))
+    finally:
+        await comm.close()
+
+
+if __name__ == "__main__":
+    pccl.run(main())
