@@ -4,8 +4,9 @@ Starts a master and 4 peer processes on 127.0.0.1, runs verified all-reduce step
 one peer mid-run, starts a newcomer that joins, prints live progress and ends with a one-line
 verdict. The exit status is non-zero if any result was wrong or the run did not finish.
 
-Each step every peer all-reduces a small MAX of its step counter (so a newcomer learns the
-global step) and a tensor whose exact sum is known, and checks every element.
+Each step every peer syncs a shared state (its revision is the step, so a newcomer learns it
+and receives the weights), all-reduces a tensor whose exact sum is known, checks every element
+and applies the result to the weights identically everywhere.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from . import Communicator, Master, PeerLostError, ReduceOp, run
+from . import Communicator, Master, PeerLostError, SharedState, run
+from ._shared_state import hash_bytes
 
 
 def _pattern(n: int) -> np.ndarray:
@@ -39,9 +41,11 @@ async def _peer(addr: str, steps: int, count: int) -> int:
         await comm.connect(attempts=20)
         emit(event="joined", peer=comm.peer_id, ws=comm.world_size)
         pattern = _pattern(count)
-        step, first, bad = 0, True, 0
+        weights = np.zeros(count, np.float32)
+        state = SharedState({"weights": weights}, revision=0)
+        first, bad = True, 0
         while True:
-            # A newcomer starts at the all-reduce: the others passed the vote already.
+            # A newcomer starts at the sync: the others passed the vote already.
             if not first and comm.peer_group_world_size >= 2 and await comm.are_peers_pending():
                 await comm.update_topology()
             first = False
@@ -50,24 +54,25 @@ async def _peer(addr: str, steps: int, count: int) -> int:
                 if comm.peer_group_world_size < 2:
                     await asyncio.sleep(0.05)  # pacing only
             try:
-                s = np.array([step], np.int64)
-                await comm.all_reduce(s, op=ReduceOp.MAX, tag=1)
-                step = int(s[0])
-                if step >= steps:
+                sync = await comm.sync_shared_state(state)
+                emit(event="state", peer=comm.peer_id, revision=state.revision,
+                     hash=hash_bytes(state.view("weights")).hex(), rx=sync.rx_bytes)
+                if state.revision >= steps:
                     break
                 x = pattern.copy()
                 t0 = time.perf_counter()
                 info = await comm.all_reduce(x, tag=0)
                 dt = time.perf_counter() - t0
             except PeerLostError as exc:
-                emit(event="lost", peer=comm.peer_id, step=step, error=str(exc))
+                emit(event="lost", peer=comm.peer_id, step=state.revision, error=str(exc))
                 continue
             ok = bool(np.array_equal(x, pattern * np.float32(info.world_size)))
             bad += not ok
             busbw = x.nbytes * 2 * (info.world_size - 1) / info.world_size / dt
-            emit(event="step", peer=comm.peer_id, step=step, ws=info.world_size, ok=ok,
+            emit(event="step", peer=comm.peer_id, step=state.revision, ws=info.world_size, ok=ok,
                  gbps=busbw / 1e9)
-            step += 1
+            weights += np.float32(1e-3) * x  # identical everywhere: the next sync moves nothing
+            state.revision += 1
         emit(event="finished", peer=comm.peer_id, bad=bad)
         return 1 if bad else 0
 
@@ -102,7 +107,10 @@ async def _controller(args: argparse.Namespace) -> int:
         for _ in range(args.peers):
             await start()
         killed = joined = False
+        newcomer = -1
         wrong, lost, finished = 0, 0, 0
+        hashes: dict[int, set[str]] = {}
+        newcomer_rx = -1
         sizes: list[int] = []
         deadline = time.monotonic() + args.timeout
         try:
@@ -123,10 +131,15 @@ async def _controller(args: argparse.Namespace) -> int:
                         joined = True
                         print("--- starting a newcomer", flush=True)
                         await start()
+                elif ev["event"] == "state":
+                    hashes.setdefault(ev["revision"], set()).add(ev["hash"])
+                    if joined and ev["peer"] == newcomer and newcomer_rx < 0:
+                        newcomer_rx = ev["rx"]
                 elif ev["event"] == "lost":
                     lost += 1
                 elif ev["event"] == "joined" and joined:
-                    print(f"--- newcomer joined as peer {ev['peer']}", flush=True)
+                    newcomer = ev["peer"]
+                    print(f"--- newcomer joined as peer {newcomer}", flush=True)
                 elif ev["event"] == "finished":
                     finished += 1
                     wrong += ev["bad"]
@@ -141,11 +154,15 @@ async def _controller(args: argparse.Namespace) -> int:
             for t in pumps:
                 t.cancel()
         codes = [p.returncode for i, p in enumerate(procs) if i != 2]
-        ok = wrong == 0 and killed and joined and all(c in (0, -signal.SIGKILL) for c in codes)
+        parity = bool(hashes) and all(len(h) == 1 for h in hashes.values())
+        ok = (wrong == 0 and killed and joined and parity and newcomer_rx > 0
+              and all(c in (0, -signal.SIGKILL) for c in codes))
         path = "->".join(str(s) for s in sizes)
         print(f"VERDICT: {'PASS' if ok else 'FAIL'} - {args.steps} steps, world {path}, "
-              f"1 peer killed, 1 joined, {lost} aborted collectives retried, "
-              f"{wrong} wrong results")
+              f"1 peer killed, 1 joined (received {newcomer_rx / 2**20:.1f} MiB of state), "
+              f"{lost} aborted collectives retried, {wrong} wrong results, state hash "
+              f"{'identical on every peer at every' if parity else 'DIFFERENT at some'} "
+              f"revision ({len(hashes)} revisions)")
         return 0 if ok else 1
 
 
