@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import Communicator, Master, PeerLostError, SharedState, run
+from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, run
 from ._shared_state import hash_bytes
 
 
@@ -31,7 +31,7 @@ def _pattern(n: int) -> np.ndarray:
     return (np.arange(n, dtype=np.float32) % 1000) + 1  # small integers: sums are exact
 
 
-async def _peer(addr: str, steps: int, count: int) -> int:
+async def _peer(addr: str, steps: int, count: int, world: int) -> int:
     """One demo peer; prints JSON progress lines on stdout."""
     def emit(**kw: Any) -> None:
         print(json.dumps(kw), flush=True)
@@ -56,9 +56,15 @@ async def _peer(addr: str, steps: int, count: int) -> int:
             try:
                 sync = await comm.sync_shared_state(state)
                 emit(event="state", peer=comm.peer_id, revision=state.revision,
-                     hash=hash_bytes(state.view("weights")).hex(), rx=sync.rx_bytes)
+                     hash=hash_bytes(state.view("weights")).hex(), rx=sync.rx_bytes,
+                     ws=comm.peer_group_world_size)
                 if state.revision >= steps:
-                    break
+                    # Stop together once the newcomer is in: a MIN all-reduce makes it one
+                    # decision for all peers, whatever each saw of the membership.
+                    vote = np.array([comm.peer_group_world_size >= world], np.int64)
+                    await comm.all_reduce(vote, op=ReduceOp.MIN, tag=1)
+                    if vote[0]:
+                        break
                 x = pattern.copy()
                 t0 = time.perf_counter()
                 info = await comm.all_reduce(x, tag=0)
@@ -77,10 +83,10 @@ async def _peer(addr: str, steps: int, count: int) -> int:
         return 1 if bad else 0
 
 
-async def _spawn(addr: str, steps: int, count: int) -> asyncio.subprocess.Process:
+async def _spawn(addr: str, steps: int, count: int, world: int) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pccl_aio.demo", "--peer", addr, "--steps", str(steps),
-        "--count", str(count), stdout=asyncio.subprocess.PIPE,
+        "--count", str(count), "--peers", str(world), stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -98,7 +104,7 @@ async def _controller(args: argparse.Namespace) -> int:
                     await events.put(json.loads(line))
 
         async def start() -> asyncio.subprocess.Process:
-            p = await _spawn(master.address, args.steps, args.count)
+            p = await _spawn(master.address, args.steps, args.count, args.peers)
             procs.append(p)
             pumps.append(asyncio.ensure_future(pump(p)))
             return p
@@ -118,8 +124,6 @@ async def _controller(args: argparse.Namespace) -> int:
                 ev = await asyncio.wait_for(events.get(), max(0.1, deadline - time.monotonic()))
                 if ev["event"] == "step":
                     wrong += not ev["ok"]
-                    if not sizes or sizes[-1] != ev["ws"]:
-                        sizes.append(ev["ws"])
                     if ev["peer"] == 1:
                         print(f"step {ev['step']:3d}  world {ev['ws']}  busbw {ev['gbps']:6.2f} GB/s"
                               f"  {'ok' if ev['ok'] else 'WRONG'}", flush=True)
@@ -133,6 +137,8 @@ async def _controller(args: argparse.Namespace) -> int:
                         await start()
                 elif ev["event"] == "state":
                     hashes.setdefault(ev["revision"], set()).add(ev["hash"])
+                    if ev["peer"] == 1 and (not sizes or sizes[-1] != ev["ws"]):
+                        sizes.append(ev["ws"])
                     if joined and ev["peer"] == newcomer and newcomer_rx < 0:
                         newcomer_rx = ev["rx"]
                 elif ev["event"] == "lost":
@@ -158,7 +164,7 @@ async def _controller(args: argparse.Namespace) -> int:
         ok = (wrong == 0 and killed and joined and parity and newcomer_rx > 0
               and all(c in (0, -signal.SIGKILL) for c in codes))
         path = "->".join(str(s) for s in sizes)
-        print(f"VERDICT: {'PASS' if ok else 'FAIL'} - {args.steps} steps, world {path}, "
+        print(f"VERDICT: {'PASS' if ok else 'FAIL'} - {len(hashes) - 1} steps, world {path}, "
               f"1 peer killed, 1 joined (received {newcomer_rx / 2**20:.1f} MiB of state), "
               f"{lost} aborted collectives retried, {wrong} wrong results, state hash "
               f"{'identical on every peer at every' if parity else 'DIFFERENT at some'} "
@@ -175,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", metavar="MASTER", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer:
-        return run(_peer(args.peer, args.steps, args.count))
+        return run(_peer(args.peer, args.steps, args.count, args.peers))
     return run(_controller(args))
 
 
