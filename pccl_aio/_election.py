@@ -14,7 +14,10 @@ Rules (PCCL §2.8, with its bugs fixed):
    A SEND_ONLY voter whose content lost is kicked.
 5. Plan. Up-to-date voters holding the winning content are the sources. Every other voter
    fetches the entries whose hash differs from the winner's; entries that allow content
-   inequality are not compared, but a never-synced outdated voter (a joiner) fetches them too.
+   inequality are not compared, but a never-synced outdated voter (a joiner) fetches them too
+   (unless it is SEND_ONLY, which never receives).
+
+Layout and strategy are checked first, so a voter kicked for them cannot set the revision.
 """
 
 from __future__ import annotations
@@ -56,21 +59,17 @@ def elect(votes: dict[int, m.VoteSync], last_revision: int | None) -> Election:
     out = Election()
     if not votes:
         return out
-    # 1. revision
-    offered = max(v.revision for v in votes.values())
-    if last_revision is None:
-        target = offered
-    else:
-        target = last_revision + 1 if offered > last_revision else last_revision
-    out.revision = target
-    live: dict[int, m.VoteSync] = {}
-    for p, v in votes.items():
-        if v.revision > target:
-            out.kicks[p] = (f"revision {v.revision} skips ahead of {target}: revisions must "
-                            "advance by exactly one per sync")
-        else:
-            live[p] = v
-    # 2. layout
+    live = dict(votes)
+    # 1a. one-increment rule: skipping ahead of the last revision + 1 is a violation
+    if last_revision is not None:
+        out.revision = last_revision + 1 if any(
+            v.revision > last_revision for v in votes.values()) else last_revision
+        for p, v in list(live.items()):
+            if v.revision > last_revision + 1:
+                out.kicks[p] = (f"revision {v.revision} skips ahead of {last_revision + 1}: "
+                                "revisions must advance by exactly one per sync")
+                del live[p]
+    # 2. layout (before the resume revision, so that a kicked voter cannot set it)
     if live:
         layouts = Counter(_layout(v) for v in live.values())
         best = max(layouts.values())
@@ -87,6 +86,14 @@ def elect(votes: dict[int, m.VoteSync], last_revision: int | None) -> Election:
                 out.kicks[p] = (f"strategy {SyncStrategy(v.strategy).name} mixed with "
                                 "ENFORCE_POPULAR in one sync")
                 del live[p]
+    # 1b. the target comes from the voters still in: on the first sync after a master start
+    # the highest revision (resume), later last + 1 if one of them advanced, else last again
+    if live:
+        if last_revision is None:
+            out.revision = max(v.revision for v in live.values())
+        elif all(v.revision <= last_revision for v in live.values()):
+            out.revision = last_revision
+    target = out.revision
     # 3. content among up-to-date candidates
     cands = {p: v for p, v in live.items()
              if v.revision == target and v.strategy != SyncStrategy.RECEIVE_ONLY}
@@ -112,7 +119,7 @@ def elect(votes: dict[int, m.VoteSync], last_revision: int | None) -> Election:
         keys, hashes = [], []
         for e in v.entries:
             if e.allow_inequality:
-                if v.revision < target and v.fresh:
+                if v.revision < target and v.fresh and v.strategy != SyncStrategy.SEND_ONLY:
                     keys.append(e.key)
                     hashes.append(b"")
             elif winner[e.key] != e.hash:

@@ -40,12 +40,12 @@ async def sync_shared_state(comm: Communicator, state: SharedState,
         raise InvalidUsageError("sync_shared_state() while collectives are in flight")
     if comm._serving is not None:
         raise InvalidUsageError("another sync_shared_state() is running on this peer")
-    hashes = await _hashes(state)
-    entries = [m.SyncEntry(k, dt, n, b"" if loose else hashes[k], loose)
-               for k, dt, n, loose in state.entries()]
-    comm._serving = state
+    comm._serving = state  # claimed before the first await: a second call is refused
     tx0 = comm._state_server.tx
     try:
+        hashes = await _hashes(state)
+        entries = [m.SyncEntry(k, dt, n, b"" if loose else hashes[k], loose)
+                   for k, dt, n, loose in state.entries()]
         plan = await comm._vote("sync", m.VoteSync(state.revision, int(strategy), entries,
                                                    state.fresh))
         assert isinstance(plan, m.SyncPlan)

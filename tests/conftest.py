@@ -70,3 +70,9 @@ def crash(comm: pccl.Communicator) -> None:
             r.close()
         if comm._listener._server is not None:
             comm._listener._server.close()
+    server = comm._state_server
+    server.lookup = None  # a dead process serves nothing
+    if server._server is not None:
+        server._server.close()
+    for w in list(server._writers):
+        w.transport.abort()
