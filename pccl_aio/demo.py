@@ -117,7 +117,7 @@ async def _controller(args: argparse.Namespace) -> int:
         wrong, lost, finished = 0, 0, 0
         hashes: dict[int, set[str]] = {}
         newcomer_rx = -1
-        sizes: list[int] = []
+        world_at: dict[int, int] = {}
         deadline = time.monotonic() + args.timeout
         try:
             while finished < len(procs) - int(killed):
@@ -137,8 +137,7 @@ async def _controller(args: argparse.Namespace) -> int:
                         await start()
                 elif ev["event"] == "state":
                     hashes.setdefault(ev["revision"], set()).add(ev["hash"])
-                    if ev["peer"] == 1 and (not sizes or sizes[-1] != ev["ws"]):
-                        sizes.append(ev["ws"])
+                    world_at[ev["revision"]] = ev["ws"]
                     if joined and ev["peer"] == newcomer and newcomer_rx < 0:
                         newcomer_rx = ev["rx"]
                 elif ev["event"] == "lost":
@@ -163,7 +162,8 @@ async def _controller(args: argparse.Namespace) -> int:
         parity = bool(hashes) and all(len(h) == 1 for h in hashes.values())
         ok = (wrong == 0 and killed and joined and parity and newcomer_rx > 0
               and all(c in (0, -signal.SIGKILL) for c in codes))
-        path = "->".join(str(s) for s in sizes)
+        sizes = [w for r, w in sorted(world_at.items())]
+        path = "->".join(str(w) for i, w in enumerate(sizes) if i == 0 or sizes[i - 1] != w)
         print(f"VERDICT: {'PASS' if ok else 'FAIL'} - {len(hashes) - 1} steps, world {path}, "
               f"1 peer killed, 1 joined (received {newcomer_rx / 2**20:.1f} MiB of state), "
               f"{lost} aborted collectives retried, {wrong} wrong results, state hash "

@@ -8,11 +8,11 @@ import struct
 import msgspec
 import numpy as np
 import pytest
-from conftest import FAST, crash
 
 import pccl_aio as pccl
 from pccl_aio import _messages as m
 from pccl_aio._framing import frame
+from tests.helpers import FAST, crash
 
 
 async def _reduce_ok(comms, n=100):

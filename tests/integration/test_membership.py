@@ -7,9 +7,9 @@ import socket
 
 import numpy as np
 import pytest
-from conftest import FAST, admit
 
 import pccl_aio as pccl
+from tests.helpers import FAST, admit
 
 
 def _free_port() -> int:

@@ -17,10 +17,10 @@ import contextlib
 
 import numpy as np
 import pytest
-from conftest import FAST, admit, crash
 
 import pccl_aio as pccl
 from pccl_aio import DataType
+from tests.helpers import FAST, admit, crash
 
 EP = pccl.SyncStrategy.ENFORCE_POPULAR
 RO = pccl.SyncStrategy.RECEIVE_ONLY

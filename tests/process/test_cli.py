@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import HERE
 
 import pccl_aio as pccl
+from tests.process.procs import HERE
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -6,7 +6,7 @@ import asyncio
 import os
 import sys
 
-from conftest import HERE
+from tests.process.procs import HERE
 
 
 async def test_demo_passes():
@@ -19,5 +19,5 @@ async def test_demo_passes():
     assert proc.returncode == 0, text[-2000:]
     verdict = text.strip().splitlines()[-1]
     assert verdict.startswith("VERDICT: PASS"), verdict
-    assert "world 4->3->4" in verdict and "identical on every peer" in verdict
+    assert "4->3->4," in verdict and "identical on every peer" in verdict
     assert "SIGKILL" in text and "newcomer joined" in text

@@ -8,7 +8,8 @@ import signal
 import time
 
 import numpy as np
-from conftest import HERE, spawn, start_peers
+
+from tests.process.procs import HERE, spawn, start_peers
 
 COUNT = 1 << 23  # 32 MiB of float32: long enough on loopback to kill mid-transfer
 

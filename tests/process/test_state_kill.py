@@ -8,7 +8,7 @@ import json
 import signal
 from collections import defaultdict
 
-from conftest import HERE, spawn
+from tests.process.procs import HERE, spawn
 
 WORKER = str(HERE / "state_worker.py")
 

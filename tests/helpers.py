@@ -1,0 +1,78 @@
+"""Shared fixtures: a master on 127.0.0.1 with an OS-chosen port, and joined peer sets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import pccl_aio as pccl
+
+FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
+
+
+@pytest.fixture
+async def master() -> AsyncIterator[pccl.Master]:
+    async with pccl.Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0) as m:
+        yield m
+
+
+async def admit(accepted: list[pccl.Communicator], joiner: pccl.Communicator) -> None:
+    """Connect ``joiner`` and admit it with a joint vote of the ``accepted`` peers."""
+    task = asyncio.ensure_future(joiner.connect())
+    # are_peers_pending is a joint vote, so every round trip is a real protocol exchange.
+    while not all(await asyncio.gather(*(c.are_peers_pending() for c in accepted))):
+        assert not task.done() or task.exception() is None
+    await asyncio.gather(*(c.update_topology() for c in accepted))
+    await task
+
+
+async def join_peers(master: pccl.Master, n: int, *, groups: list[int] | None = None,
+                     **kw: Any) -> list[pccl.Communicator]:
+    """Connect ``n`` communicators: the first alone, each next one admitted by a joint vote."""
+    opts = {**FAST, **kw}
+    groups = groups or [0] * n
+    comms = [pccl.Communicator(master.address, peer_group=g, **opts) for g in groups]
+    await comms[0].connect()
+    for i in range(1, n):
+        await admit(comms[:i], comms[i])
+    return comms
+
+
+@pytest.fixture
+async def peers(master: pccl.Master) -> AsyncIterator[Callable[..., Awaitable[list[pccl.Communicator]]]]:
+    made: list[pccl.Communicator] = []
+
+    async def make(n: int, **kw: Any) -> list[pccl.Communicator]:
+        comms = await join_peers(master, n, **kw)
+        made.extend(comms)
+        return comms
+
+    yield make
+    for c in made:
+        with contextlib.suppress(Exception):
+            await c.close()
+
+
+def crash(comm: pccl.Communicator) -> None:
+    """Make a communicator vanish like a killed process: abort every socket, no goodbye."""
+    if comm._writer is not None:
+        comm._writer.transport.abort()
+    for t in comm._tasks:
+        t.cancel()
+    for link in comm._links.values():
+        link.close()
+    if comm._listener is not None:
+        for r in list(comm._listener.conns):
+            r.close()
+        if comm._listener._server is not None:
+            comm._listener._server.close()
+    server = comm._state_server
+    server.lookup = None  # a dead process serves nothing
+    if server._server is not None:
+        server._server.close()
+    for w in list(server._writers):
+        w.transport.abort()

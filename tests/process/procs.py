@@ -1,0 +1,92 @@
+"""Real processes for fault tests: a master and peers that can be SIGKILLed or SIGSTOPped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+class Proc:
+    """A child process whose stdout carries one JSON event per line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        self.proc, self.name = proc, name
+        self.events: list[dict[str, Any]] = []
+
+    async def line(self, timeout: float = 30.0) -> str:
+        assert self.proc.stdout is not None
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not raw:
+            err = b""
+            if self.proc.stderr is not None:
+                err = await self.proc.stderr.read()
+            raise AssertionError(f"{self.name} exited: {err.decode()[-3000:]}")
+        return raw.decode().strip()
+
+    async def expect(self, event: str, timeout: float = 30.0) -> dict[str, Any]:
+        """Read events until ``event``; fails on another process error or a timeout."""
+        while True:
+            ev = json.loads(await self.line(timeout))
+            self.events.append(ev)
+            if ev["event"] == event:
+                return ev
+            if ev["event"] == "error":
+                raise AssertionError(f"{self.name}: {ev}")
+
+    def signal(self, sig: int) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+
+async def spawn(name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+    root = str(HERE.parent.parent)
+    path = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=full)
+    return Proc(proc, name)
+
+
+@pytest.fixture
+async def procs() -> AsyncIterator[list[Proc]]:
+    made: list[Proc] = []
+    yield made
+    for p in made:
+        if p.proc.returncode is None:
+            p.signal(signal.SIGCONT)
+            p.signal(signal.SIGKILL)
+        await p.proc.wait()
+
+
+@pytest.fixture
+async def master_proc(procs: list[Proc]) -> tuple[Proc, str]:
+    m = await spawn("master", str(HERE / "masterproc.py"))
+    procs.append(m)
+    port = int(await m.line())
+    return m, f"127.0.0.1:{port}"
+
+
+async def start_peers(procs: list[Proc], addr: str, n: int, mode: str, *extra: str) -> list[Proc]:
+    """Start ``n`` peers one after the other (so index order is join order) and wait for the world."""
+    peers: list[Proc] = []
+    for i in range(n):
+        p = await spawn(f"peer{i}", str(HERE / "worker.py"), addr, str(i), str(n), mode, *extra)
+        procs.append(p)
+        await p.expect("joined")
+        peers.append(p)
+    for p in peers:
+        await p.expect("world")
+    return peers
