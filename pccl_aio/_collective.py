@@ -24,7 +24,7 @@ from . import _ring as ring
 from ._buffers import Buffer
 from ._dataplane import HEADER, MAGIC, Link
 from ._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
-from ._types import ReduceInfo, ReduceOp
+from ._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 
 if TYPE_CHECKING:
     from ._communicator import Communicator
@@ -38,8 +38,11 @@ class Collective:
     """One attempt of one tagged all-reduce on this peer."""
 
     def __init__(self, comm: Communicator, tag: int, src: Buffer, dst: Buffer,
-                 op: ReduceOp, in_place: bool) -> None:
+                 op: ReduceOp, in_place: bool, quant: Quantization | None = None) -> None:
         self.comm, self.tag, self.op = comm, tag, op
+        self.quant = quant if quant is not None and quant.algo != QuantAlgo.NONE else None
+        self._b = dst.dtype.itemsize
+        self._qb = DataType.parse(self.quant.dtype).itemsize if self.quant else self._b
         self.src, self.dst = src, dst
         loop = asyncio.get_running_loop()
         self.future: asyncio.Future[ReduceInfo] = loop.create_future()
@@ -52,7 +55,7 @@ class Collective:
         self.tx = self.rx = 0
         self.hooks: list[Callable[[Collective], None]] = []
         self._run: asyncio.Task[None] | None = None
-        self._inbox: collections.deque[tuple[int, int, int]] = collections.deque()
+        self._inbox: collections.deque[tuple[int, int, int, float, float]] = collections.deque()
         self._wake: asyncio.Future[None] | None = None
         self._expected: dict[tuple[int, int], int] = {}
         self._total = 0
@@ -82,9 +85,10 @@ class Collective:
         b = self.dst.dtype.itemsize
         self.plan = ring.RingPlan(rank, self.world, self.dst.count, b,
                                   max(1, SEGMENT_BYTES // b))
-        self._expected = self.plan.expected()
+        b, qb = self._b, self._qb
+        self._expected = {k: v // b * qb for k, v in self.plan.expected().items()}
         self._total = len(self._expected)  # frames may arrive before the run task starts
-        self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.view.nbytes)
+        self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
         self.active = True
         self.comm._registry.add(seq, self)
         succ = ring_ids[(rank + 1) % self.world]
@@ -130,13 +134,15 @@ class Collective:
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         if self._expected.pop((phase, offset), -1) != length:
             return None
-        buf = self._scratch if phase == ring.RS else self.dst.view
-        assert buf is not None
-        return buf[offset : offset + length]
+        if phase == ring.AG and self.quant is None:
+            return self.dst.view[offset : offset + length]  # the final bytes land in place
+        assert self._scratch is not None
+        q = offset // self._b * self._qb
+        return self._scratch[q : q + length]
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         self.rx += length
-        self._inbox.append((phase, offset, length))
+        self._inbox.append((phase, offset, length, p0, p1))
         self._poke()
 
     def on_error(self, reason: str) -> None:
@@ -162,12 +168,18 @@ class Collective:
         self.comm._send_done(self.tag, self.seq, True, "")
 
     async def _pipeline(self, link: Link) -> None:
-        plan, dst, kernel_op, dt = self.plan, self.dst.view, self.op, self.dst.dtype
-        scratch = self._scratch
+        plan, dst, op, dt = self.plan, self.dst.view, self.op, int(self.dst.dtype)
+        scratch, quant, b, qb = self._scratch, self.quant, self._b, self._qb
         assert scratch is not None
+        qdt, algo = (int(DataType.parse(quant.dtype)), int(quant.algo)) if quant else (0, 0)
         self._sent = 0
         for off, n in plan.first_sends():
-            await self._send(link, ring.RS, off, n)
+            if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
+                qs = scratch[off // b * qb : (off + n) // b * qb]
+                p0, p1 = _ops.quantize(qs, dst[off : off + n], dt, qdt, algo)
+                await self._send(link, ring.RS, off, qs, p0, p1)
+            else:
+                await self._send(link, ring.RS, off, dst[off : off + n])
         remaining = self._total
         timeout = self.comm.data_timeout
         while remaining:
@@ -183,22 +195,34 @@ class Collective:
                         f"no data for {timeout:.1f} s (seq {self.seq}); predecessor stalled"
                     ) from None
                 continue
-            phase, off, n = self._inbox.popleft()
+            phase, off, length, p0, p1 = self._inbox.popleft()
             remaining -= 1
+            n = length // qb * b
+            seg = dst[off : off + n]
+            qs = scratch[off // b * qb : off // b * qb + length]
             owned, fwd = plan.after_receive(phase, off)
             if phase == ring.RS:
-                seg = dst[off : off + n]
-                _ops.reduce_into(seg, scratch[off : off + n], kernel_op, dt)
-                if owned and kernel_op == ReduceOp.AVG:
+                if quant:  # one pass: dequantize the received bytes and accumulate
+                    _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
+                else:
+                    _ops.reduce_into(seg, qs, op, dt)
+                if owned and op == ReduceOp.AVG:
                     _ops.divide(seg, self.world, dt)
+                if quant:
+                    p0, p1 = _ops.quantize(qs, seg, dt, qdt, algo)
+                    if owned:  # the owner keeps exactly what everyone else will decode
+                        _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
+            elif quant:  # all-gather: decode; forward the received bytes verbatim
+                _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
             if fwd is not None:
-                await self._send(link, fwd, off, n)
+                await self._send(link, fwd, off, qs if quant else seg, p0, p1)
         if self._error is not None:
             raise PeerLostError(self._error)
 
-    async def _send(self, link: Link, phase: int, off: int, n: int) -> None:
-        header = HEADER.pack(MAGIC, phase, self.tag, self.seq, off, n, 0.0, 0.0)
-        await link.send(self.seq + self._sent, header, self.dst.view[off : off + n])
+    async def _send(self, link: Link, phase: int, off: int, payload: memoryview,
+                    p0: float = 0.0, p1: float = 0.0) -> None:
+        n = len(payload)
+        header = HEADER.pack(MAGIC, phase, self.tag, self.seq, off, n, p0, p1)
+        await link.send(self.seq + self._sent, header, payload)
         self._sent += 1
         self.tx += n
-

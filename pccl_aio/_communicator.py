@@ -20,7 +20,15 @@ from ._collective import Collective
 from ._control import ControlPlane
 from ._errors import InvalidUsageError, TooFewPeersError
 from ._shared_state import SharedState
-from ._types import QuantAlgo, Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+from ._types import (
+    DataType,
+    QuantAlgo,
+    Quantization,
+    ReduceInfo,
+    ReduceOp,
+    SyncInfo,
+    SyncStrategy,
+)
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
@@ -169,14 +177,13 @@ class Communicator(ControlPlane):
         s, d, in_place = self._check_buffers(src, dst)
         op = _check_op(op)
         tag = _check_tag(tag)
-        if quantization is not None and quantization.algo != QuantAlgo.NONE:
-            raise InvalidUsageError("quantized all-reduce is not available in this version")
+        quant = _check_quant(quantization, d.dtype)
         if tag in self._colls:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
         if self.peer_group_world_size < 2:
             raise TooFewPeersError(
                 f"peer group {self.peer_group} has {self.peer_group_world_size} peer(s)")
-        coll = Collective(self, tag, s, d, op, in_place)
+        coll = Collective(self, tag, s, d, op, in_place, quant)
         self._launch(coll)
         return AllReduceHandle(coll)
 
@@ -262,6 +269,22 @@ def _check_op(op: Any) -> ReduceOp:
         return ReduceOp(op)
     except ValueError:
         raise InvalidUsageError(f"unknown reduce op {op!r}") from None
+
+
+_QUANTIZABLE = (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
+
+
+def _check_quant(q: Any, dtype: DataType) -> Quantization | None:
+    if q is None:
+        return None
+    if not isinstance(q, Quantization):
+        raise InvalidUsageError(f"quantization must be a Quantization, not {type(q).__name__}")
+    if q.algo == QuantAlgo.NONE:
+        return None
+    if dtype not in _QUANTIZABLE:
+        raise InvalidUsageError(f"quantization needs a float16/bfloat16/float32/float64 "
+                                f"tensor, not {dtype.name}")
+    return q
 
 
 def _check_tag(tag: Any) -> int:

@@ -29,6 +29,7 @@ from ._framing import frame
 from ._netutil import read_frame, set_nodelay
 from ._shared_state import SharedState
 from ._state_transfer import StateServer
+from ._types import DataType
 
 log = logging.getLogger("pccl_aio.communicator")
 
@@ -235,8 +236,10 @@ class ControlPlane:
     def _launch(self, coll: Collective) -> None:
         self._colls[coll.tag] = coll
         coll.hooks.append(self._forget)
-        d = coll.dst
-        self._send(m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op)))
+        d, q = coll.dst, coll.quant
+        self._send(m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
+                                    int(q.algo) if q else 0,
+                                    int(DataType.parse(q.dtype)) if q else 0))
 
     def _forget(self, coll: Collective) -> None:
         if self._colls.get(coll.tag) is coll:
