@@ -8,6 +8,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from tests.process.procs import HERE, spawn, start_peers
 
@@ -57,14 +58,16 @@ async def test_sigstop_is_detected_by_deadlines(procs, master_proc):
     assert retried[0]["first"] == first and retried[0]["last"] == last
 
 
-async def test_multiple_with_retry_under_sigkill(procs, master_proc):
+@pytest.mark.parametrize(("tensors", "in_flight", "count"), [(10, 8, 128 * 128), (64, 64, 1 << 16)])
+async def test_multiple_with_retry_under_sigkill(procs, master_proc, tensors, in_flight, count):
     _, addr = master_proc
-    peers = await start_peers(procs, addr, 3, "multi")
-    for p in peers:
-        await p.expect("started")
+    peers = await start_peers(procs, addr, 3, "multi", str(count), str(tensors), str(in_flight))
+    started = [await p.expect("started") for p in peers]
+    assert all(s["in_flight"] == in_flight for s in started)  # a full window in flight
     peers[0].signal(signal.SIGKILL)
-    done = [await p.expect("done", timeout=30) for p in peers[1:]]
-    assert done[0]["hash"] == done[1]["hash"]
+    done = [await p.expect("done", timeout=60) for p in peers[1:]]
+    assert done[0]["hash"] == done[1]["hash"]  # every tensor byte-identical on the survivors
+    assert done[0]["ws"][-1] == 2  # the victim is gone by the end
     for t, v in enumerate(done[0]["firsts"]):  # either the full or the survivors' sum
         assert v in (3 * t + 6, 2 * t + 5), (t, v)
 

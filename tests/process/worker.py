@@ -1,18 +1,20 @@
 """A peer process for the process tests; prints one JSON object per line on stdout.
 
-Usage: python worker.py MASTER_ADDR PEER_INDEX EXPECTED_WORLD MODE [COUNT]
+Usage: python worker.py MASTER_ADDR PEER_INDEX EXPECTED_WORLD MODE [COUNT [TENSORS IN_FLIGHT]]
 
 Modes:
   reduce  -- join, wait until EXPECTED_WORLD peers are accepted, run one in-place SUM
              all-reduce (tag 0) of COUNT float32 = (index+1) * arange, print "started" once
              data flows, and on PeerLostError retry with the same tag; report hashes.
-  multi   -- like reduce but all_reduce_multiple_with_retry over 10 tensors.
+  multi   -- all_reduce_multiple_with_retry over TENSORS tensors of COUNT float32 (10 x 16K,
+             8 in flight by default).
   vote    -- join, wait for the world, then call update_topology() and report the world size.
   idle    -- join and wait for the world, then block in are_peers_pending() (master-loss test).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sys
@@ -58,10 +60,14 @@ async def main() -> None:
                 emit(event="retried", ws=info.world_size, hash=digest(x),
                      first=float(x[1]), last=float(x[-1]))
         elif mode == "multi":
-            ts = [np.full(128 * 128, index + 1 + t, np.float32) for t in range(10)]
-            emit(event="started")
-            infos = await comm.all_reduce_multiple_with_retry(ts, max_in_flight=8)
-            emit(event="done", ws=infos[-1].world_size,
+            n_tensors, in_flight = (int(a) for a in sys.argv[6:8]) if len(sys.argv) > 7 else (10, 8)
+            ts = [np.full(count, index + 1 + t, np.float32) for t in range(n_tensors)]
+            task = asyncio.ensure_future(
+                comm.all_reduce_multiple_with_retry(ts, max_in_flight=in_flight))
+            await asyncio.sleep(0)  # let it launch its first collectives
+            emit(event="started", in_flight=len(comm._colls))
+            infos = await task
+            emit(event="done", ws=[i.world_size for i in infos],
                  hash=digest(np.concatenate(ts)), firsts=[float(t[0]) for t in ts])
         elif mode == "vote":
             emit(event="started")
