@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, SupportsIndex, TypeAlias, cast
 
 from ._errors import InvalidUsageError
 
 if TYPE_CHECKING:
+    from numpy.typing import NDArray
     from typing_extensions import Buffer
+
+#: What the functions accept: anything exposing a C-contiguous buffer.
+BufferLike: TypeAlias = "Buffer | NDArray[Any]"
 
 __all__ = [
     "IMPLEMENTATION",
@@ -61,36 +66,40 @@ _FLOATS = frozenset((8, 9, 10, 11))
 _QDTYPES = {0: 1, 2: 2}  # uint8, uint16 -> itemsize
 _OPS = {op: op for op in range(5)}  # SUM AVG PROD MAX MIN
 _ALGOS = {1: 1, 2: 2}  # MIN_MAX, ZERO_POINT_SCALE (NONE is not a quantizer)
-_MAX_DIVISOR = 2**31 - 1
+_MAX_DIVISOR = 2**31 - 1  # a world size
 #: Largest magnitude accepted for dequantization metadata (twice the quantizer's limit).
 _META_LIMIT = 2.0**1001
 
 
-def _bytes(buf: Buffer, name: str, writable: bool) -> memoryview:
-    """A flat byte memoryview of buf, after checking contiguity (and writability)."""
+def _bytes(buf: BufferLike, name: str, writable: bool) -> memoryview:
+    """A flat byte memoryview of buf (a cast, no copy), checking writability if asked."""
     try:
-        mv = memoryview(buf)
-    except TypeError:
-        raise InvalidUsageError(
-            f"{name} must support the buffer protocol, not {type(buf).__name__}"
-        ) from None
-    if not mv.c_contiguous:
-        raise InvalidUsageError(f"{name} must be a C-contiguous buffer")
+        mv = memoryview(cast("Buffer", buf)).cast("B")  # fails unless C-contiguous
+    except (TypeError, ValueError):
+        raise InvalidUsageError(_buffer_problem(buf, name)) from None
     if writable and mv.readonly:
         raise InvalidUsageError(f"{name} is read-only")
-    if mv.format != "B" or mv.ndim != 1:
-        try:
-            mv = mv.cast("B")
-        except (TypeError, ValueError) as exc:
-            raise InvalidUsageError(f"{name}: unsupported buffer format ({exc})") from None
     return mv
 
 
+def _buffer_problem(buf: BufferLike, name: str) -> str:
+    try:
+        mv = memoryview(cast("Buffer", buf))
+    except TypeError:
+        return f"{name} must support the buffer protocol, not {type(buf).__name__}"
+    if not mv.c_contiguous:
+        return f"{name} must be a C-contiguous buffer"
+    return f"{name} has an unsupported buffer format {mv.format!r}"
+
+
 def _lookup(table: dict[int, int], value: object) -> int | None:
-    """table[value] for a plain int or IntEnum value (not bool); None otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return table.get(value)
-    return None
+    """table[value] for an integer (int, IntEnum, numpy integer; not bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return table.get(operator.index(cast("SupportsIndex", value)))
+    except TypeError:
+        return None
 
 
 def _itemsize(dtype: int, name: str = "dtype") -> int:
@@ -134,11 +143,16 @@ def _check_elements(nbytes: int, size: int, name: str) -> int:
 
 def _check_meta(p0: float, p1: float) -> None:
     for p in (p0, p1):
-        if not (isinstance(p, (int, float)) and math.isfinite(p) and abs(p) <= _META_LIMIT):
-            raise InvalidUsageError(f"quantization metadata must be finite, got {(p0, p1)!r}")
+        try:
+            ok = math.isfinite(p) and abs(float(p)) <= _META_LIMIT
+        except TypeError:
+            ok = False
+        if not ok:
+            raise InvalidUsageError(
+                f"quantization metadata must be finite numbers up to 2**1001, got {(p0, p1)!r}")
 
 
-def reduce_into(dst: Buffer, src: Buffer, op: int, dtype: int) -> None:
+def reduce_into(dst: BufferLike, src: BufferLike, op: int, dtype: int) -> None:
     """``dst[i] = op(dst[i], src[i])`` element-wise (AVG adds; see :func:`divide`)."""
     d, s = _bytes(dst, "dst", True), _bytes(src, "src", False)
     size = _itemsize(dtype)
@@ -149,26 +163,28 @@ def reduce_into(dst: Buffer, src: Buffer, op: int, dtype: int) -> None:
     _impl.reduce_into(d, s, int(op), int(dtype))
 
 
-def divide(dst: Buffer, divisor: int, dtype: int) -> None:
+def divide(dst: BufferLike, divisor: int, dtype: int) -> None:
     """AVG finalisation ``dst[i] /= divisor``; integers truncate toward zero."""
     d = _bytes(dst, "dst", True)
     size = _itemsize(dtype)
-    if not isinstance(divisor, int) or isinstance(divisor, bool) or not (
-        1 <= divisor <= _MAX_DIVISOR
-    ):
+    try:
+        div = -1 if isinstance(divisor, bool) else operator.index(divisor)
+    except TypeError:
+        div = -1
+    if not 1 <= div <= _MAX_DIVISOR:
         raise InvalidUsageError(f"divisor must be an int in [1, 2**31 - 1], not {divisor!r}")
     _check_elements(d.nbytes, size, "dst")
-    _impl.divide(d, int(divisor), int(dtype))
+    _impl.divide(d, div, int(dtype))
 
 
-def minmax(src: Buffer, dtype: int) -> tuple[float, float]:
+def minmax(src: BufferLike, dtype: int) -> tuple[float, float]:
     """(min, max) of the finite elements of a float buffer, (0.0, 0.0) if none."""
     s = _bytes(src, "src", False)
     _check_elements(s.nbytes, _float_itemsize(dtype, "dtype"), "src")
     return _impl.minmax(s, int(dtype))
 
 
-def quantize(dst_q: Buffer, src: Buffer, src_dtype: int, q_dtype: int, algo: int
+def quantize(dst_q: BufferLike, src: BufferLike, src_dtype: int, q_dtype: int, algo: int
              ) -> tuple[float, float]:
     """Quantize ``src`` into ``dst_q`` (one code per element); return the metadata pair."""
     d, s = _bytes(dst_q, "dst_q", True), _bytes(src, "src", False)
@@ -182,7 +198,7 @@ def quantize(dst_q: Buffer, src: Buffer, src_dtype: int, q_dtype: int, algo: int
     return _impl.quantize(d, s, int(src_dtype), int(q_dtype), int(algo))
 
 
-def _check_dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtype: int,
+def _check_dequantize(dst: BufferLike, src_q: BufferLike, p0: float, p1: float, dst_dtype: int,
                       q_dtype: int, algo: int) -> tuple[memoryview, memoryview]:
     d, s = _bytes(dst, "dst", True), _bytes(src_q, "src_q", False)
     n = _check_elements(d.nbytes, _float_itemsize(dst_dtype, "dst_dtype"), "dst")
@@ -196,14 +212,14 @@ def _check_dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtyp
     return d, s
 
 
-def dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtype: int,
+def dequantize(dst: BufferLike, src_q: BufferLike, p0: float, p1: float, dst_dtype: int,
                q_dtype: int, algo: int) -> None:
     """``dst[i] = D(q[i])`` with the metadata ``(p0, p1)`` returned by :func:`quantize`."""
     d, s = _check_dequantize(dst, src_q, p0, p1, dst_dtype, q_dtype, algo)
     _impl.dequantize(d, s, float(p0), float(p1), int(dst_dtype), int(q_dtype), int(algo))
 
 
-def dequantize_accumulate(dst: Buffer, src_q: Buffer, p0: float, p1: float, op: int,
+def dequantize_accumulate(dst: BufferLike, src_q: BufferLike, p0: float, p1: float, op: int,
                           dst_dtype: int, q_dtype: int, algo: int) -> None:
     """``dst[i] = op(dst[i], D(q[i]))`` in one pass (bit-identical to dequantize + reduce)."""
     d, s = _check_dequantize(dst, src_q, p0, p1, dst_dtype, q_dtype, algo)

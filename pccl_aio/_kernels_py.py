@@ -1,0 +1,260 @@
+"""Numpy reference kernels: the specification of pccl_aio's element-wise arithmetic.
+
+``_kernels.pyx`` implements the same functions and must produce byte-identical results;
+``_ops.py`` validates arguments and then calls one of the two. These functions do not check
+their arguments. Buffers are C-contiguous byte buffers that hold elements of ``dtype`` (an
+int ``DataType`` value); bfloat16 elements are raw ``uint16`` words. A ``dst`` may be the
+same buffer as its ``src`` but must not partially overlap it.
+
+Semantics (the contract the Cython kernels match):
+
+* Integers wrap on overflow (two's complement). ``divide`` truncates toward zero (C).
+* float32/float64 compute in their own type. float16 and bfloat16 are widened to float32
+  (exactly), computed in float32 and rounded back to nearest-even: float16 exactly as
+  numpy's ``float32 -> float16`` cast, bfloat16 with :func:`f32_to_bf16`.
+* NaN: SUM, PROD and ``divide`` write the canonical quiet NaN (``0x7e00`` f16, ``0x7fc0``
+  bf16, ``0x7fc00000`` f32, ``0x7ff8000000000000`` f64) for every NaN result, so the
+  payload never depends on the CPU or on operand order. MIN and MAX return one operand's
+  bits unchanged: ``dst`` if it is NaN, else ``src`` if it is NaN, else the smaller
+  (larger) one; on a tie (``-0.0`` vs ``0.0``) the result is ``src``.
+* Quantization (``MIN_MAX`` and ``ZERO_POINT_SCALE``, to ``uint8``/``uint16`` codes with
+  ``qmax`` = 255/65535) computes in float64, rounds half to even (``np.rint``) and is
+  described at :func:`quantize` / :func:`dequantize`. NaN quantizes to code 0, +/-inf to
+  the nearest end of the range; non-finite values are ignored by :func:`minmax`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: What the kernels accept: C-contiguous buffers (``_ops`` passes byte memoryviews).
+Buffer: TypeAlias = "bytes | bytearray | memoryview | NDArray[Any]"
+
+__all__ = [
+    "QUANT_LIMIT",
+    "QUANT_MIN_SPAN",
+    "dequantize",
+    "dequantize_accumulate",
+    "divide",
+    "f32_to_bf16",
+    "minmax",
+    "quantize",
+    "reduce_into",
+]
+
+# DataType values (pccl_aio._types.DataType) used by the arithmetic below.
+F16, BF16, F32, F64 = 8, 9, 10, 11
+U8, U16 = 0, 2
+# ReduceOp and QuantAlgo values.
+SUM, AVG, PROD, MAX, MIN = 0, 1, 2, 3, 4
+MIN_MAX, ZERO_POINT_SCALE = 1, 2
+
+#: Element type of each DataType value as numpy sees it (bfloat16 as its raw bits).
+NP_DTYPES: dict[int, type[np.generic]] = {
+    0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+    6: np.uint64, 7: np.int64, 8: np.float16, 9: np.uint16, 10: np.float32, 11: np.float64,
+}
+#: Canonical quiet NaN written by SUM, PROD and divide.
+CANONICAL_NAN_BITS = {F16: 0x7E00, BF16: 0x7FC0, F32: 0x7FC00000, F64: 0x7FF8000000000000}
+#: Quantization ranges are clamped to [-QUANT_LIMIT, QUANT_LIMIT] so that no intermediate
+#: overflows; only float64 data can exceed it, and such values quantize like +/-inf.
+QUANT_LIMIT = 2.0**1000
+#: A range narrower than this quantizes to a constant (all codes 0): ``qmax / span`` would
+#: overflow float64. The values then differ by less than 2**-1000.
+QUANT_MIN_SPAN = 2.0**-1000
+QMAX = {U8: 255, U16: 65535}
+
+
+def _view(buf: Buffer, dtype: int) -> NDArray[Any]:
+    view: NDArray[Any] = np.frombuffer(buf, dtype=NP_DTYPES[dtype])
+    return view
+
+
+def _widen(a: NDArray[Any], dtype: int) -> NDArray[Any]:
+    """float16/bfloat16 -> float32 exactly (bf16 bits become the top half); others as is."""
+    if dtype == F16:
+        return a.astype(np.float32)
+    if dtype == BF16:
+        return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return a
+
+
+def f32_to_bf16(x: NDArray[np.float32]) -> NDArray[np.uint16]:
+    """float32 -> bfloat16 bits, round to nearest-even; a NaN keeps its top bits, quieted."""
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    quieted = (bits >> np.uint32(16)) | np.uint32(0x0040)
+    return np.where(np.isnan(x), quieted, rounded).astype(np.uint16)
+
+
+def _narrow(r: NDArray[Any], dtype: int) -> NDArray[Any]:
+    """Inverse of _widen: float32 -> float16 (numpy's cast) or bfloat16 (f32_to_bf16)."""
+    if dtype == F16:
+        return r.astype(np.float16)
+    if dtype == BF16:
+        return f32_to_bf16(r)
+    return r
+
+
+def _canonical_nan(r: NDArray[Any]) -> NDArray[Any]:
+    """Replace every NaN with the canonical quiet NaN of r's type (positive, payload 0)."""
+    return np.where(np.isnan(r), r.dtype.type(np.nan), r)
+
+
+def reduce_into(dst: Buffer, src: Buffer, op: int, dtype: int) -> None:
+    """``dst[i] = op(dst[i], src[i])``; AVG adds (its division is :func:`divide`)."""
+    d, s = _view(dst, dtype), _view(src, dtype)
+    if dtype < F16:
+        if op in (SUM, AVG):
+            np.add(d, s, out=d)
+        elif op == PROD:
+            np.multiply(d, s, out=d)
+        elif op == MAX:
+            np.maximum(d, s, out=d)
+        elif op == MIN:
+            np.minimum(d, s, out=d)
+        else:
+            raise ValueError(f"unknown op {op}")
+        return
+    a, b = _widen(d, dtype), _widen(s, dtype)
+    with np.errstate(all="ignore"):
+        if op in (MIN, MAX):
+            better = a < b if op == MIN else a > b
+            d[...] = np.where(np.isnan(a) | better, d, s)  # bits of one operand, unchanged
+            return
+        if op in (SUM, AVG):
+            r = a + b
+        elif op == PROD:
+            r = a * b
+        else:
+            raise ValueError(f"unknown op {op}")
+        d[...] = _narrow(_canonical_nan(r), dtype)
+
+
+def divide(dst: Buffer, divisor: int, dtype: int) -> None:
+    """AVG finalisation ``dst[i] /= divisor`` (divisor >= 1); integers truncate toward zero."""
+    d = _view(dst, dtype)
+    if dtype < F16:
+        wide = np.uint64 if dtype == 6 else np.int64
+        w = d.astype(wide)
+        div = wide(divisor)
+        q = w // div  # floor; the remainder w - q * div lies in [0, div)
+        if dtype % 2:  # signed: a negative value with a remainder rounds up
+            q += ((w - q * div) != 0) & (w < 0)
+        d[...] = q.astype(d.dtype)
+        return
+    a = _widen(d, dtype)
+    with np.errstate(all="ignore"):
+        r = a / a.dtype.type(divisor)
+    d[...] = _narrow(_canonical_nan(r), dtype)
+
+
+def _as_f64(src: Buffer, dtype: int) -> NDArray[np.float64]:
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        return _widen(_view(src, dtype), dtype).astype(np.float64)
+
+
+def minmax(src: Buffer, dtype: int) -> tuple[float, float]:
+    """(min, max) of the finite elements of a float buffer; ``(0.0, 0.0)`` if there are none.
+
+    A zero result is always ``+0.0``.
+    """
+    x = _as_f64(src, dtype)
+    finite = x[np.isfinite(x)]
+    if finite.size == 0:
+        return 0.0, 0.0
+    return float(finite.min()) + 0.0, float(finite.max()) + 0.0
+
+
+def _clamp(t: NDArray[np.float64], lo: float, hi: float) -> NDArray[np.float64]:
+    """Clamp to [lo, hi]; NaN becomes lo (written so that it reads like the C code)."""
+    t = np.where(t > lo, t, lo)
+    return np.where(t < hi, t, hi)
+
+
+def quantize(dst_q: Buffer, src: Buffer, src_dtype: int, q_dtype: int, algo: int
+             ) -> tuple[float, float]:
+    """Quantize the float buffer ``src`` into codes in ``dst_q``; return the metadata.
+
+    ``mn, mx = minmax(src)`` clamped to [-QUANT_LIMIT, QUANT_LIMIT]; all in float64:
+
+    * MIN_MAX: ``lo, hi = mn, mx``; ``inv = qmax / (hi - lo)``;
+      ``q = rint(clamp((x - lo) * inv, 0, qmax))``, or 0 everywhere when
+      ``hi - lo < QUANT_MIN_SPAN`` (a constant, or a range too narrow to scale).
+      Returns ``(lo, hi)``.
+    * ZERO_POINT_SCALE: ``lo, hi = min(mn, 0), max(mx, 0)``; ``span = hi - lo``;
+      ``inv = qmax / span``; ``zp = rint(-lo * inv)``;
+      ``q = rint(clamp(x * inv, -zp, qmax - zp)) + zp`` (all 0, zp 0, when
+      ``span < QUANT_MIN_SPAN``).
+      Returns ``(span, zp)``; the span (not ``span / qmax``) is sent so that constants
+      survive exactly (see :func:`dequantize`).
+
+    NaN gets code 0; +/-inf and values beyond QUANT_LIMIT get the nearest end code.
+    """
+    x = _as_f64(src, src_dtype)
+    qmax = float(QMAX[q_dtype])
+    mn, mx = (min(max(v, -QUANT_LIMIT), QUANT_LIMIT) for v in minmax(src, src_dtype))
+    with np.errstate(all="ignore"):
+        if algo == MIN_MAX:
+            lo, hi = mn, mx
+            meta = (lo, hi)
+            if hi - lo < QUANT_MIN_SPAN:
+                q = np.zeros_like(x)
+            else:
+                q = np.rint(_clamp((x - lo) * (qmax / (hi - lo)), 0.0, qmax))
+        elif algo == ZERO_POINT_SCALE:
+            lo, hi = min(mn, 0.0), max(mx, 0.0)
+            span = hi - lo
+            if span < QUANT_MIN_SPAN:
+                meta, q = (span, 0.0), np.zeros_like(x)
+            else:
+                inv = qmax / span
+                zp = float(np.rint(-lo * inv)) + 0.0
+                meta = (span, zp)
+                q = np.rint(_clamp(x * inv, -zp, qmax - zp)) + zp
+        else:
+            raise ValueError(f"unknown quantization algorithm {algo}")
+    _view(dst_q, q_dtype)[...] = q.astype(NP_DTYPES[q_dtype])
+    return meta
+
+
+def _dequantized(src_q: Buffer, p0: float, p1: float, dst_dtype: int, q_dtype: int,
+                 algo: int) -> NDArray[Any]:
+    """The values D(q) in the dst dtype (bfloat16 as bits)."""
+    q = _view(src_q, q_dtype).astype(np.float64)
+    qmax = float(QMAX[q_dtype])
+    if algo == MIN_MAX:
+        y = p0 + q * ((p1 - p0) / qmax)
+    elif algo == ZERO_POINT_SCALE:
+        y = ((q - p1) * p0) / qmax
+    else:
+        raise ValueError(f"unknown quantization algorithm {algo}")
+    if dst_dtype == F64:
+        return y
+    with np.errstate(over="ignore"):
+        return _narrow(y.astype(np.float32), dst_dtype)
+
+
+def dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtype: int,
+               q_dtype: int, algo: int) -> None:
+    """``dst[i] = D(q[i])``: computed in float64, rounded to float32, then to 16 bits.
+
+    * MIN_MAX with meta ``(lo, hi)``: ``D(q) = lo + q * ((hi - lo) / qmax)``.
+    * ZERO_POINT_SCALE with meta ``(span, zp)``: ``D(q) = ((q - zp) * span) / qmax``; a
+      constant c (>= 0 or <= 0) has ``q - zp == +/-qmax``, so D gives back c exactly.
+    The rounding of float16/bfloat16 destinations goes through float32 (two roundings).
+    """
+    _view(dst, dst_dtype)[...] = _dequantized(src_q, p0, p1, dst_dtype, q_dtype, algo)
+
+
+def dequantize_accumulate(dst: Buffer, src_q: Buffer, p0: float, p1: float, op: int,
+                          dst_dtype: int, q_dtype: int, algo: int) -> None:
+    """``dst[i] = op(dst[i], D(q[i]))``, D as in :func:`dequantize` (cast to dst's dtype).
+
+    Defined as ``reduce_into(dst, dequantize(...))``; the Cython kernel fuses the two.
+    """
+    tmp = _dequantized(src_q, p0, p1, dst_dtype, q_dtype, algo)
+    reduce_into(dst, tmp, op, dst_dtype)
