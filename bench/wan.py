@@ -1,6 +1,6 @@
 """All-reduce over an emulated WAN link (100 ms RTT, 1 Gbit/s), against raw TCP over the same link.
 
-    python bench/wan.py [--mib 256] [--iters 2] [--delay-ms 50] [--rate-mbit 1000]
+    python bench/wan.py [--mib 256] [--iters 3] [--warmup 2] [--delay-ms 50] [--rate-mbit 1000]
 
 Needs root. Brings up ``../shared/tools/wan-link`` (two network namespaces joined by a
 userspace forwarder; the kernel here has no netem) unless it is already up, and takes it down
@@ -14,6 +14,10 @@ B in namespace B (10.203.0.2). Measured in one run:
 
 Each direction carries the whole buffer for P = 2 (half in reduce-scatter, half in all-gather),
 so the link-rate figure is bytes / time against the nominal rate and the 8-stream TCP rate.
+The TCP baselines count only after their first second (steady state); the all-reduces are
+timed whole, so by default the bench sets ``net.ipv4.tcp_slow_start_after_idle=0`` in both
+namespaces (the usual tuning for long-fat links): otherwise every all-reduce after an idle
+gap restarts TCP slow start (``--slow-start-after-idle`` measures that case).
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ def tcp_rate(streams: int, seconds: float, port: int = 47000) -> float:
 
 
 # ---- all-reduce peers ----------------------------------------------------------------------
-async def peer(addr: str, host: str, k: int, quant: str, mib: int, iters: int) -> None:
+async def peer(addr: str, host: str, k: int, quant: str, mib: int, iters: int,
+               warmup: int) -> None:
     import pccl_aio as pccl
 
     q = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8") if quant == "uint8" else None
@@ -110,13 +115,13 @@ async def peer(addr: str, host: str, k: int, quant: str, mib: int, iters: int) -
             await comm.update_topology()
         x = np.empty(mib * 2**20 // 4, np.float32)
         times = []
-        for _ in range(iters + 1):  # the first one warms the connections up
+        for _ in range(iters + warmup):  # the first ones grow the TCP windows
             x.fill(1.0)
             t0 = time.perf_counter()
             info = await comm.all_reduce(x, quantization=q)
             times.append(time.perf_counter() - t0)
             assert abs(float(x[0]) - 2.0) < 0.02 and abs(float(x[-1]) - 2.0) < 0.02, x[:4]
-        print(json.dumps({"times": times[1:], "tx": info.tx_bytes}), flush=True)
+        print(json.dumps({"times": times[warmup:], "tx": info.tx_bytes}), flush=True)
 
 
 async def master(port: int) -> None:
@@ -127,14 +132,16 @@ async def master(port: int) -> None:
         await asyncio.Event().wait()
 
 
-def allreduce(k: int, quant: str, mib: int, iters: int, port: int) -> tuple[float, int]:
+def allreduce(k: int, quant: str, mib: int, iters: int, warmup: int,
+              port: int) -> tuple[float, int]:
     m = ns_python(NS_A, "--master", str(port))
     assert m.stdout is not None
     m.stdout.readline()
     addr = f"{IP_A}:{port}"
     try:
-        peers = [ns_python(NS_A, "--peer", addr, IP_A, str(k), quant, str(mib), str(iters)),
-                 ns_python(NS_B, "--peer", addr, IP_B, str(k), quant, str(mib), str(iters))]
+        args = (str(k), quant, str(mib), str(iters), str(warmup))
+        peers = [ns_python(NS_A, "--peer", addr, IP_A, *args),
+                 ns_python(NS_B, "--peer", addr, IP_B, *args)]
         outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in peers]
     finally:
         m.terminate()
@@ -146,12 +153,17 @@ def allreduce(k: int, quant: str, mib: int, iters: int, port: int) -> tuple[floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256)
-    ap.add_argument("--iters", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--delay-ms", type=int, default=50)
     ap.add_argument("--rate-mbit", type=int, default=1000)
+    ap.add_argument("--slow-start-after-idle", action="store_true",
+                    help="keep Linux's default of restarting TCP slow start after each idle "
+                    "gap (by default the bench sets net.ipv4.tcp_slow_start_after_idle=0 in "
+                    "both namespaces, the usual tuning for long-fat links)")
     ap.add_argument("--tcp-sink", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--tcp-source", nargs=2, help=argparse.SUPPRESS)
-    ap.add_argument("--peer", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--peer", nargs=7, help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.tcp_sink:
@@ -162,7 +174,7 @@ def main() -> None:
         import pccl_aio
 
         return pccl_aio.run(peer(a.peer[0], a.peer[1], int(a.peer[2]), a.peer[3],
-                                 int(a.peer[4]), int(a.peer[5])))
+                                 int(a.peer[4]), int(a.peer[5]), int(a.peer[6])))
     if a.master:
         import pccl_aio
 
@@ -171,16 +183,20 @@ def main() -> None:
                                 capture_output=True).returncode != 0
     if brought_up:
         subprocess.run(["bash", str(WAN), "up", str(a.delay_ms), str(a.rate_mbit)], check=True)
+    idle = "1" if a.slow_start_after_idle else "0"
+    for ns in (NS_A, NS_B):
+        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
+                        f"net.ipv4.tcp_slow_start_after_idle={idle}"], check=True)
     try:
         link = a.rate_mbit * 1e6 / 8
         tcp1 = tcp_rate(1, 6.0)
         tcp8 = tcp_rate(8, 6.0)
         print(f"link {link / 1e6:.0f} MB/s nominal; TCP 1 stream {tcp1 / 1e6:.1f} MB/s, "
-              f"8 streams {tcp8 / 1e6:.1f} MB/s", flush=True)
+              f"8 streams {tcp8 / 1e6:.1f} MB/s; tcp_slow_start_after_idle={idle}", flush=True)
         rows = []
         nbytes = a.mib * 2**20
         for k, quant in ((1, "none"), (8, "none"), (8, "uint8")):
-            t, tx = allreduce(k, quant, a.mib, a.iters, 48200 + k + (quant == "uint8"))
+            t, tx = allreduce(k, quant, a.mib, a.iters, a.warmup, 48200 + k + (quant == "uint8"))
             rate = nbytes / t  # bytes each way per second, for P = 2 (= busbw)
             rows.append({"K": k, "quant": quant, "median_s": t, "tx_MB": tx / 1e6,
                          "MBps_each_way": rate / 1e6, "vs_link": rate / link,
@@ -192,7 +208,7 @@ def main() -> None:
         print(f"uint8 MIN_MAX vs unquantized at K=8: {speedup:.2f}x faster (target >= 2.5); "
               f"K=8 unquantized reaches {rows[1]['vs_link']:.2f} of the link (target >= 0.8)")
         emit_json("wan", rows, link_MBps=link / 1e6, tcp1_MBps=tcp1 / 1e6, tcp8_MBps=tcp8 / 1e6,
-                  quant_speedup=speedup, delay_ms=a.delay_ms, rate_mbit=a.rate_mbit, mib=a.mib)
+                  quant_speedup=speedup, slow_start_after_idle=int(idle), delay_ms=a.delay_ms, rate_mbit=a.rate_mbit, mib=a.mib)
     finally:
         if brought_up:
             subprocess.run(["bash", str(WAN), "down"], check=False)

@@ -37,7 +37,7 @@ log = logging.getLogger("pccl_aio.communicator")
 class ScratchPool:
     """Reusable receive buffers, so a 64 MiB all-reduce does not page-fault a new one each time."""
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 8) -> None:
         self._free: list[bytearray] = []
         self._keep = keep
 

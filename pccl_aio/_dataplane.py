@@ -223,52 +223,56 @@ class Listener:
 
 
 class _Sender(asyncio.Protocol):
-    """One outgoing data connection with write flow control."""
+    """One outgoing data connection; tells its link when it has room again."""
 
-    def __init__(self) -> None:
+    def __init__(self, link: Link) -> None:
+        self.link = link
         self.transport: asyncio.Transport | None = None
         self.error: Exception | None = None
-        self._drain: asyncio.Future[None] | None = None
+        self.paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         set_nodelay(transport)
-        self.transport.set_write_buffer_limits(high=8 << 20, low=1 << 20)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.error = exc or ConnectionResetError("data connection closed")
         self.transport = None
-        self._wake()
+        self.link.wake()
 
     def pause_writing(self) -> None:
-        if self._drain is None:
-            self._drain = asyncio.get_running_loop().create_future()
+        self.paused = True
 
     def resume_writing(self) -> None:
-        self._wake()
-
-    def _wake(self) -> None:
-        d, self._drain = self._drain, None
-        if d is not None and not d.done():
-            d.set_result(None)
+        self.paused = False
+        self.link.wake()
 
     def data_received(self, data: bytes) -> None:
         pass  # the receiving side never writes
 
-    async def drained(self) -> None:
-        while self._drain is not None:
-            await asyncio.shield(self._drain)
-        if self.error is not None:
-            raise ConnectionResetError(f"data connection lost: {self.error}")
+    @property
+    def buffered(self) -> int:
+        t = self.transport
+        return t.get_write_buffer_size() if t is not None else 1 << 62
+
+
+WRITE_HIGH, WRITE_LOW = 4 << 20, 1 << 20
 
 
 class Link:
-    """``k`` TCP connections to one peer's listener; frames are striped over them."""
+    """``k`` TCP connections to one peer's listener.
+
+    Each frame goes to the connection with the fewest bytes waiting, so a stream that slows
+    down (loss, a small window) gets less and the others carry the rest: the aggregate is the
+    sum of the streams' rates, not ``k`` times the slowest one's.
+    """
 
     def __init__(self, peer_id: int, host: str, port: int, k: int, me: int) -> None:
         self.peer_id, self.host, self.port, self.k, self.me = peer_id, host, port, k, me
         self.senders: list[_Sender] = []
         self._ready: asyncio.Task[None] | None = None
+        self._room: asyncio.Future[None] | None = None
 
     async def open(self) -> None:
         """Connect all ``k`` connections (once; concurrent callers share the attempt)."""
@@ -280,7 +284,7 @@ class Link:
         loop = asyncio.get_running_loop()
 
         async def one(i: int) -> _Sender:
-            _, proto = await loop.create_connection(_Sender, self.host, self.port)
+            _, proto = await loop.create_connection(lambda: _Sender(self), self.host, self.port)
             assert proto.transport is not None
             proto.transport.write(HELLO.pack(MAGIC, DATA_VERSION, 0, self.me, i))
             return proto
@@ -291,20 +295,33 @@ class Link:
     def broken(self) -> bool:
         return any(s.error is not None for s in self.senders)
 
-    async def send(self, idx: int, header: bytes, payload: memoryview) -> None:
-        """Queue one frame on connection ``idx % k``; waits while that connection is saturated.
+    def wake(self) -> None:
+        room, self._room = self._room, None
+        if room is not None and not room.done():
+            room.set_result(None)
 
-        Raises ConnectionResetError if the connection is gone. Cancelling may leave a partial
-        frame queued; the receiver then drops the frame as stale once the attempt is aborted.
+    async def send(self, header: bytes, payload: memoryview) -> None:
+        """Queue one frame on the least loaded connection; waits while all are saturated.
+
+        Raises ConnectionResetError if a connection of the link is gone (the collective then
+        fails and is retried on a fresh link). Cancelling leaves at most whole frames queued;
+        the receiver drops them as stale once the attempt is aborted.
         """
-        s = self.senders[idx % self.k]
-        await s.drained()
-        t = s.transport
-        if t is None:
-            raise ConnectionResetError("data connection lost")
-        t.write(header)
-        if len(payload):
-            t.write(payload)
+        while True:
+            best: _Sender | None = None
+            for s in self.senders:
+                if s.error is not None:
+                    raise ConnectionResetError(f"data connection lost: {s.error}")
+                if not s.paused and (best is None or s.buffered < best.buffered):
+                    best = s
+            if best is not None and best.transport is not None:
+                best.transport.write(header)
+                if len(payload):
+                    best.transport.write(payload)
+                return
+            if self._room is None:
+                self._room = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._room)
 
     def close(self) -> None:
         if self._ready is not None and not self._ready.done():
