@@ -29,9 +29,8 @@ from pccl_aio._shared_state import hash_bytes
 
 async def _peer(addr: str, role: str, mib: int) -> None:
     n = mib * 2**20 // 4
-    arr = np.zeros(n, np.float32)
-    if role == "veteran":
-        arr[:] = 1.5
+    arr = np.empty(n, np.float32)
+    arr.fill(1.5 if role == "veteran" else 0.0)  # touched, as a model's tensors would be
     state = pccl.SharedState({"w": arr}, revision=1 if role == "veteran" else 0)
     async with pccl.Communicator(addr) as comm:
         await comm.connect(attempts=20)

@@ -137,11 +137,12 @@ class _FetchProtocol(asyncio.BufferedProtocol):
 
 
 async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
-                       pieces: list[tuple[str, int, memoryview]], timeout: float) -> int:
+                       pieces: list[tuple[str, int, memoryview]], timeout: float,
+                       streams: int = 2) -> int:
     """Fetch every (key, offset, target) piece from any of ``sources``; returns bytes received.
 
-    Pieces are shared by one worker per source; a failing source returns its piece to the
-    queue. Raises ``ConnectionError`` if pieces remain when every source failed, or
+    Pieces are shared by ``streams`` workers (one connection each) per source; a failing
+    connection returns its piece to the queue. Raises ``ConnectionError`` if pieces remain when every source failed, or
     ``TimeoutError`` if a piece makes no progress for ``timeout`` seconds.
     """
     queue: list[tuple[str, int, memoryview]] = list(reversed(pieces))
@@ -183,7 +184,7 @@ async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
             if proto.transport is not None:
                 proto.transport.close()
 
-    await asyncio.gather(*(worker(h, p) for h, p in sources))
+    await asyncio.gather(*(worker(h, p) for h, p in sources for _ in range(streams)))
     if queue:
         raise ConnectionError(f"{len(queue)} piece(s) left after every source failed: "
                               f"{errors[-1] if errors else 'no source'}")

@@ -112,7 +112,7 @@ async def _controller(args: argparse.Namespace) -> int:
         pumps: list[asyncio.Task[None]] = []
         for _ in range(args.peers):
             await start()
-        killed = joined = False
+        killed = joined = full = False
         newcomer = -1
         wrong, lost, finished = 0, 0, 0
         hashes: dict[int, set[str]] = {}
@@ -127,7 +127,8 @@ async def _controller(args: argparse.Namespace) -> int:
                     if ev["peer"] == 1:
                         print(f"step {ev['step']:3d}  world {ev['ws']}  busbw {ev['gbps']:6.2f} GB/s"
                               f"  {'ok' if ev['ok'] else 'WRONG'}", flush=True)
-                    if not killed and ev["step"] >= args.steps // 3:
+                    full = full or ev["ws"] == args.peers
+                    if not killed and full and ev["step"] >= args.steps // 3:
                         killed = True
                         print(f"--- SIGKILL peer process {procs[2].pid} mid-run", flush=True)
                         procs[2].send_signal(signal.SIGKILL)
