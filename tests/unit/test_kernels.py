@@ -553,3 +553,38 @@ def test_ops_accepts_buffers_of_any_layout_and_dtype() -> None:
 def test_ops_rejects_bad_arguments(call: Any) -> None:
     with pytest.raises(InvalidUsageError):
         call()
+
+
+# ---- large jobs split over two threads -----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F64])
+def test_two_thread_split_is_bit_identical(dtype: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs above PARALLEL_MIN_BYTES run in two halves on two threads; same bytes as one call."""
+    monkeypatch.setattr(_ops, "KERNEL_THREADS", 2)  # exercised whatever the core count
+    n = (_ops.PARALLEL_MIN_BYTES + 4096 + 6) // ITEM[dtype] + 3  # uneven, not cache-aligned
+    rng = np.random.default_rng(5)
+    a = rand_values(rng, dtype, n)
+    b = rand_values(rng, dtype, n)
+    assert a.nbytes >= _ops.PARALLEL_MIN_BYTES and _ops._split(a.nbytes, ITEM[dtype])
+    impl = _ops._impl
+    for op in (0, 2, 3, 4):
+        got, want = a.copy(), a.copy()
+        _ops.reduce_into(got, b, op, dtype)
+        impl.reduce_into(memoryview(want).cast("B"), memoryview(b).cast("B"), op, dtype)
+        assert got.tobytes() == want.tobytes(), op
+    got, want = a.copy(), a.copy()
+    _ops.divide(got, 3, dtype)
+    impl.divide(memoryview(want).cast("B"), 3, dtype)
+    assert got.tobytes() == want.tobytes()
+    q = np.empty(n, np.uint8)
+    meta = _ops.quantize(q, b, dtype, U8, MIN_MAX)
+    got, want = a.copy(), a.copy()
+    _ops.dequantize_accumulate(got, q, *meta, 0, dtype, U8, MIN_MAX)
+    impl.dequantize_accumulate(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, 0,
+                               dtype, U8, MIN_MAX)
+    assert got.tobytes() == want.tobytes()
+    _ops.dequantize(got, q, *meta, dtype, U8, MIN_MAX)
+    impl.dequantize(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, dtype, U8,
+                    MIN_MAX)
+    assert got.tobytes() == want.tobytes()
