@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import re
 import socket
 import statistics
 import time
 from typing import Any
+
+import numpy as np
 
 CHUNK = 4 << 20
 
@@ -64,16 +67,20 @@ def tcp_loopback_gbps(streams: int = 1, seconds: float = 1.0) -> float:
     return total / 1e9
 
 
-def print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
+def print_table(rows: list[dict[str, Any]], cols: list[str],
+                fmts: dict[str, str] | None = None) -> None:
+    """Right-aligned table; floats as ``.3f`` unless ``fmts`` gives a column its own format."""
+    fmts = fmts or {}
+    cells = [[_fmt(r.get(c), fmts.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
-    for r in rows:
-        print("  ".join(_fmt(r.get(c)).rjust(w) for c, w in zip(cols, widths)))
+    for row in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, spec: str | None = None) -> str:
     if isinstance(v, float):
-        return f"{v:.3f}"
+        return format(v, spec or ".3f")
     return "" if v is None else str(v)
 
 
@@ -81,5 +88,51 @@ def emit_json(name: str, rows: list[dict[str, Any]], **extra: Any) -> None:
     print(json.dumps({"bench": name, **extra, "rows": rows}))
 
 
+def emit_json_lines(name: str, rows: list[dict[str, Any]], path: str | None = None,
+                    **summary: Any) -> None:
+    """One JSON object per row, then a summary line; to stdout and, given ``path``, to a file."""
+    lines = [json.dumps({"bench": name, **r}) for r in rows]
+    lines.append(json.dumps({"bench": name, "summary": True, **summary}))
+    print("\n".join(lines), flush=True)
+    if path:
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gib": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``4096``, ``4KiB``, ``1MiB``, ``1.5M`` (binary units) -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"bad size {text!r} (bytes, or a number with K/KiB, M/MiB, G/GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def size_label(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def input_pattern(n: int) -> np.ndarray:
+    """float32 input every rank contributes: 1 + (i mod 251), so the SUM over P ranks is exactly
+    P x this (small integers), and a chunk landing at the wrong offset shows up."""
+    return (np.arange(n, dtype=np.int64) % 251 + 1).astype(np.float32)
+
+
+def check_result(x: np.ndarray, expected: np.ndarray, what: str) -> str | None:
+    """``None`` when ``x`` equals ``expected`` exactly, else a message naming the first bad element."""
+    if np.array_equal(x, expected):
+        return None
+    bad = np.flatnonzero(x != expected)
+    i = int(bad[0]) if bad.size else -1
+    return (f"{what}: WRONG all-reduce result: {bad.size} of {x.size} elements differ, first at "
+            f"[{i}] = {x[i]!r}, expected {expected[i]!r}")
