@@ -52,34 +52,38 @@ async def ddp(comm: pccl.Communicator, revisions: int) -> None:
     while True:
         await admit_round(comm, first)
         first = False
-        info = await comm.sync_shared_state(state)
-        emit(event="synced", revision=state.revision, hash=state_hash(state), rx=info.rx_bytes,
-             tx=info.tx_bytes, ws=comm.peer_group_world_size, nbytes=state.nbytes)
-        # Stop after REVISIONS once three peers take part (the test needs the joiner in);
-        # a MIN all-reduce makes it one decision for all, whatever each saw of the membership.
-        vote = np.array([state.revision >= revisions and comm.peer_group_world_size >= 3],
-                        np.int64)
-        while True:
-            try:
-                await comm.all_reduce(vote, op=pccl.ReduceOp.MIN, tag=1)
+        try:
+            info = await comm.sync_shared_state(state)
+            emit(event="synced", revision=state.revision, hash=state_hash(state),
+                 rx=info.rx_bytes, tx=info.tx_bytes, ws=comm.peer_group_world_size,
+                 nbytes=state.nbytes)
+            # Stop after REVISIONS once three peers take part (the test needs the joiner in);
+            # a MIN all-reduce makes it one decision for all, whatever each saw.
+            vote = np.array([state.revision >= revisions and comm.peer_group_world_size >= 3],
+                            np.int64)
+            await retrying(comm, vote, pccl.ReduceOp.MIN, 1)
+            if vote[0]:
                 break
-            except pccl.PeerLostError:
-                continue
-        if vote[0]:
-            break
-        rng = np.random.default_rng(comm.peer_id * 100_003 + state.revision)
-        g = rng.standard_normal(n).astype(np.float32)
-        while True:
-            try:
-                await comm.all_reduce(g, op=pccl.ReduceOp.AVG, tag=0)
-                break
-            except pccl.PeerLostError:
-                continue  # g was restored; retry on the survivors
+            rng = np.random.default_rng(comm.peer_id * 100_003 + state.revision)
+            g = rng.standard_normal(n).astype(np.float32)
+            await retrying(comm, g, pccl.ReduceOp.AVG, 0)
+        except pccl.TooFewPeersError:
+            continue  # alone for now: back to admitting, then sync the same revision again
         mom *= np.float32(0.9)
         mom += g
         w -= np.float32(0.01) * mom
         step += 1
         state.revision += 1
+
+
+async def retrying(comm: pccl.Communicator, x: np.ndarray, op: pccl.ReduceOp, tag: int) -> None:
+    """All-reduce in place, retrying on the survivors after a lost peer (x is restored)."""
+    while True:
+        try:
+            await comm.all_reduce(x, op=op, tag=tag)
+            return
+        except pccl.PeerLostError:
+            continue
 
 
 async def big(comm: pccl.Communicator, mib: int) -> None:

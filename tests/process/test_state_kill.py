@@ -27,7 +27,7 @@ async def _pump(proc, queue):
 
 async def test_ddp_loop_holds_identical_hashes_under_kill_and_join(procs, master_proc):
     _, addr = master_proc
-    revisions = 40
+    revisions = 50
     queue: asyncio.Queue = asyncio.Queue()
     pumps = []
     peers = []
