@@ -1,0 +1,86 @@
+"""Cost of quantization on loopback: uint8 MIN_MAX against unquantized, same run.
+
+    python bench/quantized.py [--peers 2] [--mib 64] [--iters 10] [--conns 4]
+
+P peer processes; each iteration all-reduces the same float32 buffer once unquantized and
+once with ``Quantization(MIN_MAX, "uint8")`` (alternating which goes first), the slowest
+peer's time counts; the figure is median(quantized) / median(unquantized) (target <= 1.5:
+on loopback the link is not the bottleneck, so this measures the kernels' overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import pccl_aio as pccl
+
+HERE = Path(__file__).resolve().parent
+
+
+async def _peer(addr: str, world: int, mib: int, iters: int, conns: int) -> None:
+    q8 = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8")
+    async with pccl.Communicator(addr, p2p_connections=conns) as comm:
+        await comm.connect(attempts=20)
+        while comm.world_size < world:
+            await comm.update_topology()
+        base = np.random.default_rng(comm.peer_id).random(mib * 2**20 // 4, dtype=np.float32)
+        x = np.empty_like(base)
+        sync = np.zeros(1, np.float32)
+        times: dict[str, list[float]] = {"none": [], "uint8": []}
+        for i in range(iters + 2):
+            order = ("none", "uint8") if i % 2 == 0 else ("uint8", "none")
+            for kind in order:
+                np.copyto(x, base)
+                await comm.all_reduce(sync, tag=1)  # untimed barrier
+                t0 = time.perf_counter()
+                await comm.all_reduce(x, tag=0, quantization=q8 if kind == "uint8" else None)
+                if i >= 2:
+                    times[kind].append(time.perf_counter() - t0)
+        print(json.dumps(times), flush=True)
+
+
+async def _run(world: int, mib: int, iters: int, conns: int) -> dict[str, list[float]]:
+    async with pccl.Master("127.0.0.1", 0) as master:
+        env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+        procs = [await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--peer", master.address, str(world), str(mib),
+            str(iters), str(conns), stdout=asyncio.subprocess.PIPE, env=env)
+            for _ in range(world)]
+        outs = [json.loads((await p.communicate())[0]) for p in procs]
+    return {k: [max(ts) for ts in zip(*(o[k] for o in outs))] for k in ("none", "uint8")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", type=int, default=2)
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--conns", type=int, default=4)
+    ap.add_argument("--peer", nargs=5, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.peer:
+        addr, w, mib, it, k = a.peer
+        pccl.run(_peer(addr, int(w), int(mib), int(it), int(k)))
+        return
+    t = pccl.run(_run(a.peers, a.mib, a.iters, a.conns))
+    med = {k: statistics.median(v) for k, v in t.items()}
+    ratio = med["uint8"] / med["none"]
+    print(f"P={a.peers} {a.mib} MiB float32 K={a.conns}: unquantized {med['none'] * 1e3:.1f} ms, "
+          f"uint8 MIN_MAX {med['uint8'] * 1e3:.1f} ms (medians of {a.iters}); "
+          f"quantized / unquantized = {ratio:.2f} (target <= 1.5) "
+          f"{'ok' if ratio <= 1.5 else 'MISS'}")
+    print(json.dumps({"bench": "quantized", "peers": a.peers, "mib": a.mib,
+                      "median_s": med, "ratio": ratio, "times": t}))
+
+
+if __name__ == "__main__":
+    main()
