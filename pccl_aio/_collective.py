@@ -69,9 +69,9 @@ class Collective:
         self._backup_owner: bytearray | None = None
         if in_place:
             self._backup_owner, self._backup = comm._scratch.take(dst.view.nbytes)
-            self._backup[:] = dst.view
+            _ops.copy(self._backup, dst.view)
         else:
-            dst.view[:] = src.view
+            _ops.copy(dst.view, src.view)
 
     # ---- driven by the control reader -------------------------------------------------------
     def on_start(self, seq: int, ring_ids: list[int], me: int) -> None:
@@ -102,7 +102,7 @@ class Collective:
 
     def on_abort(self, reason: str) -> None:
         if self._backup is not None:
-            self.dst.view[:] = self._backup
+            _ops.copy(self.dst.view, self._backup)
         self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}"))
 
     def on_rejected(self, reason: str) -> None:
@@ -111,7 +111,7 @@ class Collective:
     def on_lost(self, exc: BaseException) -> None:
         """The control connection is gone: no verdict will come."""
         if self._backup is not None:
-            self.dst.view[:] = self._backup
+            _ops.copy(self.dst.view, self._backup)
         self._finish(exc)
 
     def _finish(self, exc: BaseException | None) -> None:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 BufferLike: TypeAlias = "Buffer | NDArray[Any]"
 
 __all__ = [
+    "copy",
     "IMPLEMENTATION",
     "dequantize",
     "dequantize_accumulate",
@@ -216,6 +217,23 @@ def divide(dst: BufferLike, divisor: int, dtype: int) -> None:
         _in_two(cut, lambda a, b: _impl.divide(d[a:b], div, dtype), d.nbytes)
     else:
         _impl.divide(d, div, dtype)
+
+
+def copy(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src`` for byte views of equal length; large copies use two threads."""
+    if dst.nbytes != src.nbytes:
+        raise InvalidUsageError(f"length mismatch: dst has {dst.nbytes} bytes, src {src.nbytes}")
+    cut = _split(dst.nbytes, 1)
+    if cut:
+        _in_two(cut, lambda a, b: _copyto(dst[a:b], src[a:b]), dst.nbytes)
+    else:
+        dst[:] = src
+
+
+def _copyto(dst: memoryview, src: memoryview) -> None:
+    import numpy as np  # releases the GIL for the copy, unlike memoryview slice assignment
+
+    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
 
 
 def minmax(src: BufferLike, dtype: int) -> tuple[float, float]:

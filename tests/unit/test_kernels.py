@@ -588,3 +588,15 @@ def test_two_thread_split_is_bit_identical(dtype: int, monkeypatch: pytest.Monke
     impl.dequantize(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, dtype, U8,
                     MIN_MAX)
     assert got.tobytes() == want.tobytes()
+
+
+def test_copy_is_exact_split_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_ops, "KERNEL_THREADS", 2)
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 1000, _ops.PARALLEL_MIN_BYTES + 77):
+        src = rng.integers(0, 256, n, dtype=np.uint8)
+        dst = np.zeros(n, np.uint8)
+        _ops.copy(memoryview(dst), memoryview(src.tobytes()))  # a read-only source works
+        assert dst.tobytes() == src.tobytes()
+    with pytest.raises(InvalidUsageError, match="length mismatch"):
+        _ops.copy(memoryview(bytearray(3)), memoryview(bytes(4)))
