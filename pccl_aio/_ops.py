@@ -275,14 +275,8 @@ def dequantize(dst: BufferLike, src_q: BufferLike, p0: float, p1: float, dst_dty
                q_dtype: int, algo: int) -> None:
     """``dst[i] = D(q[i])`` with the metadata ``(p0, p1)`` returned by :func:`quantize`."""
     d, s = _check_dequantize(dst, src_q, p0, p1, dst_dtype, q_dtype, algo)
-    args = (float(p0), float(p1), int(dst_dtype), int(q_dtype), int(algo))
-    size, qsize = _ITEMSIZE[int(dst_dtype)], _QDTYPES[int(q_dtype)]
-    cut = _split(d.nbytes, size)
-    if cut:
-        _in_two(cut, lambda a, b: _impl.dequantize(
-            d[a:b], s[a // size * qsize : b // size * qsize], *args), d.nbytes)
-    else:
-        _impl.dequantize(d, s, *args)
+    _run_decoding(_impl.dequantize, d, s, int(dst_dtype), int(q_dtype),
+                  (float(p0), float(p1), int(dst_dtype), int(q_dtype), int(algo)))
 
 
 def dequantize_accumulate(dst: BufferLike, src_q: BufferLike, p0: float, p1: float, op: int,
@@ -290,11 +284,17 @@ def dequantize_accumulate(dst: BufferLike, src_q: BufferLike, p0: float, p1: flo
     """``dst[i] = op(dst[i], D(q[i]))`` in one pass (bit-identical to dequantize + reduce)."""
     d, s = _check_dequantize(dst, src_q, p0, p1, dst_dtype, q_dtype, algo)
     _check_op(op)
-    args = (float(p0), float(p1), int(op), int(dst_dtype), int(q_dtype), int(algo))
-    size, qsize = _ITEMSIZE[int(dst_dtype)], _QDTYPES[int(q_dtype)]
+    _run_decoding(_impl.dequantize_accumulate, d, s, int(dst_dtype), int(q_dtype),
+                  (float(p0), float(p1), int(op), int(dst_dtype), int(q_dtype), int(algo)))
+
+
+def _run_decoding(kernel: Callable[..., None], d: memoryview, s: memoryview, dst_dtype: int,
+                  q_dtype: int, args: tuple[Any, ...]) -> None:
+    """Run a decoding kernel over (dst, codes), in two halves when the job is large."""
+    size, qsize = _ITEMSIZE[dst_dtype], _QDTYPES[q_dtype]
     cut = _split(d.nbytes, size)
     if cut:
-        _in_two(cut, lambda a, b: _impl.dequantize_accumulate(
-            d[a:b], s[a // size * qsize : b // size * qsize], *args), d.nbytes)
+        _in_two(cut, lambda a, b: kernel(d[a:b], s[a // size * qsize : b // size * qsize],
+                                         *args), d.nbytes)
     else:
-        _impl.dequantize_accumulate(d, s, *args)
+        kernel(d, s, *args)

@@ -16,8 +16,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -27,11 +29,20 @@ from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, run
 from ._shared_state import hash_bytes
 
 
+def _exists(path: str) -> bool:
+    return os.path.exists(path)  # a local tmpfs stat: fast enough for the event loop
+
+
+def _touch(path: str) -> None:
+    with open(path, "w"):
+        pass
+
+
 def _pattern(n: int) -> np.ndarray:
     return (np.arange(n, dtype=np.float32) % 1000) + 1  # small integers: sums are exact
 
 
-async def _peer(addr: str, steps: int, count: int, world: int) -> int:
+async def _peer(addr: str, steps: int, count: int, stop_file: str) -> int:
     """One demo peer; prints JSON progress lines on stdout."""
     def emit(**kw: Any) -> None:
         print(json.dumps(kw), flush=True)
@@ -59,9 +70,9 @@ async def _peer(addr: str, steps: int, count: int, world: int) -> int:
                      hash=hash_bytes(state.view("weights")).hex(), rx=sync.rx_bytes,
                      ws=comm.peer_group_world_size)
                 if state.revision >= steps:
-                    # Stop together once the newcomer is in: a MIN all-reduce makes it one
-                    # decision for all peers, whatever each saw of the membership.
-                    vote = np.array([comm.peer_group_world_size >= world], np.int64)
+                    # Stop together once the controller saw the newcomer take part (it creates
+                    # the stop file): a MIN all-reduce makes it one decision for all peers.
+                    vote = np.array([_exists(stop_file)], np.int64)
                     await comm.all_reduce(vote, op=ReduceOp.MIN, tag=1)
                     if vote[0]:
                         break
@@ -83,14 +94,22 @@ async def _peer(addr: str, steps: int, count: int, world: int) -> int:
         return 1 if bad else 0
 
 
-async def _spawn(addr: str, steps: int, count: int, world: int) -> asyncio.subprocess.Process:
+async def _spawn(addr: str, steps: int, count: int, stop_file: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pccl_aio.demo", "--peer", addr, "--steps", str(steps),
-        "--count", str(count), "--peers", str(world), stdout=asyncio.subprocess.PIPE,
+        "--count", str(count), "--stop-file", stop_file, stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 async def _controller(args: argparse.Namespace) -> int:
+    tmp = tempfile.mkdtemp(prefix="pccl-aio-demo-")
+    try:
+        return await _control(args, os.path.join(tmp, "stop"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _control(args: argparse.Namespace, stop_file: str) -> int:
     async with Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0) as master:
         print(f"master on {master.address}; starting {args.peers} peers "
               f"({args.count * 4 / 2**20:.0f} MiB float32 per all-reduce, {args.steps} steps)")
@@ -104,7 +123,7 @@ async def _controller(args: argparse.Namespace) -> int:
                     await events.put(json.loads(line))
 
         async def start() -> asyncio.subprocess.Process:
-            p = await _spawn(master.address, args.steps, args.count, args.peers)
+            p = await _spawn(master.address, args.steps, args.count, stop_file)
             procs.append(p)
             pumps.append(asyncio.ensure_future(pump(p)))
             return p
@@ -141,6 +160,8 @@ async def _controller(args: argparse.Namespace) -> int:
                     world_at[ev["revision"]] = ev["ws"]
                     if joined and ev["peer"] == newcomer and newcomer_rx < 0:
                         newcomer_rx = ev["rx"]
+                    if newcomer_rx >= 0 and ev["ws"] >= args.peers and not _exists(stop_file):
+                        _touch(stop_file)  # the peers may stop now (they vote on it)
                 elif ev["event"] == "lost":
                     lost += 1
                 elif ev["event"] == "joined" and joined:
@@ -180,9 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=1 << 21, help="float32 elements per all-reduce")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--peer", metavar="MASTER", help=argparse.SUPPRESS)
+    p.add_argument("--stop-file", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer:
-        return run(_peer(args.peer, args.steps, args.count, args.peers))
+        return run(_peer(args.peer, args.steps, args.count, args.stop_file))
     return run(_controller(args))
 
 
