@@ -92,7 +92,7 @@ async def test_master_killed(procs, master_proc):
     peers = await start_peers(procs, addr, 2, "idle")
     for p in peers:
         await p.expect("started")
-    # both peers now block in a joint vote that the master will never answer
+    # both peers loop on joint votes: the pending or the next one meets the dead master
     master.signal(signal.SIGKILL)
     killed_at = time.time()
     for p in peers:

@@ -9,7 +9,7 @@ Modes:
   multi   -- all_reduce_multiple_with_retry over TENSORS tensors of COUNT float32 (10 x 16K,
              8 in flight by default).
   vote    -- join, wait for the world, then call update_topology() and report the world size.
-  idle    -- join and wait for the world, then block in are_peers_pending() (master-loss test).
+  idle    -- join and wait for the world, then loop on are_peers_pending() (master-loss test).
 """
 
 from __future__ import annotations
@@ -76,9 +76,8 @@ async def main() -> None:
                 emit(event="voted", ws=comm.world_size)
         elif mode == "idle":
             emit(event="started")
-            await comm.are_peers_pending()
-            emit(event="answered")
-            await comm.are_peers_pending()
+            while True:  # joint votes until the master goes away: pending or next call fails
+                await comm.are_peers_pending()
     except pccl.PcclError as exc:
         emit(event="error", kind=type(exc).__name__, error=str(exc))
     finally:
