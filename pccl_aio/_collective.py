@@ -176,7 +176,6 @@ class Collective:
         scratch, quant, b, qb = self._scratch, self.quant, self._b, self._qb
         assert scratch is not None
         qdt, algo = (int(DataType.parse(quant.dtype)), int(quant.algo)) if quant else (0, 0)
-        self._sent = 0
         for off, n in plan.first_sends():
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
                 qs = scratch[off // b * qb : (off + n) // b * qb]
@@ -228,5 +227,4 @@ class Collective:
         n = len(payload)
         header = HEADER.pack(MAGIC, phase, self.tag, self.seq, off, n, p0, p1)
         await link.send(header, payload)
-        self._sent += 1
         self.tx += n

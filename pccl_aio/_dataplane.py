@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Callable
 from typing import Final, Protocol, cast
 
 from ._netutil import set_nodelay
@@ -329,6 +328,3 @@ class Link:
         for s in self.senders:
             if s.transport is not None:
                 s.transport.abort()
-
-
-LinkFactory = Callable[[int, str, int], Link]
