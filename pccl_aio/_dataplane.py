@@ -55,13 +55,10 @@ class Registry:
     def add(self, seq: int, sink: Sink) -> None:
         """Register a collective; wakes connections parked on its frames."""
         self.sinks[seq] = sink
-        self.max_seq = max(self.max_seq, seq)
-        parked, self._parked = self._parked, []
-        for r in parked:
-            r.unpark()
+        self.skip(seq)
 
     def skip(self, seq: int) -> None:
-        """``seq`` started without us (a cancelled attempt): its frames are now stale."""
+        """``seq`` is known now: re-route parked connections (its frames are stale unless ``add``ed)."""
         self.max_seq = max(self.max_seq, seq)
         parked, self._parked = self._parked, []
         for r in parked:

@@ -30,7 +30,7 @@ from ._shared_state import hash_bytes
 
 
 def _exists(path: str) -> bool:
-    return os.path.exists(path)  # a local tmpfs stat: fast enough for the event loop
+    return os.path.exists(path)  # one stat of a local temp file: fine on the event loop
 
 
 def _touch(path: str) -> None:
