@@ -27,6 +27,8 @@ from ._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
 from ._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ._communicator import Communicator
 
 log = logging.getLogger("pccl_aio.collective")
@@ -61,17 +63,27 @@ class Collective:
         self._total = 0
         self._error: str | None = None
         self._scratch: memoryview | None = None
-        self._scratch_owner: bytearray | None = None
+        self._scratch_owner: np.ndarray | None = None
         self.cancelled = False
-        # In place: keep the input so an aborted attempt can be undone bit-exactly.
-        # (a pooled buffer: a fresh 64 MiB bytes object costs more in page faults than the copy)
+        # In place, the input is saved (``save_input``) so that an aborted attempt can be
+        # undone bit-exactly, in a pooled buffer: a fresh 64 MiB bytes object costs more in
+        # page faults than the copy. Out of place nothing is copied: the reduce-scatter reads
+        # ``src`` and writes ``dst`` in one pass (``reduce_from``) and the all-gather writes
+        # the rest of ``dst``; ``src`` is never written, so an abort has nothing to undo.
+        # The quantized path accumulates into ``dst``, so it starts from a copy of ``src``.
         self._backup: memoryview | None = None
-        self._backup_owner: bytearray | None = None
-        if in_place:
-            self._backup_owner, self._backup = comm._scratch.take(dst.view.nbytes)
-            _ops.copy(self._backup, dst.view)
-        else:
+        self._backup_owner: np.ndarray | None = None
+        self._in_place = in_place
+        self._from_src = not in_place and self.quant is None
+        if not in_place and self.quant is not None:
             _ops.copy(dst.view, src.view)
+
+    def save_input(self) -> None:
+        """In place: copy the input aside (called right after the vote went out, so that the
+        copy overlaps the master's round trip). Blocks for one memcpy of the buffer."""
+        if self._in_place and self._backup is None:
+            self._backup_owner, self._backup = self.comm._scratch.take(self.dst.view.nbytes)
+            _ops.copy(self._backup, self.dst.view)
 
     # ---- driven by the control reader -------------------------------------------------------
     def on_start(self, seq: int, ring_ids: list[int], me: int) -> None:
@@ -173,6 +185,7 @@ class Collective:
 
     async def _pipeline(self, link: Link) -> None:
         plan, dst, op, dt = self.plan, self.dst.view, self.op, int(self.dst.dtype)
+        src, from_src = self.src.view, self._from_src
         scratch, quant, b, qb = self._scratch, self.quant, self._b, self._qb
         assert scratch is not None
         qdt, algo = (int(DataType.parse(quant.dtype)), int(quant.algo)) if quant else (0, 0)
@@ -181,8 +194,8 @@ class Collective:
                 qs = scratch[off // b * qb : (off + n) // b * qb]
                 p0, p1 = _ops.quantize(qs, dst[off : off + n], dt, qdt, algo)
                 await self._send(link, ring.RS, off, qs, p0, p1)
-            else:
-                await self._send(link, ring.RS, off, dst[off : off + n])
+            else:  # our own chunk: never reduced here, so src == dst until the all-gather
+                await self._send(link, ring.RS, off, (src if from_src else dst)[off : off + n])
         remaining = self._total
         timeout = self.comm.data_timeout
         while remaining:
@@ -207,6 +220,8 @@ class Collective:
             if phase == ring.RS:
                 if quant:  # one pass: dequantize the received bytes and accumulate
                     _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
+                elif from_src:
+                    _ops.reduce_from(seg, src[off : off + n], qs, op, dt)
                 else:
                     _ops.reduce_into(seg, qs, op, dt)
                 if owned and op == ReduceOp.AVG:

@@ -13,6 +13,8 @@ import contextlib
 import logging
 from typing import Any
 
+import numpy as np
+
 from . import _messages as m
 from ._collective import Collective
 from ._dataplane import Link, Listener, Registry
@@ -38,18 +40,19 @@ class ScratchPool:
     """Reusable receive buffers, so a 64 MiB all-reduce does not page-fault a new one each time."""
 
     def __init__(self, keep: int = 8) -> None:
-        self._free: list[bytearray] = []
+        self._free: list[np.ndarray] = []
         self._keep = keep
 
-    def take(self, nbytes: int) -> tuple[bytearray, memoryview]:
+    def take(self, nbytes: int) -> tuple[np.ndarray, memoryview]:
+        """A buffer of at least ``nbytes`` (uninitialised) and a view of its first ``nbytes``."""
         for i, b in enumerate(self._free):
             if len(b) >= nbytes:
                 del self._free[i]
-                return b, memoryview(b)[:nbytes]
-        b = bytearray(nbytes)
-        return b, memoryview(b)
+                return b, b.data[:nbytes]
+        b = np.empty(nbytes, np.uint8)  # numpy asks for transparent huge pages from 4 MiB on
+        return b, b.data
 
-    def give(self, b: bytearray) -> None:
+    def give(self, b: np.ndarray) -> None:
         self._free.append(b)
         self._free.sort(key=len)
         del self._free[: max(0, len(self._free) - self._keep)]
@@ -240,6 +243,7 @@ class ControlPlane:
         self._send(m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
                                     int(q.algo) if q else 0,
                                     int(DataType.parse(q.dtype)) if q else 0))
+        coll.save_input()  # after the vote left: the copy overlaps the master's round trip
 
     def _forget(self, coll: Collective) -> None:
         if self._colls.get(coll.tag) is coll:

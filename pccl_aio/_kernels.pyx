@@ -46,6 +46,7 @@ cdef enum:
     BLOCK_DOUBLES = 2048  # BLOCK_BYTES // 8
 
 cdef double QUANT_LIMIT = 2.0 ** 1000
+cdef Py_ssize_t FROM_BLOCK = 16384  # bytes: reduce_from copies and reduces in L1-sized blocks
 cdef double QUANT_MIN_SPAN = 2.0 ** -1000  # narrower ranges quantize to a constant
 # (t + 1.5 * 2**52) - 1.5 * 2**52 == rint(t) (round half to even) for |t| <= 2**51.
 cdef double RINT_MAGIC = 6755399441055744.0
@@ -309,6 +310,25 @@ def reduce_into(unsigned char[::1] dst, const unsigned char[::1] src, int op, in
         return
     with nogil:
         _reduce(&dst[0], &src[0], n, op, dtype)
+
+
+def reduce_from(unsigned char[::1] dst, const unsigned char[::1] a,
+                const unsigned char[::1] b, int op, int dtype):
+    cdef Py_ssize_t n = _count(dst.shape[0], dtype, False)
+    cdef Py_ssize_t size, step, off = 0, m
+    if a.shape[0] < dst.shape[0] or b.shape[0] < dst.shape[0]:
+        raise ValueError("an operand is shorter than dst")
+    if n == 0:
+        return
+    size = ITEMSIZE[dtype]
+    step = FROM_BLOCK // size
+    with nogil:
+        while off < n:  # copy a block of a, then reduce it while it is still in L1
+            m = step if n - off > step else n - off
+            if &dst[off * size] != &a[off * size]:
+                memcpy(&dst[off * size], &a[off * size], m * size)
+            _reduce(&dst[off * size], &b[off * size], m, op, dtype)
+            off += m
 
 
 def divide(unsigned char[::1] dst, int64_t divisor, int dtype):

@@ -200,6 +200,26 @@ def reduce_into(dst: BufferLike, src: BufferLike, op: int, dtype: int) -> None:
         _impl.reduce_into(d, s, op, dtype)
 
 
+def reduce_from(dst: BufferLike, a: BufferLike, b: BufferLike, op: int, dtype: int) -> None:
+    """``dst[i] = op(a[i], b[i])`` element-wise, the same bits as copying ``a`` into ``dst``
+    and then :func:`reduce_into` (AVG adds). ``a`` may be ``dst`` itself; no other overlap."""
+    d = _bytes(dst, "dst", True)
+    x, y = _bytes(a, "a", False), _bytes(b, "b", False)
+    size = _itemsize(dtype)
+    _check_op(op)
+    if not d.nbytes == x.nbytes == y.nbytes:
+        raise InvalidUsageError(
+            f"length mismatch: dst has {d.nbytes} bytes, a {x.nbytes}, b {y.nbytes}")
+    _check_elements(d.nbytes, size, "dst")
+    op, dtype = int(op), int(dtype)
+    cut = _split(d.nbytes, size)
+    if cut:
+        _in_two(cut, lambda lo, hi: _impl.reduce_from(d[lo:hi], x[lo:hi], y[lo:hi], op, dtype),
+                d.nbytes)
+    else:
+        _impl.reduce_from(d, x, y, op, dtype)
+
+
 def divide(dst: BufferLike, divisor: int, dtype: int) -> None:
     """AVG finalisation ``dst[i] /= divisor``; integers truncate toward zero."""
     d = _bytes(dst, "dst", True)

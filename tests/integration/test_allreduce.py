@@ -69,6 +69,22 @@ async def test_every_op_and_dtype_bit_identical(peers, ws):
                 assert all(i.world_size == ws for i in infos)
 
 
+@pytest.mark.parametrize("op", [pccl.ReduceOp.SUM, pccl.ReduceOp.AVG, pccl.ReduceOp.MIN])
+async def test_out_of_place_is_bit_identical_to_in_place_and_leaves_src(peers, op):
+    """Out of place reads src and writes dst in one pass (no copy of src into dst first);
+    the bytes must be those of the in-place run, and src must come back unchanged."""
+    comms = await peers(3)
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(3 * (1 << 19) + 5).astype(np.float32) for _ in range(3)]
+    keep = [x.copy() for x in xs]
+    outs, _ = await _reduce_all(comms, xs, op, in_place=False, tag=1)
+    ins, _ = await _reduce_all(comms, xs, op, in_place=True, tag=2)
+    for x, k in zip(xs, keep):
+        assert x.tobytes() == k.tobytes()
+    for o, i in zip(outs, ins):
+        assert o.tobytes() == i.tobytes() == ins[0].tobytes()
+
+
 async def test_large_float32_random_parity_and_tolerance(peers):
     comms = await peers(4, p2p_connections=3)
     rng = np.random.default_rng(7)

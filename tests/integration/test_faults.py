@@ -47,6 +47,53 @@ async def test_crash_mid_allreduce_aborts_everyone_and_retry_works(peers):
     assert [i.world_size for i in infos] == [3, 3, 3]
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "out-of-place"])
+@pytest.mark.parametrize("when", [(0, 1), (0, 3), (1, 1), (1, 4)],
+                         ids=["rs-first", "rs-third", "ag-first", "ag-fourth"])
+async def test_crash_at_each_pipeline_point_leaves_inputs_intact(peers, in_place, when):
+    """dst segments are backed up (or filled from src) only when first written: a crash after
+    the k-th received segment of a phase still restores an in-place input bit-exactly and never
+    touches an out-of-place input."""
+    from pccl_aio import _collective
+
+    comms = await peers(3)
+    n = 3 * (1 << 20)  # 4 MiB float32 chunks: 4 segments each
+    xs = [np.arange(n, dtype=np.float32) * (i + 1) + 0.5 for i in range(3)]
+    originals = [x.copy() for x in xs]
+    outs = [np.full(n, -1.0, np.float32) for _ in range(3)]
+    phase, k = when
+    seen = 0
+    watched = comms[0]
+
+    def on_segment(self, ph, off, length, p0, p1):
+        nonlocal seen
+        orig_on_segment(self, ph, off, length, p0, p1)
+        if self.comm is watched and ph == phase:
+            seen += 1
+            if seen == k:
+                crash(comms[1])
+
+    orig_on_segment = _collective.Collective.on_segment
+    _collective.Collective.on_segment = on_segment  # type: ignore[method-assign]
+    try:
+        hs = [c.all_reduce_async(x, None if in_place else o, tag=3)
+              for c, x, o in zip(comms, xs, outs)]
+        res = await asyncio.gather(hs[0], hs[2], return_exceptions=True)
+    finally:
+        _collective.Collective.on_segment = orig_on_segment  # type: ignore[method-assign]
+    assert seen >= k
+    for r in res:
+        assert isinstance(r, pccl.PeerLostError), r
+    for i in (0, 2):
+        assert xs[i].tobytes() == originals[i].tobytes()
+    infos = await asyncio.gather(*(comms[i].all_reduce(xs[i], None if in_place else outs[i], tag=3)
+                                   for i in (0, 2)))
+    result = [xs[i] if in_place else outs[i] for i in (0, 2)]
+    assert result[0].tobytes() == result[1].tobytes()
+    np.testing.assert_array_equal(result[0], originals[0] + originals[2])
+    assert [i.world_size for i in infos] == [2, 2]
+
+
 async def test_multiple_with_retry_survives_a_crash(peers):
     comms = await peers(3, p2p_connections=2)
     tensors = [[np.full(40_000, t + 1 + 100 * i, np.float64) for t in range(10)] for i in range(3)]

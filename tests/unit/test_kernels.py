@@ -291,6 +291,40 @@ def test_every_16_bit_pattern_round_trips(impl: str, dtype: int) -> None:
     assert (out[nan] == (0x7E00 if dtype == F16 else 0x7FC0)).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@SETTINGS
+@given(dtype=st.integers(0, 11), op=st.integers(0, 4), n=st.integers(0, 20_000), seed=seeds,
+       aoff=offsets, boff=offsets)
+def test_reduce_from_is_copy_then_reduce_into(impl: str, dtype: int, op: int, n: int,
+                                             seed: int, aoff: int, boff: int) -> None:
+    """dst = op(a, b) in one pass gives the bits of dst = a; reduce_into(dst, b), including
+    across the kernel's 16 KiB blocks; a may be dst itself."""
+    rng = np.random.default_rng(seed)
+    a, b = rand_values(rng, dtype, n), rand_values(rng, dtype, n)
+    expected = placed(a, 0)
+    ref.reduce_into(expected, placed(b, 0), op, dtype)
+    got = placed(np.zeros_like(a), 0)
+    alias = placed(a, aoff)
+    with kernels(impl) as k:
+        k.reduce_from(got, placed(a, aoff), placed(b, boff), op, dtype)
+        k.reduce_from(alias, alias, placed(b, boff), op, dtype)
+    assert got.tobytes() == expected.tobytes()
+    assert alias.tobytes() == expected.tobytes()
+
+
+def test_ops_reduce_from_splits_large_jobs_and_checks_lengths() -> None:
+    n = (9 << 20) // 4 + 3  # past the 8 MiB threshold: two threads
+    a = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    out = np.empty_like(a)
+    _ops.reduce_from(out, a, b, SUM, F32)
+    assert out.tobytes() == (a + b).tobytes()
+    with pytest.raises(InvalidUsageError, match="length mismatch"):
+        _ops.reduce_from(out, a[:-1], b, SUM, F32)
+    with pytest.raises(InvalidUsageError, match="read-only"):
+        _ops.reduce_from(np.frombuffer(bytes(8), np.uint8), bytes(8), bytes(8), SUM, U8)
+
+
 @pytest.mark.cython
 @pytest.mark.parametrize("impl", CY_IMPLS)
 @pytest.mark.parametrize("dtype", [F16, BF16])
