@@ -63,11 +63,13 @@ import pccl_aio as pccl
 HERE = Path(__file__).resolve().parent
 GLOO_RANK = HERE / "_gloo.py"
 CONFIG_TIMEOUT = 600.0
+IMPL = {"in": "pccl_aio", "out": "pccl_aio-oop"}  # --placement: in place, out of place
 Plan = list[tuple[int, int]]  # (nbytes, timed iterations) per size
 
 
 # ---- pccl_aio peer (subprocess) -----------------------------------------------------------------
-async def _peer(addr: str, world: int, conns: int, warmup: int, plan: Plan) -> None:
+async def _peer(addr: str, world: int, conns: int, warmup: int, plan: Plan,
+                placement: str = "in") -> None:
     async with pccl.Communicator(addr, p2p_connections=conns) as comm:
         await comm.connect(attempts=20)
         while comm.world_size < world:
@@ -77,15 +79,16 @@ async def _peer(addr: str, world: int, conns: int, warmup: int, plan: Plan) -> N
             base = input_pattern(nbytes // 4)
             expected = base * world
             x = np.empty_like(base)
+            y = x if placement == "in" else np.empty_like(base)  # "out": src x, dst y
             times = []
             info = None
             for i in range(warmup + iters):
                 np.copyto(x, base)
                 await comm.all_reduce(sync, tag=1)  # untimed barrier: all peers start together
                 t0 = time.perf_counter()
-                info = await comm.all_reduce(x, tag=0)
+                info = await comm.all_reduce(x, y, tag=0)
                 dt = time.perf_counter() - t0
-                err = check_result(x, expected, f"pccl_aio peer of {world}, {nbytes} B, iteration {i}")
+                err = check_result(y, expected, f"pccl_aio peer of {world}, {nbytes} B, iteration {i}")
                 if err:
                     print(err, file=sys.stderr, flush=True)
                     raise SystemExit(3)
@@ -145,13 +148,14 @@ def _slowest(outs: list[str], plan: Plan) -> dict[int, list[float]]:
     return {n: [max(ts) for ts in zip(*(r[n] for r in per_rank))] for n, _ in plan}
 
 
-async def _run_pccl(world: int, conns: int, warmup: int, plan: Plan) -> dict[int, list[float]]:
+async def _run_pccl(world: int, conns: int, warmup: int, plan: Plan, placement: str = "in"
+                    ) -> dict[int, list[float]]:
     async with pccl.Master("127.0.0.1", 0) as master:
         procs = [await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--peer", master.address, str(world), str(conns),
-            str(warmup), _plan_arg(plan), stdout=asyncio.subprocess.PIPE,
+            str(warmup), _plan_arg(plan), placement, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=_child_env()) for _ in range(world)]
-        outs = await _collect(procs, f"pccl_aio all-reduce, P={world}, K={conns}")
+        outs = await _collect(procs, f"pccl_aio all-reduce, P={world}, K={conns}, {placement}")
     return _slowest(outs, plan)
 
 
@@ -189,26 +193,26 @@ def _row(impl: str, world: int, k: int | None, nbytes: int, rounds: list[list[fl
 
 def _acceptance(rows: list[dict[str, Any]], peers: list[int], conns: list[int]
                 ) -> list[dict[str, Any]]:
-    def find(world: int, label: str, k: int) -> dict[str, Any] | None:
-        return next((r for r in rows if r["impl"] == "pccl_aio" and r["P"] == world
-                     and r["size"] == label and r["K"] == k), None)
-
     checks = []
-    for k in conns:
+    for impl, k in ((i, k) for i in sorted({r["impl"] for r in rows} - {"gloo"}) for k in conns):
+        def find(world: int, label: str, k: int = k, impl: str = impl) -> dict[str, Any] | None:
+            return next((r for r in rows if r["impl"] == impl and r["P"] == world
+                         and r["size"] == label and r["K"] == k), None)
+
         for label, target in (("16MiB", 1.0), ("64MiB", 1.0), ("1MiB", 0.8)):
             for world in peers:
                 r = find(world, label, k)
                 if r:
-                    checks.append({"what": f"busbw pccl_aio/gloo P={world} {label} K={k}",
+                    checks.append({"impl": impl, "what": f"busbw {impl}/gloo P={world} {label} K={k}",
                                    "value": r["vs_gloo"], "target": f">= {target}",
                                    "ok": r["vs_gloo"] >= target})
         r = find(2, "64MiB", k)
         if r:
-            checks.append({"what": f"busbw pccl_aio/TCP 1 stream P=2 64MiB K={k}",
+            checks.append({"impl": impl, "what": f"busbw {impl}/TCP 1 stream P=2 64MiB K={k}",
                            "value": r["vs_tcp1"], "target": ">= 0.35", "ok": r["vs_tcp1"] >= 0.35})
         r = find(2, "4KiB", k)
         if r:
-            checks.append({"what": f"median latency pccl_aio/gloo P=2 4KiB K={k}",
+            checks.append({"impl": impl, "what": f"median latency {impl}/gloo P=2 4KiB K={k}",
                            "value": r["lat_vs_gloo"], "target": "<= 1.5",
                            "ok": r["lat_vs_gloo"] <= 1.5})
     return checks
@@ -240,8 +244,8 @@ def _compare_gloo(args: argparse.Namespace) -> None:
                 if impl == "gloo":
                     res = {("gloo", None): pccl.run(_run_gloo(world, args.warmup, plan))}
                 else:
-                    res = {("pccl_aio", k): pccl.run(_run_pccl(world, k, args.warmup, plan))
-                           for k in conns}
+                    res = {(IMPL[pl], k): pccl.run(_run_pccl(world, k, args.warmup, plan, pl))
+                           for pl in args.placement for k in conns}
                 for key, per_size in res.items():
                     for n, times in per_size.items():
                         runs.setdefault(key, {}).setdefault(n, []).append(times)
@@ -257,8 +261,8 @@ def _compare_gloo(args: argparse.Namespace) -> None:
         for n in sizes:
             g = _row("gloo", world, None, n, runs[("gloo", None)][n], tcp1)
             rows.append(g)
-            for k in conns:
-                r = _row("pccl_aio", world, k, n, runs[("pccl_aio", k)][n], tcp1)
+            for impl, k in ((IMPL[pl], k) for pl in args.placement for k in conns):
+                r = _row(impl, world, k, n, runs[(impl, k)][n], tcp1)
                 r["vs_gloo"] = r["busbw_med"] / g["busbw_med"]
                 r["lat_vs_gloo"] = r["median_ms"] / g["median_ms"]
                 rows.append(r)
@@ -281,13 +285,15 @@ def _compare_gloo(args: argparse.Namespace) -> None:
                               "vs_tcp1": ".4f", "round_spread": ".2f"})
     checks = _acceptance(rows, args.peers, conns)
     print()
-    print("acceptance (pccl_aio vs gloo and TCP, same run):")
+    print("acceptance (pccl_aio in place and out of place (-oop) vs gloo and TCP, same run):")
     for c in checks:
         print(f"  {c['what']:<45} {c['value']:7.3f}  target {c['target']:<7} "
               f"{'ok' if c['ok'] else 'MISS'}")
     elapsed = time.perf_counter() - t_start
-    print(f"all results checked exactly on every rank; {sum(c['ok'] for c in checks)}/{len(checks)} "
-          f"targets met; {elapsed:.0f} s")
+    for impl in (IMPL[pl] for pl in args.placement):
+        mine = [c for c in checks if c["impl"] == impl]
+        print(f"{impl}: {sum(c['ok'] for c in mine)}/{len(mine)} targets met")
+    print(f"all results checked exactly on every rank; {elapsed:.0f} s")
     print()
     emit_json_lines("allreduce_compare_gloo", rows, args.json, tcp1_GBps=tcp1, tcp4_GBps=tcp4,
                     tcp_before_GBps=tcp_start, tcp_after_GBps=tcp_end,
@@ -319,11 +325,15 @@ def main() -> None:
                     help="--compare: runs of each implementation per P, alternating, pooled")
     ap.add_argument("--tcp-seconds", type=float, default=1.0)
     ap.add_argument("--json", metavar="PATH", help="also write the JSON lines to PATH")
-    ap.add_argument("--peer", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--placement", nargs="+", choices=["in", "out"], default=["in", "out"],
+                    help="--compare: pccl_aio in place (all_reduce(x): keeps a copy of x to "
+                         "restore it after an abort) and/or out of place (all_reduce(x, y): x is "
+                         "only read, nothing is copied); gloo is in place and restores nothing")
+    ap.add_argument("--peer", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:
-        addr, w, k, wu, plan = args.peer
-        pccl.run(_peer(addr, int(w), int(k), int(wu), _parse_plan(plan)))
+        addr, w, k, wu, plan, placement = args.peer
+        pccl.run(_peer(addr, int(w), int(k), int(wu), _parse_plan(plan), placement))
         return
     if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
         raise SystemExit("--iters and --rounds must be >= 1, --warmup >= 0")
