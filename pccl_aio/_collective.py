@@ -27,8 +27,6 @@ from ._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
 from ._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from ._communicator import Communicator
 
 log = logging.getLogger("pccl_aio.collective")
@@ -63,7 +61,7 @@ class Collective:
         self._total = 0
         self._error: str | None = None
         self._scratch: memoryview | None = None
-        self._scratch_owner: np.ndarray | None = None
+        self._scratch_owner: bytearray | None = None
         self.cancelled = False
         # In place, the input is saved (``save_input``) so that an aborted attempt can be
         # undone bit-exactly, in a pooled buffer: a fresh 64 MiB bytes object costs more in
@@ -72,7 +70,7 @@ class Collective:
         # the rest of ``dst``; ``src`` is never written, so an abort has nothing to undo.
         # The quantized path accumulates into ``dst``, so it starts from a copy of ``src``.
         self._backup: memoryview | None = None
-        self._backup_owner: np.ndarray | None = None
+        self._backup_owner: bytearray | None = None
         self._in_place = in_place
         self._from_src = not in_place and self.quant is None
         if not in_place and self.quant is not None:

@@ -13,8 +13,6 @@ import contextlib
 import logging
 from typing import Any
 
-import numpy as np
-
 from . import _messages as m
 from ._collective import Collective
 from ._dataplane import Link, Listener, Registry
@@ -37,22 +35,27 @@ log = logging.getLogger("pccl_aio.communicator")
 
 
 class ScratchPool:
-    """Reusable receive buffers, so a 64 MiB all-reduce does not page-fault a new one each time."""
+    """Reusable receive buffers, so a 64 MiB all-reduce does not page-fault a new one each time.
+
+    Plain ``bytearray``s, on purpose: ``np.empty`` (which asks for transparent huge pages) made
+    the P = 3 64 MiB loopback all-reduce ~25 % slower on the 2-core reference VM (paired runs,
+    see bench/RESULTS.md).
+    """
 
     def __init__(self, keep: int = 8) -> None:
-        self._free: list[np.ndarray] = []
+        self._free: list[bytearray] = []
         self._keep = keep
 
-    def take(self, nbytes: int) -> tuple[np.ndarray, memoryview]:
-        """A buffer of at least ``nbytes`` (uninitialised) and a view of its first ``nbytes``."""
+    def take(self, nbytes: int) -> tuple[bytearray, memoryview]:
+        """A buffer of at least ``nbytes`` and a view of its first ``nbytes`` (contents stale)."""
         for i, b in enumerate(self._free):
             if len(b) >= nbytes:
                 del self._free[i]
-                return b, b.data[:nbytes]
-        b = np.empty(nbytes, np.uint8)  # numpy asks for transparent huge pages from 4 MiB on
-        return b, b.data
+                return b, memoryview(b)[:nbytes]
+        b = bytearray(nbytes)
+        return b, memoryview(b)
 
-    def give(self, b: np.ndarray) -> None:
+    def give(self, b: bytearray) -> None:
         self._free.append(b)
         self._free.sort(key=len)
         del self._free[: max(0, len(self._free) - self._keep)]
