@@ -112,3 +112,19 @@ async def test_constant_and_non_finite_inputs(peers):
         y[10] = np.nan
     await asyncio.gather(*(c.all_reduce(y, quantization=q) for c, y in zip(comms, ys)))
     assert all(y.tobytes() == ys[0].tobytes() for y in ys)  # still identical everywhere
+
+
+async def test_out_of_place_quantized_matches_in_place_and_leaves_src(peers):
+    comms = await peers(3)
+    xs = _inputs("float32", 3 * (1 << 18) + 7, 3, seed=11)
+    keep = [x.copy() for x in xs]
+    q = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8")
+    outs = [np.empty_like(x) for x in xs]
+    await asyncio.gather(*(c.all_reduce(x, o, quantization=q, tag=1)
+                           for c, x, o in zip(comms, xs, outs)))
+    ins = [x.copy() for x in xs]
+    await asyncio.gather(*(c.all_reduce(x, quantization=q, tag=2) for c, x in zip(comms, ins)))
+    for x, k in zip(xs, keep):
+        assert x.tobytes() == k.tobytes()
+    for o, i in zip(outs, ins):
+        assert o.tobytes() == i.tobytes() == ins[0].tobytes()
