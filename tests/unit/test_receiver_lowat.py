@@ -1,0 +1,115 @@
+"""The data receiver's SO_RCVLOWAT never asks for more bytes than the current frame still owes.
+
+A larger low-water mark than what will ever arrive would leave the last bytes of a frame
+unread until some later traffic (or forever): this drives ``_Receiver`` with a fake transport
+and checks the invariant after every read, for payloads, discarded frames and headers.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from pccl_aio import _dataplane as dp
+from pccl_aio import _ring as ring
+
+
+class FakeSock:
+    family = socket.AF_INET
+
+    def __init__(self) -> None:
+        self.lowat = 1
+        self.calls = 0
+
+    def setsockopt(self, level: int, opt: int, value: int) -> None:
+        if (level, opt) == (socket.SOL_SOCKET, socket.SO_RCVLOWAT):
+            self.lowat, self.calls = value, self.calls + 1
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.sock = FakeSock()
+        self.paused = False
+
+    def get_extra_info(self, name: str) -> object:
+        return self.sock if name == "socket" else None
+
+    def set_write_buffer_limits(self, **kw: int) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def abort(self) -> None:
+        pass
+
+
+class Sink:
+    def __init__(self, length: int) -> None:
+        self.active = True
+        self.buf = bytearray(length)
+        self.done: list[tuple[int, int]] = []
+
+    def target(self, phase: int, offset: int, length: int) -> memoryview | None:
+        return memoryview(self.buf)[:length]
+
+    def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
+        self.done.append((offset, length))
+
+    def on_error(self, reason: str) -> None:
+        raise AssertionError(reason)
+
+
+def _feed(r: dp._Receiver, data: bytes, chunk: int, sock: FakeSock, owed: list[int]) -> None:
+    """Deliver ``data`` in reads of at most ``chunk`` bytes, the way uvloop calls a
+    BufferedProtocol, checking the low-water mark against what is still owed."""
+    pos = 0
+    while pos < len(data):
+        buf = r.get_buffer(-1)
+        n = min(len(buf), chunk, len(data) - pos)
+        buf[:n] = data[pos : pos + n]
+        r.buffer_updated(n)
+        pos += n
+        owed[0] -= n
+        assert sock.lowat <= max(1, owed[0]) or owed[0] == 0, (sock.lowat, owed[0])
+
+
+def _frame(seq: int, off: int, payload: bytes) -> bytes:
+    return dp.HEADER.pack(dp.MAGIC, ring.RS, 0, seq, off, len(payload), 0.0, 0.0) + payload
+
+
+def test_lowat_follows_each_frame_and_never_exceeds_what_is_owed() -> None:
+    reg = dp.Registry()
+    r = dp._Receiver(reg, set())
+    t = FakeTransport()
+    r.connection_made(t)  # type: ignore[arg-type]
+    size = 3 * (1 << 20) + 123  # more than the 1 MiB cap, not a multiple of the read size
+    sink = Sink(size)
+    reg.add(5, sink)
+    hello = dp.HELLO.pack(dp.MAGIC, dp.DATA_VERSION, 0, 1, 0)
+    frames = hello + _frame(5, 0, bytes(size)) + _frame(5, size, b"x" * 10)
+    owed = [len(frames)]
+    _feed(r, frames, 200_000, t.sock, owed)
+    assert sink.done == [(0, size), (size, 10)]
+    assert t.sock.lowat == 1  # back to 1 between frames
+    assert t.sock.calls > 2  # it was actually used
+
+
+def test_lowat_shrinks_for_a_frame_discarded_mid_payload() -> None:
+    reg = dp.Registry()
+    r = dp._Receiver(reg, set())
+    t = FakeTransport()
+    r.connection_made(t)  # type: ignore[arg-type]
+    size = 2 * (1 << 20)
+    sink = Sink(size)
+    reg.add(7, sink)
+    data = dp.HELLO.pack(dp.MAGIC, dp.DATA_VERSION, 0, 1, 0) + _frame(7, 0, bytes(size))
+    owed = [len(data)]
+    half = len(data) - size // 2
+    _feed(r, data[:half], 300_000, t.sock, owed)
+    sink.active = False  # the collective was aborted: the rest of the frame is discarded
+    _feed(r, data[half:], 100_000, t.sock, owed)
+    assert sink.done == []
+    assert t.sock.lowat == 1
