@@ -192,8 +192,8 @@ class Collective:
                 qs = scratch[off // b * qb : (off + n) // b * qb]
                 p0, p1 = _ops.quantize(qs, dst[off : off + n], dt, qdt, algo)
                 await self._send(link, ring.RS, off, qs, p0, p1)
-            else:  # our own chunk: never reduced here, so src == dst until the all-gather
-                await self._send(link, ring.RS, off, (src if from_src else dst)[off : off + n])
+            else:  # our own chunk: read from the input (dst itself when in place)
+                await self._send(link, ring.RS, off, src[off : off + n])
         remaining = self._total
         timeout = self.comm.data_timeout
         while remaining:

@@ -46,7 +46,6 @@ cdef enum:
     BLOCK_DOUBLES = 2048  # BLOCK_BYTES // 8
 
 cdef double QUANT_LIMIT = 2.0 ** 1000
-cdef Py_ssize_t FROM_BLOCK = 16384  # bytes: reduce_from copies and reduces in L1-sized blocks
 cdef double QUANT_MIN_SPAN = 2.0 ** -1000  # narrower ranges quantize to a constant
 # (t + 1.5 * 2**52) - 1.5 * 2**52 == rint(t) (round half to even) for |t| <= 2**51.
 cdef double RINT_MAGIC = 6755399441055744.0
@@ -321,9 +320,9 @@ def reduce_from(unsigned char[::1] dst, const unsigned char[::1] a,
     if n == 0:
         return
     size = ITEMSIZE[dtype]
-    step = FROM_BLOCK // size
+    step = BLOCK_BYTES // size
     with nogil:
-        while off < n:  # copy a block of a, then reduce it while it is still in L1
+        while off < n:  # copy a 16 KiB block of a, then reduce it while it is still in L1
             m = step if n - off > step else n - off
             if &dst[off * size] != &a[off * size]:
                 memcpy(&dst[off * size], &a[off * size], m * size)

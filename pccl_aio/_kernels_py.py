@@ -134,7 +134,6 @@ def reduce_into(dst: Buffer, src: Buffer, op: int, dtype: int) -> None:
         d[...] = _narrow(_canonical_nan(r), dtype)
 
 
-
 def reduce_from(dst: Buffer, a: Buffer, b: Buffer, op: int, dtype: int) -> None:
     """``dst[i] = op(a[i], b[i])``: :func:`reduce_into` on a copy of ``a``, bit for bit."""
     d = np.frombuffer(dst, np.uint8)
@@ -142,6 +141,7 @@ def reduce_from(dst: Buffer, a: Buffer, b: Buffer, op: int, dtype: int) -> None:
     if d.ctypes.data != av.ctypes.data:
         d[...] = av
     reduce_into(dst, b, op, dtype)
+
 
 def divide(dst: Buffer, divisor: int, dtype: int) -> None:
     """AVG finalisation ``dst[i] /= divisor`` (divisor >= 1); integers truncate toward zero."""

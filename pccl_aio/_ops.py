@@ -184,6 +184,15 @@ def _check_meta(p0: float, p1: float) -> None:
                 f"quantization metadata must be finite numbers up to 2**1001, got {(p0, p1)!r}")
 
 
+def _run(total: int, size: int, job: Callable[[int, int], None]) -> None:
+    """``job(0, total)`` over byte offsets, as two halves on two threads when it is large."""
+    cut = _split(total, size)
+    if cut:
+        _in_two(cut, job, total)
+    else:
+        job(0, total)
+
+
 def reduce_into(dst: BufferLike, src: BufferLike, op: int, dtype: int) -> None:
     """``dst[i] = op(dst[i], src[i])`` element-wise (AVG adds; see :func:`divide`)."""
     d, s = _bytes(dst, "dst", True), _bytes(src, "src", False)
@@ -193,11 +202,7 @@ def reduce_into(dst: BufferLike, src: BufferLike, op: int, dtype: int) -> None:
         raise InvalidUsageError(f"length mismatch: dst has {d.nbytes} bytes, src {s.nbytes}")
     _check_elements(d.nbytes, size, "dst")
     op, dtype = int(op), int(dtype)
-    cut = _split(d.nbytes, size)
-    if cut:
-        _in_two(cut, lambda a, b: _impl.reduce_into(d[a:b], s[a:b], op, dtype), d.nbytes)
-    else:
-        _impl.reduce_into(d, s, op, dtype)
+    _run(d.nbytes, size, lambda a, b: _impl.reduce_into(d[a:b], s[a:b], op, dtype))
 
 
 def reduce_from(dst: BufferLike, a: BufferLike, b: BufferLike, op: int, dtype: int) -> None:
@@ -212,12 +217,8 @@ def reduce_from(dst: BufferLike, a: BufferLike, b: BufferLike, op: int, dtype: i
             f"length mismatch: dst has {d.nbytes} bytes, a {x.nbytes}, b {y.nbytes}")
     _check_elements(d.nbytes, size, "dst")
     op, dtype = int(op), int(dtype)
-    cut = _split(d.nbytes, size)
-    if cut:
-        _in_two(cut, lambda lo, hi: _impl.reduce_from(d[lo:hi], x[lo:hi], y[lo:hi], op, dtype),
-                d.nbytes)
-    else:
-        _impl.reduce_from(d, x, y, op, dtype)
+    _run(d.nbytes, size,
+         lambda lo, hi: _impl.reduce_from(d[lo:hi], x[lo:hi], y[lo:hi], op, dtype))
 
 
 def divide(dst: BufferLike, divisor: int, dtype: int) -> None:
@@ -232,11 +233,7 @@ def divide(dst: BufferLike, divisor: int, dtype: int) -> None:
         raise InvalidUsageError(f"divisor must be an int in [1, 2**31 - 1], not {divisor!r}")
     _check_elements(d.nbytes, size, "dst")
     dtype = int(dtype)
-    cut = _split(d.nbytes, size)
-    if cut:
-        _in_two(cut, lambda a, b: _impl.divide(d[a:b], div, dtype), d.nbytes)
-    else:
-        _impl.divide(d, div, dtype)
+    _run(d.nbytes, size, lambda a, b: _impl.divide(d[a:b], div, dtype))
 
 
 def copy(dst: memoryview, src: memoryview) -> None:
@@ -312,9 +309,5 @@ def _run_decoding(kernel: Callable[..., None], d: memoryview, s: memoryview, dst
                   q_dtype: int, args: tuple[Any, ...]) -> None:
     """Run a decoding kernel over (dst, codes), in two halves when the job is large."""
     size, qsize = _ITEMSIZE[dst_dtype], _QDTYPES[q_dtype]
-    cut = _split(d.nbytes, size)
-    if cut:
-        _in_two(cut, lambda a, b: kernel(d[a:b], s[a // size * qsize : b // size * qsize],
-                                         *args), d.nbytes)
-    else:
-        kernel(d, s, *args)
+    _run(d.nbytes, size,
+         lambda a, b: kernel(d[a:b], s[a // size * qsize : b // size * qsize], *args))

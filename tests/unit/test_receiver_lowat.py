@@ -33,9 +33,6 @@ class FakeTransport:
     def get_extra_info(self, name: str) -> object:
         return self.sock if name == "socket" else None
 
-    def set_write_buffer_limits(self, **kw: int) -> None:
-        pass
-
     def pause_reading(self) -> None:
         self.paused = True
 
