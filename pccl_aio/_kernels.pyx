@@ -20,7 +20,8 @@ from libc.string cimport memcpy
 cdef extern from "_kernels_simd.h" nogil:
     int pccl_simd
     int pccl_simd_max()
-    Py_ssize_t pccl_simd_f32(float* d, const float* s, Py_ssize_t n, int prod)
+    Py_ssize_t pccl_simd_f32(float* d, const float* x, const float* s, Py_ssize_t n,
+                             int prod)
     Py_ssize_t pccl_simd_bf16(uint16_t* d, const uint16_t* s, Py_ssize_t n, int prod)
     Py_ssize_t pccl_simd_f16(uint16_t* d, const uint16_t* s, Py_ssize_t n, int prod)
     Py_ssize_t pccl_simd_minmax(const void* p, Py_ssize_t n, int dtype, float* mn, float* mx)
@@ -202,7 +203,7 @@ cdef void _real_reduce(real* d, const real* s, Py_ssize_t n, int op) noexcept no
     cdef Py_ssize_t i, i0 = 0
     cdef real a, b, r
     if real is float and op != MIN and op != MAX:
-        i0 = pccl_simd_f32(d, s, n, op == PROD)
+        i0 = pccl_simd_f32(d, d, s, n, op == PROD)
     if op == SUM or op == AVG:
         for i in range(i0, n):
             r = d[i] + s[i]
@@ -315,18 +316,32 @@ def reduce_from(unsigned char[::1] dst, const unsigned char[::1] a,
                 const unsigned char[::1] b, int op, int dtype):
     cdef Py_ssize_t n = _count(dst.shape[0], dtype, False)
     cdef Py_ssize_t size, step, off = 0, m
+    cdef unsigned char* d
+    cdef const unsigned char* x
+    cdef const unsigned char* y
+    cdef const unsigned char* bsrc
+    cdef unsigned char tmp[BLOCK_BYTES]
     if a.shape[0] < dst.shape[0] or b.shape[0] < dst.shape[0]:
         raise ValueError("an operand is shorter than dst")
     if n == 0:
         return
     size = ITEMSIZE[dtype]
     step = BLOCK_BYTES // size
+    d = &dst[0]
+    x = &a[0]
+    y = &b[0]
     with nogil:
-        while off < n:  # copy a 16 KiB block of a, then reduce it while it is still in L1
+        if dtype == F32 and (op == SUM or op == AVG or op == PROD):  # one pass, 3 operands
+            off = pccl_simd_f32(<float*>d, <const float*>x, <const float*>y, n, op == PROD)
+        while off < n:  # the rest through 16 KiB blocks: dst = a, then reduce while in L1
             m = step if n - off > step else n - off
-            if &dst[off * size] != &a[off * size]:
-                memcpy(&dst[off * size], &a[off * size], m * size)
-            _reduce(&dst[off * size], &b[off * size], m, op, dtype)
+            bsrc = &y[off * size]
+            if d == y:  # dst is b: keep b's block aside first
+                memcpy(tmp, bsrc, m * size)
+                bsrc = tmp
+            if d != x:
+                memcpy(&d[off * size], &x[off * size], m * size)
+            _reduce(&d[off * size], bsrc, m, op, dtype)
             off += m
 
 

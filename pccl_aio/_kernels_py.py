@@ -135,12 +135,16 @@ def reduce_into(dst: Buffer, src: Buffer, op: int, dtype: int) -> None:
 
 
 def reduce_from(dst: Buffer, a: Buffer, b: Buffer, op: int, dtype: int) -> None:
-    """``dst[i] = op(a[i], b[i])``: :func:`reduce_into` on a copy of ``a``, bit for bit."""
+    """``dst[i] = op(a[i], b[i])``: :func:`reduce_into` on a copy of ``a``, bit for bit.
+    ``dst`` may be ``a`` or ``b`` itself (the whole buffer, not a partial overlap)."""
     d = np.frombuffer(dst, np.uint8)
     av = np.frombuffer(a, np.uint8)[: d.size]
+    bv = np.frombuffer(b, np.uint8)[: d.size]
+    if d.ctypes.data == bv.ctypes.data and d.size:
+        bv = bv.copy()
     if d.ctypes.data != av.ctypes.data:
         d[...] = av
-    reduce_into(dst, b, op, dtype)
+    reduce_into(dst, bv, op, dtype)
 
 
 def divide(dst: Buffer, divisor: int, dtype: int) -> None:

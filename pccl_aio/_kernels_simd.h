@@ -34,14 +34,17 @@ static int pccl_simd = 0;  /* 1: use the AVX2 loops; set at import, tests switch
 PCCL_AVX __m256 pccl_op(__m256 a, __m256 b, int prod) {
     return prod ? _mm256_mul_ps(a, b) : _mm256_add_ps(a, b);
 }
-PCCL_AVX Py_ssize_t pccl_f32_loop(float *d, const float *s, Py_ssize_t n, int prod) {
+/* d[i] = op(x[i], s[i]); d may be x or s itself (each element is read before it is
+   written), which is how reduce_into (x = d) and reduce_from share one loop */
+PCCL_AVX Py_ssize_t pccl_f32_loop(float *d, const float *x, const float *s, Py_ssize_t n,
+                                  int prod) {
     Py_ssize_t i = 0, j, end;
     for (; i + 16 <= n; i = end) {
         __m256 nan = _mm256_setzero_ps();
         end = i + PCCL_BLOCK <= n ? i + PCCL_BLOCK : n & ~(Py_ssize_t)15;
         for (j = i; j < end; j += 16) {
-            __m256 a = pccl_op(_mm256_loadu_ps(d + j), _mm256_loadu_ps(s + j), prod);
-            __m256 b = pccl_op(_mm256_loadu_ps(d + j + 8), _mm256_loadu_ps(s + j + 8), prod);
+            __m256 a = pccl_op(_mm256_loadu_ps(x + j), _mm256_loadu_ps(s + j), prod);
+            __m256 b = pccl_op(_mm256_loadu_ps(x + j + 8), _mm256_loadu_ps(s + j + 8), prod);
             nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, b, _CMP_UNORD_Q));  /* a or b NaN */
             _mm256_storeu_ps(d + j, a);
             _mm256_storeu_ps(d + j + 8, b);
@@ -50,8 +53,9 @@ PCCL_AVX Py_ssize_t pccl_f32_loop(float *d, const float *s, Py_ssize_t n, int pr
     }
     return i;
 }
-PCCL_AVX_FN pccl_avx2_f32(float *d, const float *s, Py_ssize_t n, int prod) {
-    return prod ? pccl_f32_loop(d, s, n, 1) : pccl_f32_loop(d, s, n, 0);
+PCCL_AVX_FN pccl_avx2_f32(float *d, const float *x, const float *s, Py_ssize_t n,
+                          int prod) {
+    return prod ? pccl_f32_loop(d, x, s, n, 1) : pccl_f32_loop(d, x, s, n, 0);
 }
 /* bfloat16 in pairs: even elements are the low halves of 32-bit lanes, odd the high
    ones. A NaN result of two widened bfloat16 has zero low 16 bits (its payload comes
@@ -260,7 +264,7 @@ PCCL_AVX_FN pccl_avx2_dequant_f32(float *d, const void *q, int q_dtype, Py_ssize
 #else
 #define PCCL_SIMD(call) 0
 #endif
-#define pccl_simd_f32(d, s, n, prod) PCCL_SIMD(f32(d, s, n, prod))
+#define pccl_simd_f32(d, x, s, n, prod) PCCL_SIMD(f32(d, x, s, n, prod))
 #define pccl_simd_bf16(d, s, n, prod) PCCL_SIMD(bf16(d, s, n, prod))
 #define pccl_simd_f16(d, s, n, prod) PCCL_SIMD(f16(d, s, n, prod))
 #define pccl_simd_minmax(p, n, dt, mn, mx) PCCL_SIMD(minmax(p, n, dt, mn, mx))

@@ -207,7 +207,8 @@ def reduce_into(dst: BufferLike, src: BufferLike, op: int, dtype: int) -> None:
 
 def reduce_from(dst: BufferLike, a: BufferLike, b: BufferLike, op: int, dtype: int) -> None:
     """``dst[i] = op(a[i], b[i])`` element-wise, the same bits as copying ``a`` into ``dst``
-    and then :func:`reduce_into` (AVG adds). ``a`` may be ``dst`` itself; no other overlap."""
+    and then :func:`reduce_into` (AVG adds). ``a`` or ``b`` may be ``dst`` itself (the same
+    start and length); no other overlap."""
     d = _bytes(dst, "dst", True)
     x, y = _bytes(a, "a", False), _bytes(b, "b", False)
     size = _itemsize(dtype)

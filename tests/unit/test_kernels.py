@@ -298,18 +298,21 @@ def test_every_16_bit_pattern_round_trips(impl: str, dtype: int) -> None:
 def test_reduce_from_is_copy_then_reduce_into(impl: str, dtype: int, op: int, n: int,
                                              seed: int, aoff: int, boff: int) -> None:
     """dst = op(a, b) in one pass gives the bits of dst = a; reduce_into(dst, b), including
-    across the kernel's 16 KiB blocks; a may be dst itself."""
+    across the kernel's 16 KiB blocks; a or b may be dst itself."""
     rng = np.random.default_rng(seed)
     a, b = rand_values(rng, dtype, n), rand_values(rng, dtype, n)
     expected = placed(a, 0)
     ref.reduce_into(expected, placed(b, 0), op, dtype)
     got = placed(np.zeros_like(a), 0)
     alias = placed(a, aoff)
+    alias_b = placed(b, boff)
     with kernels(impl) as k:
         k.reduce_from(got, placed(a, aoff), placed(b, boff), op, dtype)
         k.reduce_from(alias, alias, placed(b, boff), op, dtype)
+        k.reduce_from(alias_b, placed(a, aoff), alias_b, op, dtype)
     assert got.tobytes() == expected.tobytes()
     assert alias.tobytes() == expected.tobytes()
+    assert alias_b.tobytes() == expected.tobytes()
 
 
 def test_ops_reduce_from_splits_large_jobs_and_checks_lengths() -> None:
