@@ -63,25 +63,48 @@ class Collective:
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
         self.cancelled = False
-        # In place, the input is saved (``save_input``) so that an aborted attempt can be
-        # undone bit-exactly, in a pooled buffer: a fresh 64 MiB bytes object costs more in
-        # page faults than the copy. Out of place nothing is copied: the reduce-scatter reads
-        # ``src`` and writes ``dst`` in one pass (``reduce_from``) and the all-gather writes
-        # the rest of ``dst``; ``src`` is never written, so an abort has nothing to undo.
-        # The quantized path accumulates into ``dst``, so it starts from a copy of ``src``.
+        # Unquantized, ``dst`` is written once per segment: the reduce-scatter leaves its
+        # partial sums in the receive slot of the scratch (still in cache: op(input, slot)
+        # into the slot, forwarded from there), the owner writes each final segment of its
+        # chunk, and the all-gather lands the others. The input is only read until then, so
+        # in place a segment is copied aside (``_save``) just before its first write, into a
+        # pooled buffer, and an abort puts back what was saved, bit-exactly; out of place
+        # ``src`` is never written and an abort has nothing to undo. The quantized path
+        # accumulates into ``dst``: in place it saves the whole input first, out of place it
+        # starts from a copy of ``src``.
         self._backup: memoryview | None = None
         self._backup_owner: bytearray | None = None
+        self._saved: list[tuple[int, int]] | None = None  # in place: (offset, length) saved
         self._in_place = in_place
-        self._from_src = not in_place and self.quant is None
         if not in_place and self.quant is not None:
             _ops.copy(dst.view, src.view)
 
     def save_input(self) -> None:
-        """In place: copy the input aside (called right after the vote went out, so that the
-        copy overlaps the master's round trip). Blocks for one memcpy of the buffer."""
+        """In place: take the backup buffer (called right after the vote went out). The
+        quantized path copies the whole input into it here (one memcpy, overlapping the
+        master's round trip); otherwise segments are copied as they are first written."""
         if self._in_place and self._backup is None:
             self._backup_owner, self._backup = self.comm._scratch.take(self.dst.view.nbytes)
-            _ops.copy(self._backup, self.dst.view)
+            if self.quant is not None:
+                _ops.copy(self._backup, self.dst.view)
+            else:
+                self._saved = []
+
+    def _save(self, off: int, n: int) -> None:
+        """In place, unquantized: copy ``dst[off:off+n]`` aside before it is first written."""
+        if self._saved is not None and self._backup is not None:
+            _ops.copy_aside(self._backup[off : off + n], self.dst.view[off : off + n])
+            self._saved.append((off, n))
+
+    def _restore(self) -> None:
+        """An aborted attempt: put the saved input back (in place; nothing to do otherwise)."""
+        if self._backup is None:
+            return
+        if self._saved is None:
+            _ops.copy(self.dst.view, self._backup)
+            return
+        for off, n in self._saved:
+            _ops.copy(self.dst.view[off : off + n], self._backup[off : off + n])
 
     # ---- driven by the control reader -------------------------------------------------------
     def on_start(self, seq: int, ring_ids: list[int], me: int) -> None:
@@ -111,8 +134,7 @@ class Collective:
         self._finish(None)
 
     def on_abort(self, reason: str) -> None:
-        if self._backup is not None:
-            _ops.copy(self.dst.view, self._backup)
+        self._restore()
         self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}"))
 
     def on_rejected(self, reason: str) -> None:
@@ -120,8 +142,7 @@ class Collective:
 
     def on_lost(self, exc: BaseException) -> None:
         """The control connection is gone: no verdict will come."""
-        if self._backup is not None:
-            _ops.copy(self.dst.view, self._backup)
+        self._restore()
         self._finish(exc)
 
     def _finish(self, exc: BaseException | None) -> None:
@@ -134,6 +155,7 @@ class Collective:
             if owner is not None:
                 self.comm._scratch.give(owner)
         self._scratch_owner = self._scratch = self._backup_owner = self._backup = None
+        self._saved = None
         if not self.started.done():
             self.started.cancel()
         if not self.future.done():
@@ -149,6 +171,7 @@ class Collective:
         if self._expected.pop((phase, offset), -1) != length:
             return None
         if phase == ring.AG and self.quant is None:
+            self._save(offset, length)
             return self.dst.view[offset : offset + length]  # the final bytes land in place
         assert self._scratch is not None
         q = offset // self._b * self._qb
@@ -183,7 +206,7 @@ class Collective:
 
     async def _pipeline(self, link: Link) -> None:
         plan, dst, op, dt = self.plan, self.dst.view, self.op, int(self.dst.dtype)
-        src, from_src = self.src.view, self._from_src
+        src = self.src.view  # the input: dst itself in place, read-only until _save
         scratch, quant, b, qb = self._scratch, self.quant, self._b, self._qb
         assert scratch is not None
         qdt, algo = (int(DataType.parse(quant.dtype)), int(quant.algo)) if quant else (0, 0)
@@ -215,23 +238,29 @@ class Collective:
             seg = dst[off : off + n]
             qs = scratch[off // b * qb : off // b * qb + length]
             owned, fwd = plan.after_receive(phase, off)
-            if phase == ring.RS:
-                if quant:  # one pass: dequantize the received bytes and accumulate
-                    _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
-                elif from_src:
+            out = qs
+            if phase == ring.RS and not quant:
+                if owned:  # the final value of our chunk: dst is written here, once
+                    self._save(off, n)
                     _ops.reduce_from(seg, src[off : off + n], qs, op, dt)
-                else:
-                    _ops.reduce_into(seg, qs, op, dt)
+                    if op == ReduceOp.AVG:
+                        _ops.divide(seg, self.world, dt)
+                    out = seg
+                else:  # a partial sum: into the receive slot, forwarded from there
+                    _ops.reduce_from(qs, src[off : off + n], qs, op, dt)
+            elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
+                _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
                 if owned and op == ReduceOp.AVG:
                     _ops.divide(seg, self.world, dt)
-                if quant:
-                    p0, p1 = _ops.quantize(qs, seg, dt, qdt, algo)
-                    if owned:  # the owner keeps exactly what everyone else will decode
-                        _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
+                p0, p1 = _ops.quantize(qs, seg, dt, qdt, algo)
+                if owned:  # the owner keeps exactly what everyone else will decode
+                    _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
             elif quant:  # all-gather: decode; forward the received bytes verbatim
                 _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
+            else:  # all-gather: the bytes landed in dst
+                out = seg
             if fwd is not None:
-                await self._send(link, fwd, off, qs if quant else seg, p0, p1)
+                await self._send(link, fwd, off, out, p0, p1)
         if self._error is not None:
             raise PeerLostError(self._error)
 

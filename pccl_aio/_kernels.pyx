@@ -24,6 +24,7 @@ cdef extern from "_kernels_simd.h" nogil:
                              int prod)
     Py_ssize_t pccl_simd_bf16(uint16_t* d, const uint16_t* s, Py_ssize_t n, int prod)
     Py_ssize_t pccl_simd_f16(uint16_t* d, const uint16_t* s, Py_ssize_t n, int prod)
+    Py_ssize_t pccl_simd_stream_copy(void* d, const void* s, Py_ssize_t n)
     Py_ssize_t pccl_simd_minmax(const void* p, Py_ssize_t n, int dtype, float* mn, float* mx)
     Py_ssize_t pccl_simd_quantize(void* q, int q_dtype, const void* x, int dtype, Py_ssize_t n,
                                   double a, double inv, double lo, double hi, double zp)
@@ -343,6 +344,17 @@ def reduce_from(unsigned char[::1] dst, const unsigned char[::1] a,
                 memcpy(&d[off * size], &x[off * size], m * size)
             _reduce(&d[off * size], bsrc, m, op, dtype)
             off += m
+
+
+def stream_copy(unsigned char[::1] dst, const unsigned char[::1] src):
+    cdef Py_ssize_t n = dst.shape[0], done
+    if src.shape[0] < n:
+        raise ValueError("src is shorter than dst")
+    if n == 0:
+        return
+    with nogil:
+        done = pccl_simd_stream_copy(&dst[0], &src[0], n)
+        memcpy(&dst[done], &src[done], n - done)
 
 
 def divide(unsigned char[::1] dst, int64_t divisor, int dtype):

@@ -147,6 +147,12 @@ def reduce_from(dst: Buffer, a: Buffer, b: Buffer, op: int, dtype: int) -> None:
     reduce_into(dst, bv, op, dtype)
 
 
+def stream_copy(dst: Buffer, src: Buffer) -> None:
+    """``dst[:] = src[:len(dst)]`` (Cython: with stores that bypass the cache)."""
+    d = np.frombuffer(dst, np.uint8)
+    d[...] = np.frombuffer(src, np.uint8)[: d.size]
+
+
 def divide(dst: Buffer, divisor: int, dtype: int) -> None:
     """AVG finalisation ``dst[i] /= divisor`` (divisor >= 1); integers truncate toward zero."""
     d = _view(dst, dtype)

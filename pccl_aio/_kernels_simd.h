@@ -260,6 +260,28 @@ PCCL_AVX_FN pccl_avx2_dequant_f32(float *d, const void *q, int q_dtype, Py_ssize
     return acc ? PCCL_DQ(2, 2, 1) : PCCL_DQ(2, 2, 0);
     #undef PCCL_DQ
 }
+/* copy with streaming stores, for a copy kept aside (the in-place backup): the stores
+   skip the cache, so they neither read the destination's lines first nor evict the
+   working set; returns the bytes done, the caller copies the rest */
+PCCL_AVX_FN pccl_avx2_stream_copy(void *d, const void *s, Py_ssize_t n) {
+    char *dc = (char *)d;
+    const char *sc = (const char *)s;
+    Py_ssize_t i = (Py_ssize_t)((32 - ((uintptr_t)dc & 31)) & 31);
+    if (n < 256) return 0;
+    memcpy(dc, sc, (size_t)i);
+    for (; i + 128 <= n; i += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(sc + i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(sc + i + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(sc + i + 64));
+        __m256i e = _mm256_loadu_si256((const __m256i *)(sc + i + 96));
+        _mm256_stream_si256((__m256i *)(dc + i), a);
+        _mm256_stream_si256((__m256i *)(dc + i + 32), b);
+        _mm256_stream_si256((__m256i *)(dc + i + 64), c);
+        _mm256_stream_si256((__m256i *)(dc + i + 96), e);
+    }
+    _mm_sfence();
+    return i;
+}
 #define PCCL_SIMD(call) (pccl_simd ? pccl_avx2_##call : 0)
 #else
 #define PCCL_SIMD(call) 0
@@ -268,6 +290,7 @@ PCCL_AVX_FN pccl_avx2_dequant_f32(float *d, const void *q, int q_dtype, Py_ssize
 #define pccl_simd_bf16(d, s, n, prod) PCCL_SIMD(bf16(d, s, n, prod))
 #define pccl_simd_f16(d, s, n, prod) PCCL_SIMD(f16(d, s, n, prod))
 #define pccl_simd_minmax(p, n, dt, mn, mx) PCCL_SIMD(minmax(p, n, dt, mn, mx))
+#define pccl_simd_stream_copy(d, s, n) PCCL_SIMD(stream_copy(d, s, n))
 #define pccl_simd_quantize(q, qd, x, dt, n, a, inv, lo, hi, zp) \
     PCCL_SIMD(quantize(q, qd, x, dt, n, a, inv, lo, hi, zp))
 #define pccl_simd_dequant_f32(d, q, qd, n, al, p0, p1, st, qm, acc) \

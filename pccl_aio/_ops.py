@@ -248,6 +248,15 @@ def copy(dst: memoryview, src: memoryview) -> None:
         dst[:] = src
 
 
+def copy_aside(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src`` for a copy that is not read again soon (the in-place backup): the
+    Cython kernel stores around the cache, so the copy costs one read stream and one write
+    stream, and the caller's working set stays cached."""
+    if dst.nbytes != src.nbytes:
+        raise InvalidUsageError(f"length mismatch: dst has {dst.nbytes} bytes, src {src.nbytes}")
+    _impl.stream_copy(dst, src)
+
+
 def _copyto(dst: memoryview, src: memoryview) -> None:
     import numpy as np  # releases the GIL for the copy, unlike memoryview slice assignment
 
