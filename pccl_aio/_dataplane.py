@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import struct
 from typing import Any, Final, Protocol, cast
@@ -98,13 +99,19 @@ class _Receiver(asyncio.BufferedProtocol):
         self._discard = bytearray(1 << 16)
         self._transport: asyncio.Transport | None = None
         self._want_len = 0
-        self._sock: Any = None  # for SO_RCVLOWAT; None if the platform refuses it
+        self._sock: socket.socket | None = None  # for SO_RCVLOWAT; None if refused
         self._lowat = 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         set_nodelay(transport)
-        self._sock = transport.get_extra_info("socket")
+        # A socket object of our own (on a dup of the fd) for SO_RCVLOWAT: the loop's
+        # transport socket builds a new socket object on every setsockopt call.
+        sock = transport.get_extra_info("socket")
+        try:
+            self._sock = socket.socket(fileno=os.dup(sock.fileno()))
+        except (OSError, AttributeError, ValueError):
+            self._sock = None
         self._conns.add(self)
 
     def _set_lowat(self, n: int) -> None:
@@ -119,12 +126,16 @@ class _Receiver(asyncio.BufferedProtocol):
             try:
                 self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
             except (OSError, AttributeError):
+                self._sock.close()
                 self._sock, self._lowat = None, 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._conns.discard(self)
         self._reg.forget(self)
         self._transport = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def close(self) -> None:
         if self._transport is not None:

@@ -13,22 +13,18 @@ from pccl_aio import _dataplane as dp
 from pccl_aio import _ring as ring
 
 
-class FakeSock:
-    family = socket.AF_INET
-
-    def __init__(self) -> None:
-        self.lowat = 1
-        self.calls = 0
-
-    def setsockopt(self, level: int, opt: int, value: int) -> None:
-        if (level, opt) == (socket.SOL_SOCKET, socket.SO_RCVLOWAT):
-            self.lowat, self.calls = value, self.calls + 1
-
-
 class FakeTransport:
+    """A transport around one end of a real socket pair, so that the receiver's
+    SO_RCVLOWAT calls reach a real socket and can be read back."""
+
     def __init__(self) -> None:
-        self.sock = FakeSock()
+        self.sock, self._peer = socket.socketpair()
         self.paused = False
+        self.seen: list[int] = []
+
+    @property
+    def lowat(self) -> int:
+        return self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
 
     def get_extra_info(self, name: str) -> object:
         return self.sock if name == "socket" else None
@@ -41,6 +37,10 @@ class FakeTransport:
 
     def abort(self) -> None:
         pass
+
+    def close(self) -> None:
+        self.sock.close()
+        self._peer.close()
 
 
 class Sink:
@@ -59,7 +59,7 @@ class Sink:
         raise AssertionError(reason)
 
 
-def _feed(r: dp._Receiver, data: bytes, chunk: int, sock: FakeSock, owed: list[int]) -> None:
+def _feed(r: dp._Receiver, data: bytes, chunk: int, t: FakeTransport, owed: list[int]) -> None:
     """Deliver ``data`` in reads of at most ``chunk`` bytes, the way uvloop calls a
     BufferedProtocol, checking the low-water mark against what is still owed."""
     pos = 0
@@ -70,7 +70,9 @@ def _feed(r: dp._Receiver, data: bytes, chunk: int, sock: FakeSock, owed: list[i
         r.buffer_updated(n)
         pos += n
         owed[0] -= n
-        assert sock.lowat <= max(1, owed[0]) or owed[0] == 0, (sock.lowat, owed[0])
+        lowat = t.lowat
+        t.seen.append(lowat)
+        assert lowat <= max(1, owed[0]) or owed[0] == 0, (lowat, owed[0])
 
 
 def _frame(seq: int, off: int, payload: bytes) -> bytes:
@@ -88,10 +90,13 @@ def test_lowat_follows_each_frame_and_never_exceeds_what_is_owed() -> None:
     hello = dp.HELLO.pack(dp.MAGIC, dp.DATA_VERSION, 0, 1, 0)
     frames = hello + _frame(5, 0, bytes(size)) + _frame(5, size, b"x" * 10)
     owed = [len(frames)]
-    _feed(r, frames, 200_000, t.sock, owed)
+    _feed(r, frames, 200_000, t, owed)
     assert sink.done == [(0, size), (size, 10)]
-    assert t.sock.lowat == 1  # back to 1 between frames
-    assert t.sock.calls > 2  # it was actually used
+    assert t.lowat == 1  # back to 1 between frames
+    assert max(t.seen) == dp.LOWAT_CAP  # it was actually used, on the real socket
+    r.connection_lost(None)
+    assert r._sock is None  # the receiver's own socket object is closed with the connection
+    t.close()
 
 
 def test_lowat_shrinks_for_a_frame_discarded_mid_payload() -> None:
@@ -105,8 +110,10 @@ def test_lowat_shrinks_for_a_frame_discarded_mid_payload() -> None:
     data = dp.HELLO.pack(dp.MAGIC, dp.DATA_VERSION, 0, 1, 0) + _frame(7, 0, bytes(size))
     owed = [len(data)]
     half = len(data) - size // 2
-    _feed(r, data[:half], 300_000, t.sock, owed)
+    _feed(r, data[:half], 300_000, t, owed)
     sink.active = False  # the collective was aborted: the rest of the frame is discarded
-    _feed(r, data[half:], 100_000, t.sock, owed)
+    _feed(r, data[half:], 100_000, t, owed)
     assert sink.done == []
-    assert t.sock.lowat == 1
+    assert t.lowat == 1
+    r.connection_lost(None)
+    t.close()
