@@ -345,9 +345,10 @@ class Link:
                 if not s.paused and (best is None or s.buffered < best.buffered):
                     best = s
             if best is not None and best.transport is not None:
-                best.transport.write(header)
-                if len(payload):
-                    best.transport.write(payload)
+                if len(payload):  # one writev for both: a syscall per frame, not two
+                    best.transport.writelines((header, payload))
+                else:
+                    best.transport.write(header)
                 return
             if self._room is None:
                 self._room = asyncio.get_running_loop().create_future()
