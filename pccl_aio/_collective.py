@@ -55,7 +55,14 @@ class Collective:
         self.tx = self.rx = 0
         self.hooks: list[Callable[[Collective], None]] = []
         self._run: asyncio.Task[None] | None = None
+        self._loop = loop
         self._inbox: collections.deque[tuple[int, int, int, float, float]] = collections.deque()
+        self._link: Link | None = None  # set once the first sends are out
+        self._remaining = 0  # segments still to receive and process
+        self._last_rx = 0.0  # loop time of the last arrival (the data deadline counts from it)
+        self._failure: Exception | None = None  # a local failure while processing inline
+        self._qdt, self._algo = ((int(DataType.parse(self.quant.dtype)), int(self.quant.algo))
+                                 if self.quant else (0, 0))
         self._wake: asyncio.Future[None] | None = None
         self._expected: dict[tuple[int, int], int] = {}
         self._total = 0
@@ -123,7 +130,8 @@ class Collective:
                                   max(1, SEGMENT_BYTES // b))
         b, qb = self._b, self._qb
         self._expected = {k: v // b * qb for k, v in self.plan.expected().items()}
-        self._total = len(self._expected)  # frames may arrive before the run task starts
+        self._total = self._remaining = len(self._expected)  # frames may precede the task
+        self._last_rx = self._loop.time()
         self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
         self.active = True
         self.comm._registry.add(seq, self)
@@ -178,9 +186,24 @@ class Collective:
         return self._scratch[q : q + length]
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
+        """A segment arrived (in the receive callback). When the link to the successor has
+        room, reduce and forward it right here: no task wake-up per segment. Otherwise
+        (link not open yet, or saturated) the run task takes it and waits for room."""
         self.rx += length
-        self._inbox.append((phase, offset, length, p0, p1))
-        self._poke()
+        self._last_rx = self._loop.time()
+        link = self._link
+        if link is None or self._inbox or self._failure is not None or not link.has_room():
+            self._inbox.append((phase, offset, length, p0, p1))
+            self._poke()
+            return
+        try:
+            out = self._process(phase, offset, length, p0, p1)
+            if out is not None:
+                self._send_now(link, *out)
+        except Exception as exc:  # a local failure: the run task reports it
+            self._failure = exc
+        if self._remaining == 0 or self._failure is not None:
+            self._poke()
 
     def on_error(self, reason: str) -> None:
         self._error = reason
@@ -205,64 +228,82 @@ class Collective:
         self.comm._send_done(self.tag, self.seq, True, "")
 
     async def _pipeline(self, link: Link) -> None:
-        plan, dst, op, dt = self.plan, self.dst.view, self.op, int(self.dst.dtype)
-        src = self.src.view  # the input: dst itself in place, read-only until _save
-        scratch, quant, b, qb = self._scratch, self.quant, self._b, self._qb
+        plan, dst, b, qb = self.plan, self.dst.view, self._b, self._qb
+        scratch, quant = self._scratch, self.quant
         assert scratch is not None
-        qdt, algo = (int(DataType.parse(quant.dtype)), int(quant.algo)) if quant else (0, 0)
         for off, n in plan.first_sends():
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
                 qs = scratch[off // b * qb : (off + n) // b * qb]
-                p0, p1 = _ops.quantize(qs, dst[off : off + n], dt, qdt, algo)
+                p0, p1 = _ops.quantize(qs, dst[off : off + n], int(self.dst.dtype),
+                                       self._qdt, self._algo)
                 await self._send(link, ring.RS, off, qs, p0, p1)
             else:  # our own chunk: read from the input (dst itself when in place)
-                await self._send(link, ring.RS, off, src[off : off + n])
-        remaining = self._total
-        timeout = self.comm.data_timeout
-        while remaining:
-            if not self._inbox:
-                if self._error is not None:
-                    raise PeerLostError(self._error)
-                self._wake = asyncio.get_running_loop().create_future()
-                try:
-                    async with asyncio.timeout(timeout):
-                        await self._wake
-                except TimeoutError:
-                    raise PcclTimeoutError(
-                        f"no data for {timeout:.1f} s (seq {self.seq}); predecessor stalled"
-                    ) from None
-                continue
-            phase, off, length, p0, p1 = self._inbox.popleft()
-            remaining -= 1
-            n = length // qb * b
-            seg = dst[off : off + n]
-            qs = scratch[off // b * qb : off // b * qb + length]
-            owned, fwd = plan.after_receive(phase, off)
-            out = qs
-            if phase == ring.RS and not quant:
-                if owned:  # the final value of our chunk: dst is written here, once
-                    self._save(off, n)
-                    _ops.reduce_from(seg, src[off : off + n], qs, op, dt)
-                    if op == ReduceOp.AVG:
-                        _ops.divide(seg, self.world, dt)
-                    out = seg
-                else:  # a partial sum: into the receive slot, forwarded from there
-                    _ops.reduce_from(qs, src[off : off + n], qs, op, dt)
-            elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
-                _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
-                if owned and op == ReduceOp.AVG:
+                await self._send(link, ring.RS, off, self.src.view[off : off + n])
+        self._link = link  # from now on segments are forwarded from the receive callback
+        loop, timeout = self._loop, self.comm.data_timeout
+        while True:
+            while self._inbox:
+                out = self._process(*self._inbox.popleft())
+                if out is not None:
+                    await self._send(link, *out)
+            if self._failure is not None:
+                raise self._failure
+            if self._error is not None:
+                raise PeerLostError(self._error)
+            if self._remaining == 0:
+                return
+            left = self._last_rx + timeout - loop.time()
+            if left <= 0:
+                raise PcclTimeoutError(
+                    f"no data for {timeout:.1f} s (seq {self.seq}); predecessor stalled")
+            self._wake = loop.create_future()
+            try:
+                async with asyncio.timeout(left):
+                    await self._wake
+            except TimeoutError:
+                pass  # the deadline is checked again above, from the last arrival
+
+    def _process(self, phase: int, off: int, length: int, p0: float, p1: float
+                 ) -> tuple[int, int, memoryview, float, float] | None:
+        """Reduce (or decode) one received segment; what to forward, if anything. Blocks
+        for the kernels only (1 MiB at most)."""
+        self._remaining -= 1
+        b, qb, op, dt = self._b, self._qb, self.op, int(self.dst.dtype)
+        quant, qdt, algo = self.quant, self._qdt, self._algo
+        n = length // qb * b
+        seg = self.dst.view[off : off + n]
+        assert self._scratch is not None
+        qs = self._scratch[off // b * qb : off // b * qb + length]
+        owned, fwd = self.plan.after_receive(phase, off)
+        out = qs
+        if phase == ring.RS and not quant:
+            src = self.src.view[off : off + n]  # dst itself in place: read-only until _save
+            if owned:  # the final value of our chunk: dst is written here, once
+                self._save(off, n)
+                _ops.reduce_from(seg, src, qs, op, dt)
+                if op == ReduceOp.AVG:
                     _ops.divide(seg, self.world, dt)
-                p0, p1 = _ops.quantize(qs, seg, dt, qdt, algo)
-                if owned:  # the owner keeps exactly what everyone else will decode
-                    _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
-            elif quant:  # all-gather: decode; forward the received bytes verbatim
-                _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
-            else:  # all-gather: the bytes landed in dst
                 out = seg
-            if fwd is not None:
-                await self._send(link, fwd, off, out, p0, p1)
-        if self._error is not None:
-            raise PeerLostError(self._error)
+            else:  # a partial sum: into the receive slot, forwarded from there
+                _ops.reduce_from(qs, src, qs, op, dt)
+        elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
+            _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
+            if owned and op == ReduceOp.AVG:
+                _ops.divide(seg, self.world, dt)
+            p0, p1 = _ops.quantize(qs, seg, dt, qdt, algo)
+            if owned:  # the owner keeps exactly what everyone else will decode
+                _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
+        elif quant:  # all-gather: decode; forward the received bytes verbatim
+            _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
+        else:  # all-gather: the bytes landed in dst
+            out = seg
+        return None if fwd is None else (fwd, off, out, p0, p1)
+
+    def _send_now(self, link: Link, phase: int, off: int, payload: memoryview,
+                  p0: float = 0.0, p1: float = 0.0) -> None:
+        link.send_now(HEADER.pack(MAGIC, phase, self.tag, self.seq, off, len(payload), p0, p1),
+                      payload)
+        self.tx += len(payload)
 
     async def _send(self, link: Link, phase: int, off: int, payload: memoryview,
                     p0: float = 0.0, p1: float = 0.0) -> None:

@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 import struct
-from typing import Any, Final, Protocol, cast
+from typing import Final, Protocol, cast
 
 from ._netutil import set_nodelay
 
@@ -353,6 +353,26 @@ class Link:
             if self._room is None:
                 self._room = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._room)
+
+    def has_room(self) -> bool:
+        """Some connection takes a frame now without exceeding its write buffer limit."""
+        return any(not s.paused and s.error is None and s.transport is not None
+                   for s in self.senders)
+
+    def send_now(self, header: bytes, payload: memoryview) -> None:
+        """Queue one frame on the least loaded connection at once (no waiting: the caller
+        checked ``has_room``). Raises ConnectionResetError if a connection is gone."""
+        best: _Sender | None = None
+        for s in self.senders:
+            if s.error is not None or s.transport is None:
+                raise ConnectionResetError(f"data connection lost: {s.error}")
+            if best is None or (best.paused, best.buffered) > (s.paused, s.buffered):
+                best = s
+        assert best is not None and best.transport is not None
+        if len(payload):
+            best.transport.writelines((header, payload))
+        else:
+            best.transport.write(header)
 
     def close(self) -> None:
         if self._ready is not None and not self._ready.done():
