@@ -123,7 +123,7 @@ def _run_variant(spec: str, args: argparse.Namespace) -> float:
                                   text=True, env=_env(None, None)) for r in range(world)]
         return _slowest(procs, secs + 120)
     path, _, segment = spec.partition("=")[2].partition(":")
-    code = (f"import asyncio, paired; asyncio.run(paired.main_master({world}, {secs!r}, "
+    code = (f"import pccl_aio, paired; pccl_aio.run(paired.main_master({world}, {secs!r}, "
             f"{nbytes}, {args.placement == 'out'!r}))")
     master = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=_env(path, segment))
@@ -160,7 +160,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.pccl_peer:
         addr, w, s, n, o = args.pccl_peer
-        asyncio.run(_pccl_peer(addr, int(w), float(s), int(n), o == "1"))
+        import pccl_aio  # the checkout's, from PYTHONPATH
+
+        pccl_aio.run(_pccl_peer(addr, int(w), float(s), int(n), o == "1"))  # uvloop, as in use
         return
     if args.gloo_rank:
         r, w, port, s, n = args.gloo_rank
