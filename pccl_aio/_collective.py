@@ -63,6 +63,12 @@ class Collective:
         self._failure: Exception | None = None  # a local failure while processing inline
         self._qdt, self._algo = ((int(DataType.parse(self.quant.dtype)), int(self.quant.algo))
                                  if self.quant else (0, 0))
+        # (phase, offset) -> (final reduce of our chunk?, phase to forward in or None,
+        # dst slice, scratch slice, input slice): set at the start, read per segment
+        self._steps: dict[tuple[int, int],
+                          tuple[bool, int | None, memoryview, memoryview, memoryview]] = {}
+        self._k = _ops.kernels()  # per-segment jobs: views cut here, arguments checked once
+        self._op, self._dt = int(op), int(dst.dtype)
         self._wake: asyncio.Future[None] | None = None
         self._expected: dict[tuple[int, int], int] = {}
         self._total = 0
@@ -100,7 +106,7 @@ class Collective:
     def _save(self, off: int, n: int) -> None:
         """In place, unquantized: copy ``dst[off:off+n]`` aside before it is first written."""
         if self._saved is not None and self._backup is not None:
-            _ops.copy_aside(self._backup[off : off + n], self.dst.view[off : off + n])
+            self._k.stream_copy(self._backup[off : off + n], self.dst.view[off : off + n])
             self._saved.append((off, n))
 
     def _restore(self) -> None:
@@ -133,6 +139,12 @@ class Collective:
         self._total = self._remaining = len(self._expected)  # frames may precede the task
         self._last_rx = self._loop.time()
         self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
+        dst, src, scratch, plan = self.dst.view, self.src.view, self._scratch, self.plan
+        for (phase, off), qlen in self._expected.items():  # each segment's work, cut once
+            n, q = qlen // qb * b, off // b * qb
+            owned, fwd = plan.after_receive(phase, off)
+            self._steps[(phase, off)] = (owned, fwd, dst[off : off + n], scratch[q : q + qlen],
+                                         src[off : off + n])
         self.active = True
         self.comm._registry.add(seq, self)
         succ = ring_ids[(rank + 1) % self.world]
@@ -164,6 +176,7 @@ class Collective:
                 self.comm._scratch.give(owner)
         self._scratch_owner = self._scratch = self._backup_owner = self._backup = None
         self._saved = None
+        self._steps = {}
         if not self.started.done():
             self.started.cancel()
         if not self.future.done():
@@ -178,12 +191,11 @@ class Collective:
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         if self._expected.pop((phase, offset), -1) != length:
             return None
+        _, _, seg, qs, _ = self._steps[(phase, offset)]
         if phase == ring.AG and self.quant is None:
             self._save(offset, length)
-            return self.dst.view[offset : offset + length]  # the final bytes land in place
-        assert self._scratch is not None
-        q = offset // self._b * self._qb
-        return self._scratch[q : q + length]
+            return seg  # the final bytes land in place
+        return qs
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         """A segment arrived (in the receive callback). When the link to the successor has
@@ -268,24 +280,18 @@ class Collective:
         """Reduce (or decode) one received segment; what to forward, if anything. Blocks
         for the kernels only (1 MiB at most)."""
         self._remaining -= 1
-        b, qb, op, dt = self._b, self._qb, self.op, int(self.dst.dtype)
-        quant, qdt, algo = self.quant, self._qdt, self._algo
-        n = length // qb * b
-        seg = self.dst.view[off : off + n]
-        assert self._scratch is not None
-        qs = self._scratch[off // b * qb : off // b * qb + length]
-        owned, fwd = self.plan.after_receive(phase, off)
+        op, dt, quant, qdt, algo = self._op, self._dt, self.quant, self._qdt, self._algo
+        owned, fwd, seg, qs, src = self._steps[(phase, off)]  # src: dst itself in place
         out = qs
         if phase == ring.RS and not quant:
-            src = self.src.view[off : off + n]  # dst itself in place: read-only until _save
             if owned:  # the final value of our chunk: dst is written here, once
-                self._save(off, n)
-                _ops.reduce_from(seg, src, qs, op, dt)
+                self._save(off, len(seg))
+                self._k.reduce_from(seg, src, qs, op, dt)
                 if op == ReduceOp.AVG:
-                    _ops.divide(seg, self.world, dt)
+                    self._k.divide(seg, self.world, dt)
                 out = seg
             else:  # a partial sum: into the receive slot, forwarded from there
-                _ops.reduce_from(qs, src, qs, op, dt)
+                self._k.reduce_from(qs, src, qs, op, dt)
         elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
             _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
             if owned and op == ReduceOp.AVG:

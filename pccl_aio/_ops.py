@@ -20,6 +20,7 @@ import operator
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, SupportsIndex, TypeAlias, cast
 
 from ._errors import InvalidUsageError
@@ -81,6 +82,13 @@ PARALLEL_MIN_BYTES = 8 << 20
 KERNEL_THREADS = max(1, min(2, int(os.environ.get("PCCL_AIO_KERNEL_THREADS", "2") or 2),
                             os.cpu_count() or 1))
 _pool: ThreadPoolExecutor | None = None
+
+
+def kernels() -> ModuleType:
+    """The kernel module in use, without argument checks or thread splitting: for a caller
+    that validated its buffers once and calls with byte views it cut itself (the ring's
+    per-segment jobs, at most one segment long)."""
+    return _impl
 
 
 def _split(nbytes: int, size: int) -> int:
@@ -246,15 +254,6 @@ def copy(dst: memoryview, src: memoryview) -> None:
         _in_two(cut, lambda a, b: _copyto(dst[a:b], src[a:b]), dst.nbytes)
     else:
         dst[:] = src
-
-
-def copy_aside(dst: memoryview, src: memoryview) -> None:
-    """``dst[:] = src`` for a copy that is not read again soon (the in-place backup): the
-    Cython kernel stores around the cache, so the copy costs one read stream and one write
-    stream, and the caller's working set stays cached."""
-    if dst.nbytes != src.nbytes:
-        raise InvalidUsageError(f"length mismatch: dst has {dst.nbytes} bytes, src {src.nbytes}")
-    _impl.stream_copy(dst, src)
 
 
 def _copyto(dst: memoryview, src: memoryview) -> None:
