@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import numpy as np
 import pytest
@@ -197,3 +198,52 @@ async def test_single_peer_too_few(peers):
         await c.all_reduce(np.zeros(4, np.float32))
     with pytest.raises(pccl.TooFewPeersError):
         await c.all_reduce_multiple_with_retry([np.zeros(4, np.float32)])
+
+
+@pytest.mark.parametrize("saturated", [False, True])
+async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
+        peers, monkeypatch, saturated):
+    """A received segment is reduced and forwarded from the receive callback when the link has
+    room, and by the run task (which waits for room) when it has none. Small segments and,
+    for ``saturated``, a tiny kernel send buffer (so writes queue up and the link pauses)
+    drive one path or the other; the bytes must be exact either way."""
+    from pccl_aio import _collective, _dataplane
+
+    monkeypatch.setattr(_dataplane, "WRITE_HIGH", 32 << 10)
+    monkeypatch.setattr(_dataplane, "WRITE_LOW", 8 << 10)
+    monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
+    if saturated:
+        made = _dataplane._Sender.connection_made
+
+        def small_socket_buffer(self, transport):
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                                          4096)
+            made(self, transport)
+
+        monkeypatch.setattr(_dataplane._Sender, "connection_made", small_socket_buffer)
+    paths = {"inline": 0, "task": 0}
+    send_now, send = _collective.Collective._send_now, _collective.Collective._send
+
+    def counted_now(self, *a, **k):
+        paths["inline"] += 1
+        return send_now(self, *a, **k)
+
+    async def counted(self, *a, **k):
+        paths["task"] += 1
+        return await send(self, *a, **k)
+
+    monkeypatch.setattr(_collective.Collective, "_send_now", counted_now)
+    monkeypatch.setattr(_collective.Collective, "_send", counted)
+    comms = await peers(3)
+    rng = np.random.default_rng(11)
+    xs = [rng.integers(-3, 4, (3 << 20) // 4 + 7).astype(np.float32) for _ in range(3)]
+    want = _expected(xs, pccl.ReduceOp.SUM)
+    for in_place in (True, False):
+        outs, _ = await _reduce_all(comms, xs, pccl.ReduceOp.SUM, in_place=in_place)
+        for o in outs:
+            assert o.tobytes() == want.tobytes()
+    first_sends = 3 * 2 * -(-(xs[0].nbytes // 3) // (16 << 10))  # our own chunk, per rank
+    if saturated:
+        assert paths["task"] > first_sends, paths  # forwards waited for room
+    else:
+        assert paths["inline"] > 0, paths
