@@ -136,3 +136,19 @@ def check_result(x: np.ndarray, expected: np.ndarray, what: str) -> str | None:
     i = int(bad[0]) if bad.size else -1
     return (f"{what}: WRONG all-reduce result: {bad.size} of {x.size} elements differ, first at "
             f"[{i}] = {x[i]!r}, expected {expected[i]!r}")
+
+
+def init_gloo_rank(rank: int, world: int, port: int) -> Any:
+    """Join a gloo process group through ``tcp://127.0.0.1:port`` with one compute thread
+    (the reference machine has 2 cores for up to 4 ranks); returns ``torch``."""
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads its OpenMP runtime
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    return torch
+

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import emit_json_lines, median, print_table
+from _common import emit_json_lines, init_gloo_rank, median, print_table
 
 HERE = Path(__file__).resolve().parent
 WARMUP = 3
@@ -68,13 +68,8 @@ async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, out: bool) 
 
 
 def _gloo_rank(rank: int, world: int, port: int, iters: int, nbytes: int) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    torch = init_gloo_rank(rank, world, port)
+    dist = torch.distributed
     x = torch.ones(nbytes // 4)
     for _ in range(WARMUP):
         dist.all_reduce(x)

@@ -65,13 +65,10 @@ async def _pccl_peer(addr: str, world: int, seconds: float, nbytes: int, out: bo
 
 
 def _gloo_rank(rank: int, world: int, port: int, seconds: float, nbytes: int) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-    import torch.distributed as dist
+    from _common import init_gloo_rank
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    torch = init_gloo_rank(rank, world, port)
+    dist = torch.distributed
     x = torch.ones(nbytes // 4)
     end, n, total = time.monotonic() + seconds, 0, 0.0
     while True:

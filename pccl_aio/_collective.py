@@ -56,7 +56,7 @@ class Collective:
         self.hooks: list[Callable[[Collective], None]] = []
         self._run: asyncio.Task[None] | None = None
         self._loop = loop
-        self._inbox: collections.deque[tuple[int, int, int, float, float]] = collections.deque()
+        self._inbox: collections.deque[tuple[int, int, float, float]] = collections.deque()
         self._link: Link | None = None  # set once the first sends are out
         self._remaining = 0  # segments still to receive and process
         self._last_rx = 0.0  # loop time of the last arrival (the data deadline counts from it)
@@ -205,11 +205,11 @@ class Collective:
         self._last_rx = self._loop.time()
         link = self._link
         if link is None or self._inbox or self._failure is not None or not link.has_room():
-            self._inbox.append((phase, offset, length, p0, p1))
+            self._inbox.append((phase, offset, p0, p1))
             self._poke()
             return
         try:
-            out = self._process(phase, offset, length, p0, p1)
+            out = self._process(phase, offset, p0, p1)
             if out is not None:
                 self._send_now(link, *out)
         except Exception as exc:  # a local failure: the run task reports it
@@ -246,8 +246,7 @@ class Collective:
         for off, n in plan.first_sends():
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
                 qs = scratch[off // b * qb : (off + n) // b * qb]
-                p0, p1 = _ops.quantize(qs, dst[off : off + n], int(self.dst.dtype),
-                                       self._qdt, self._algo)
+                p0, p1 = _ops.quantize(qs, dst[off : off + n], self._dt, self._qdt, self._algo)
                 await self._send(link, ring.RS, off, qs, p0, p1)
             else:  # our own chunk: read from the input (dst itself when in place)
                 await self._send(link, ring.RS, off, self.src.view[off : off + n])
@@ -275,7 +274,7 @@ class Collective:
             except TimeoutError:
                 pass  # the deadline is checked again above, from the last arrival
 
-    def _process(self, phase: int, off: int, length: int, p0: float, p1: float
+    def _process(self, phase: int, off: int, p0: float, p1: float
                  ) -> tuple[int, int, memoryview, float, float] | None:
         """Reduce (or decode) one received segment; what to forward, if anything. Blocks
         for the kernels only (1 MiB at most)."""
@@ -313,7 +312,6 @@ class Collective:
 
     async def _send(self, link: Link, phase: int, off: int, payload: memoryview,
                     p0: float = 0.0, p1: float = 0.0) -> None:
-        n = len(payload)
-        header = HEADER.pack(MAGIC, phase, self.tag, self.seq, off, n, p0, p1)
-        await link.send(header, payload)
-        self.tx += n
+        """``_send_now`` once the link has room (waits while all its connections are full)."""
+        await link.wait_room()
+        self._send_now(link, phase, off, payload, p0, p1)

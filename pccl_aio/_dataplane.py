@@ -330,26 +330,11 @@ class Link:
         if room is not None and not room.done():
             room.set_result(None)
 
-    async def send(self, header: bytes, payload: memoryview) -> None:
-        """Queue one frame on the least loaded connection; waits while all are saturated.
-
-        Raises ConnectionResetError if a connection of the link is gone (the collective then
-        fails and is retried on a fresh link). Cancelling leaves at most whole frames queued;
-        the receiver drops them as stale once the attempt is aborted.
-        """
-        while True:
-            best: _Sender | None = None
-            for s in self.senders:
-                if s.error is not None:
-                    raise ConnectionResetError(f"data connection lost: {s.error}")
-                if not s.paused and (best is None or s.buffered < best.buffered):
-                    best = s
-            if best is not None and best.transport is not None:
-                if len(payload):  # one writev for both: a syscall per frame, not two
-                    best.transport.writelines((header, payload))
-                else:
-                    best.transport.write(header)
-                return
+    async def wait_room(self) -> None:
+        """Wait until some connection takes a frame (``has_room``) or one of them is gone
+        (``send_now`` then raises ConnectionResetError and the collective fails). Cancelling
+        just stops waiting."""
+        while not (self.has_room() or self.broken):
             if self._room is None:
                 self._room = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._room)
@@ -361,7 +346,9 @@ class Link:
 
     def send_now(self, header: bytes, payload: memoryview) -> None:
         """Queue one frame on the least loaded connection at once (no waiting: the caller
-        checked ``has_room``). Raises ConnectionResetError if a connection is gone."""
+        checked ``has_room`` or waited in ``wait_room``). Raises ConnectionResetError if a
+        connection of the link is gone (the collective then fails and is retried on a fresh
+        link). Frames left queued by an aborted attempt are dropped by the receiver as stale."""
         best: _Sender | None = None
         for s in self.senders:
             if s.error is not None or s.transport is None:
@@ -369,7 +356,7 @@ class Link:
             if best is None or (best.paused, best.buffered) > (s.paused, s.buffered):
                 best = s
         assert best is not None and best.transport is not None
-        if len(payload):
+        if len(payload):  # one writev for both: a syscall per frame, not two
             best.transport.writelines((header, payload))
         else:
             best.transport.write(header)
