@@ -71,7 +71,6 @@ class Collective:
         self._op, self._dt = int(op), int(dst.dtype)
         self._wake: asyncio.Future[None] | None = None
         self._expected: dict[tuple[int, int], int] = {}
-        self._total = 0
         self._error: str | None = None
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
@@ -136,7 +135,7 @@ class Collective:
                                   max(1, SEGMENT_BYTES // b))
         b, qb = self._b, self._qb
         self._expected = {k: v // b * qb for k, v in self.plan.expected().items()}
-        self._total = self._remaining = len(self._expected)  # frames may precede the task
+        self._remaining = len(self._expected)  # frames may arrive before the run task starts
         self._last_rx = self._loop.time()
         self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
         dst, src, scratch, plan = self.dst.view, self.src.view, self._scratch, self.plan
