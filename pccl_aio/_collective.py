@@ -31,7 +31,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pccl_aio.collective")
 
-SEGMENT_BYTES = 1 << 20
+SEGMENT_BYTES = 1 << 20  # the smallest pipeline segment (unless the chunk is smaller)
+SEGMENT_MAX_BYTES = 4 << 20  # the largest
+
+
+def segment_bytes(count: int, world: int, itemsize: int) -> int:
+    """Pipeline segment size for ``count`` elements over ``world`` ranks: an eighth of a
+    chunk, within [SEGMENT_BYTES, SEGMENT_MAX_BYTES]; every rank computes the same value.
+    Per-frame costs (a header read, wake-ups, the Python of a frame) shrink with larger
+    segments (bench/RESULTS.md, session 4); eight or more per chunk keep receive, reduce
+    and send overlapping and up to eight striped connections per neighbour busy."""
+    chunk = count // max(1, world) * itemsize
+    return min(SEGMENT_MAX_BYTES, max(SEGMENT_BYTES, chunk // 8))
 
 
 class Collective:
@@ -79,14 +90,17 @@ class Collective:
         # partial sums in the receive slot of the scratch (still in cache: op(input, slot)
         # into the slot, forwarded from there), the owner writes each final segment of its
         # chunk, and the all-gather lands the others. The input is only read until then, so
-        # in place a segment is copied aside (``_save``) just before its first write, into a
-        # pooled buffer, and an abort puts back what was saved, bit-exactly; out of place
-        # ``src`` is never written and an abort has nothing to undo. The quantized path
+        # in place a segment is copied aside into a pooled buffer before its first write:
+        # by the reduce-scatter kernel that reads it anyway (``_save_into``; a chunk's
+        # all-gather frames arrive only after our partial of it left), or just before an
+        # all-gather frame lands on a segment not saved yet (``_save``: our own chunk, sent
+        # unreduced). An abort puts back what was saved, bit-exactly; out of place ``src``
+        # is never written and an abort has nothing to undo. The quantized path
         # accumulates into ``dst``: in place it saves the whole input first, out of place it
         # starts from a copy of ``src``.
         self._backup: memoryview | None = None
         self._backup_owner: bytearray | None = None
-        self._saved: list[tuple[int, int]] | None = None  # in place: (offset, length) saved
+        self._saved: dict[int, int] | None = None  # in place: offset -> length saved
         self._in_place = in_place
         if not in_place and self.quant is not None:
             _ops.copy(dst.view, src.view)
@@ -100,13 +114,22 @@ class Collective:
             if self.quant is not None:
                 _ops.copy(self._backup, self.dst.view)
             else:
-                self._saved = []
+                self._saved = {}
+
+    def _save_into(self, off: int, n: int) -> memoryview | None:
+        """In place, unquantized, ``dst[off:off+n]`` not saved yet: where the kernel about
+        to read it copies it (recorded as saved); else None."""
+        saved, backup = self._saved, self._backup
+        if saved is None or backup is None or off in saved:
+            return None
+        saved[off] = n
+        return backup[off : off + n]
 
     def _save(self, off: int, n: int) -> None:
         """In place, unquantized: copy ``dst[off:off+n]`` aside before it is first written."""
-        if self._saved is not None and self._backup is not None:
-            self._k.stream_copy(self._backup[off : off + n], self.dst.view[off : off + n])
-            self._saved.append((off, n))
+        into = self._save_into(off, n)
+        if into is not None:
+            self._k.stream_copy(into, self.dst.view[off : off + n])
 
     def _restore(self) -> None:
         """An aborted attempt: put the saved input back (in place; nothing to do otherwise)."""
@@ -115,7 +138,7 @@ class Collective:
         if self._saved is None:
             _ops.copy(self.dst.view, self._backup)
             return
-        for off, n in self._saved:
+        for off, n in self._saved.items():
             _ops.copy(self.dst.view[off : off + n], self._backup[off : off + n])
 
     # ---- driven by the control reader -------------------------------------------------------
@@ -131,8 +154,8 @@ class Collective:
         self.world = len(ring_ids)
         rank = ring_ids.index(me)
         b = self.dst.dtype.itemsize
-        self.plan = ring.RingPlan(rank, self.world, self.dst.count, b,
-                                  max(1, SEGMENT_BYTES // b))
+        seg = segment_bytes(self.dst.count, self.world, b)
+        self.plan = ring.RingPlan(rank, self.world, self.dst.count, b, max(1, seg // b))
         b, qb = self._b, self._qb
         self._expected = {k: v // b * qb for k, v in self.plan.expected().items()}
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
@@ -282,14 +305,14 @@ class Collective:
         owned, fwd, seg, qs, src = self._steps[(phase, off)]  # src: dst itself in place
         out = qs
         if phase == ring.RS and not quant:
+            # in place, the kernel saves the input segment in the same pass (``_save_into``)
             if owned:  # the final value of our chunk: dst is written here, once
-                self._save(off, len(seg))
-                self._k.reduce_from(seg, src, qs, op, dt)
+                self._k.reduce_from(seg, src, qs, op, dt, self._save_into(off, len(seg)))
                 if op == ReduceOp.AVG:
                     self._k.divide(seg, self.world, dt)
                 out = seg
             else:  # a partial sum: into the receive slot, forwarded from there
-                self._k.reduce_from(qs, src, qs, op, dt)
+                self._k.reduce_from(qs, src, qs, op, dt, self._save_into(off, len(seg)))
         elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
             _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
             if owned and op == ReduceOp.AVG:

@@ -46,6 +46,7 @@ cdef enum:
     F32 = 10
     F64 = 11
     BLOCK_BYTES = 16384
+    SAVE_BLOCK_BYTES = 65536
     BLOCK_DOUBLES = 2048  # BLOCK_BYTES // 8
 
 cdef double QUANT_LIMIT = 2.0 ** 1000
@@ -169,48 +170,71 @@ def reduce_into(unsigned char[::1] dst, const unsigned char[::1] src, int op, in
         _reduce(&dst[0], &src[0], n, op, dtype)
 
 
-def reduce_from(unsigned char[::1] dst, const unsigned char[::1] a,
-                const unsigned char[::1] b, int op, int dtype):
-    cdef Py_ssize_t n = _count(dst.shape[0], dtype, False)
-    cdef Py_ssize_t size, step, off = 0, m
-    cdef unsigned char* d
-    cdef const unsigned char* x
-    cdef const unsigned char* y
+cdef void _reduce_from(unsigned char* d, const unsigned char* x, const unsigned char* y,
+                       Py_ssize_t n, int op, int dtype) noexcept nogil:
+    cdef Py_ssize_t size = ITEMSIZE[dtype], step = BLOCK_BYTES // size, off = 0, m
     cdef const unsigned char* bsrc
     cdef unsigned char tmp[BLOCK_BYTES]
+    if dtype == F32 and (op == SUM or op == AVG or op == PROD):  # one pass, 3 operands
+        off = pccl_simd_f32(<float*>d, <const float*>x, <const float*>y, n, op == PROD)
+    while off < n:  # the rest through 16 KiB blocks: dst = a, then reduce while in L1
+        m = step if n - off > step else n - off
+        bsrc = &y[off * size]
+        if d == y:  # dst is b: keep b's block aside first
+            memcpy(tmp, bsrc, m * size)
+            bsrc = tmp
+        if d != x:
+            memcpy(&d[off * size], &x[off * size], m * size)
+        _reduce(&d[off * size], bsrc, m, op, dtype)
+        off += m
+
+
+cdef inline void _stream_copy(unsigned char* d, const unsigned char* s,
+                              Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t done = pccl_simd_stream_copy(d, s, n)
+    memcpy(&d[done], &s[done], n - done)
+
+
+def reduce_from(unsigned char[::1] dst, const unsigned char[::1] a,
+                const unsigned char[::1] b, int op, int dtype, unsigned char[::1] save=None):
+    cdef Py_ssize_t n = _count(dst.shape[0], dtype, False)
+    cdef Py_ssize_t size, step, off, m
+    cdef unsigned char* d
+    cdef unsigned char* sv
+    cdef const unsigned char* x
+    cdef const unsigned char* y
     if a.shape[0] < dst.shape[0] or b.shape[0] < dst.shape[0]:
         raise ValueError("an operand is shorter than dst")
+    if save is not None and save.shape[0] < dst.shape[0]:
+        raise ValueError("save is shorter than dst")
     if n == 0:
         return
-    size = ITEMSIZE[dtype]
-    step = BLOCK_BYTES // size
     d = &dst[0]
     x = &a[0]
     y = &b[0]
     with nogil:
-        if dtype == F32 and (op == SUM or op == AVG or op == PROD):  # one pass, 3 operands
-            off = pccl_simd_f32(<float*>d, <const float*>x, <const float*>y, n, op == PROD)
-        while off < n:  # the rest through 16 KiB blocks: dst = a, then reduce while in L1
-            m = step if n - off > step else n - off
-            bsrc = &y[off * size]
-            if d == y:  # dst is b: keep b's block aside first
-                memcpy(tmp, bsrc, m * size)
-                bsrc = tmp
-            if d != x:
-                memcpy(&d[off * size], &x[off * size], m * size)
-            _reduce(&d[off * size], bsrc, m, op, dtype)
-            off += m
+        if save is None:
+            _reduce_from(d, x, y, n, op, dtype)
+        else:  # per 64 KiB block: a streamed into save, then reduced while still in cache
+            sv = &save[0]
+            size = ITEMSIZE[dtype]
+            step = SAVE_BLOCK_BYTES // size
+            off = 0
+            while off < n:
+                m = step if n - off > step else n - off
+                _stream_copy(&sv[off * size], &x[off * size], m * size)
+                _reduce_from(&d[off * size], &x[off * size], &y[off * size], m, op, dtype)
+                off += m
 
 
 def stream_copy(unsigned char[::1] dst, const unsigned char[::1] src):
-    cdef Py_ssize_t n = dst.shape[0], done
+    cdef Py_ssize_t n = dst.shape[0]
     if src.shape[0] < n:
         raise ValueError("src is shorter than dst")
     if n == 0:
         return
     with nogil:
-        done = pccl_simd_stream_copy(&dst[0], &src[0], n)
-        memcpy(&dst[done], &src[done], n - done)
+        _stream_copy(&dst[0], &src[0], n)
 
 
 def divide(unsigned char[::1] dst, int64_t divisor, int dtype):

@@ -134,11 +134,16 @@ def reduce_into(dst: Buffer, src: Buffer, op: int, dtype: int) -> None:
         d[...] = _narrow(_canonical_nan(r), dtype)
 
 
-def reduce_from(dst: Buffer, a: Buffer, b: Buffer, op: int, dtype: int) -> None:
+def reduce_from(dst: Buffer, a: Buffer, b: Buffer, op: int, dtype: int,
+                save: Buffer | None = None) -> None:
     """``dst[i] = op(a[i], b[i])``: :func:`reduce_into` on a copy of ``a``, bit for bit.
-    ``dst`` may be ``a`` or ``b`` itself (the whole buffer, not a partial overlap)."""
+    ``dst`` may be ``a`` or ``b`` itself (the whole buffer, not a partial overlap). With
+    ``save``, ``a``'s bytes are first copied there (an in-place backup, read in the same
+    pass; Cython streams them past the cache)."""
     d = np.frombuffer(dst, np.uint8)
     av = np.frombuffer(a, np.uint8)[: d.size]
+    if save is not None:
+        np.frombuffer(save, np.uint8)[: d.size] = av
     bv = np.frombuffer(b, np.uint8)[: d.size]
     if d.ctypes.data == bv.ctypes.data and d.size:
         bv = bv.copy()
