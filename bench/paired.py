@@ -4,7 +4,7 @@
                            [--peers 3] [--mib 64] [--rounds 6] [--seconds 3] [--placement in]
 
 Each variant is ``NAME=PATH`` (a checkout of pccl_aio with its extension built, put first on
-PYTHONPATH; ``NAME=PATH:SEGMENT_BYTES`` also fixes the pipeline segment size) or ``gloo``
+PYTHONPATH; ``NAME=PATH:SEGMENT_BYTES`` also overrides the pipeline segment size) or ``gloo``
 (torch.distributed, as in ``allreduce.py --compare gloo``). A round runs every variant once,
 in order, each for ``--seconds`` of back-to-back all-reduces in fresh processes (a barrier and a
 stop vote between iterations, untimed); a variant's figure for the round is the slowest peer's
@@ -41,8 +41,7 @@ async def _pccl_peer(addr: str, world: int, seconds: float, nbytes: int, out: bo
     from pccl_aio import _collective
 
     if os.environ.get("PCCL_BENCH_SEGMENT"):
-        seg = int(os.environ["PCCL_BENCH_SEGMENT"])  # a fixed segment size
-        _collective.SEGMENT_BYTES = _collective.SEGMENT_MAX_BYTES = seg
+        _collective.SEGMENT_BYTES = int(os.environ["PCCL_BENCH_SEGMENT"])
     async with pccl.Communicator(addr) as comm:
         await comm.connect(attempts=20)
         while comm.world_size < world:

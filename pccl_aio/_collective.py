@@ -31,18 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pccl_aio.collective")
 
-SEGMENT_BYTES = 1 << 20  # the smallest pipeline segment (unless the chunk is smaller)
-SEGMENT_MAX_BYTES = 4 << 20  # the largest
-
-
-def segment_bytes(count: int, world: int, itemsize: int) -> int:
-    """Pipeline segment size for ``count`` elements over ``world`` ranks: an eighth of a
-    chunk, within [SEGMENT_BYTES, SEGMENT_MAX_BYTES]; every rank computes the same value.
-    Per-frame costs (a header read, wake-ups, the Python of a frame) shrink with larger
-    segments (bench/RESULTS.md, session 4); eight or more per chunk keep receive, reduce
-    and send overlapping and up to eight striped connections per neighbour busy."""
-    chunk = count // max(1, world) * itemsize
-    return min(SEGMENT_MAX_BYTES, max(SEGMENT_BYTES, chunk // 8))
+SEGMENT_BYTES = 1 << 20  # pipeline segment, in bytes on the wire
 
 
 class Collective:
@@ -153,10 +142,10 @@ class Collective:
             return
         self.world = len(ring_ids)
         rank = ring_ids.index(me)
-        b = self.dst.dtype.itemsize
-        seg = segment_bytes(self.dst.count, self.world, b)
-        self.plan = ring.RingPlan(rank, self.world, self.dst.count, b, max(1, seg // b))
         b, qb = self._b, self._qb
+        # segments are sized on the wire: a quantized one covers more elements
+        self.plan = ring.RingPlan(rank, self.world, self.dst.count, b,
+                                  max(1, SEGMENT_BYTES // qb))
         self._expected = {k: v // b * qb for k, v in self.plan.expected().items()}
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
         self._last_rx = self._loop.time()

@@ -29,7 +29,7 @@ MAGIC: Final = 0x50434131  # "PCA1"
 HELLO: Final = struct.Struct("<IHHQH6x")  # magic, version, reserved, peer id, conn index
 HEADER: Final = struct.Struct("<IBxxxQQQQdd")  # magic, phase, tag, seq, offset, length, p0, p1
 DATA_VERSION: Final = 1
-LOWAT_CAP: Final = 4 << 20  # the largest SO_RCVLOWAT asked for (SEGMENT_MAX_BYTES)
+LOWAT_CAP: Final = 1 << 20  # the largest SO_RCVLOWAT asked for (one pipeline segment)
 
 
 class Sink(Protocol):

@@ -212,7 +212,6 @@ async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
     monkeypatch.setattr(_dataplane, "WRITE_HIGH", 32 << 10)
     monkeypatch.setattr(_dataplane, "WRITE_LOW", 8 << 10)
     monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
-    monkeypatch.setattr(_collective, "SEGMENT_MAX_BYTES", 16 << 10)
     if saturated:
         made = _dataplane._Sender.connection_made
 

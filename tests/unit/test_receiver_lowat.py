@@ -84,7 +84,7 @@ def test_lowat_follows_each_frame_and_never_exceeds_what_is_owed() -> None:
     r = dp._Receiver(reg, set())
     t = FakeTransport()
     r.connection_made(t)  # type: ignore[arg-type]
-    size = 3 * dp.LOWAT_CAP + 123  # more than the cap, not a multiple of the read size
+    size = 3 * (1 << 20) + 123  # more than the 1 MiB cap, not a multiple of the read size
     sink = Sink(size)
     reg.add(5, sink)
     hello = dp.HELLO.pack(dp.MAGIC, dp.DATA_VERSION, 0, 1, 0)
@@ -104,7 +104,7 @@ def test_lowat_shrinks_for_a_frame_discarded_mid_payload() -> None:
     r = dp._Receiver(reg, set())
     t = FakeTransport()
     r.connection_made(t)  # type: ignore[arg-type]
-    size = 2 * dp.LOWAT_CAP
+    size = 2 * (1 << 20)
     sink = Sink(size)
     reg.add(7, sink)
     data = dp.HELLO.pack(dp.MAGIC, dp.DATA_VERSION, 0, 1, 0) + _frame(7, 0, bytes(size))

@@ -172,20 +172,3 @@ def test_plan_geometry(count: int, world: int, item: int, rank_seed: int, seg: i
 def test_plan_rejects_a_rank_outside_the_ring(rank: int, world: int) -> None:
     with pytest.raises(ValueError, match="outside"):
         _ring.RingPlan(rank, world, 10, 4, 8)
-
-
-@given(count=st.integers(0, 1 << 30), world=st.integers(1, 64), item=st.sampled_from([1, 2, 4, 8]))
-def test_segment_size_is_an_eighth_of_a_chunk_within_bounds(count: int, world: int,
-                                                             item: int) -> None:
-    """The pipeline segment every rank derives from the collective's shape alone."""
-    from pccl_aio._collective import SEGMENT_BYTES, SEGMENT_MAX_BYTES, segment_bytes
-
-    seg = segment_bytes(count, world, item)
-    assert SEGMENT_BYTES <= seg <= SEGMENT_MAX_BYTES
-    chunk = count // world * item
-    if chunk < SEGMENT_BYTES * 8:
-        assert seg == SEGMENT_BYTES
-    elif chunk > SEGMENT_MAX_BYTES * 8:
-        assert seg == SEGMENT_MAX_BYTES
-    else:  # eight segments per chunk (and one more for the rest, if any)
-        assert seg == chunk // 8
