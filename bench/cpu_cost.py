@@ -1,7 +1,7 @@
 """CPU cost of one all-reduce: user and system CPU of all ranks, pccl_aio against gloo.
 
     python bench/cpu_cost.py [--peers 3] [--mib 16 64] [--iters 30] [--rounds 2]
-                             [--placement in out] [--json PATH]
+                             [--placement in out] [--variant NAME=PATH ...] [--json PATH]
 
 On a machine with fewer cores than ranks (P = 3 on 2 cores), wall time follows the CPU that
 all ranks burn together, so this is the figure to shrink. Each rank process runs ``--iters``
@@ -11,7 +11,9 @@ between iterations, so nothing but the collective runs in the timed window) and 
 per all-reduce, the slowest rank's wall time and the CPU summed over the ranks (for pccl_aio
 also the master's, which runs in this process), and both as ratios to gloo (in place,
 ``torch.distributed`` with ``OMP_NUM_THREADS=1``) measured in the same round; rounds
-alternate the order. Prints a table and JSON lines.
+alternate the order. ``--variant NAME=PATH`` (repeatable) also runs the ranks of another
+checkout of pccl_aio (its extension built; the master stays this one), so two versions of the
+data path are compared in the same rounds. Prints a table and JSON lines.
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ def _collect(procs: list[subprocess.Popen[str]]) -> list[dict[str, float]]:
     return outs
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1",
+def _env(path: Path = HERE.parent) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1",
             "GLOO_SOCKET_IFNAME": "lo"}
 
 
@@ -108,7 +110,8 @@ def _run_gloo(world: int, iters: int, nbytes: int) -> dict[str, float]:
     return _summary(_collect(procs), 0.0)
 
 
-async def _run_pccl(world: int, iters: int, nbytes: int, out: bool) -> dict[str, float]:
+async def _run_pccl(world: int, iters: int, nbytes: int, out: bool,
+                    path: Path = HERE.parent) -> dict[str, float]:
     import pccl_aio as pccl
 
     async with pccl.Master("127.0.0.1", 0) as master:
@@ -116,7 +119,7 @@ async def _run_pccl(world: int, iters: int, nbytes: int, out: bool) -> dict[str,
         procs = [subprocess.Popen([sys.executable, __file__, "--pccl-rank", master.address,
                                    str(world), str(iters), str(nbytes), str(int(out))],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=_env()) for _ in range(world)]
+                                  env=_env(path)) for _ in range(world)]
         outs = await asyncio.to_thread(_collect, procs)
         u1 = _usage()
     # the master's CPU over the whole run (warm-up and connection set-up included)
@@ -137,6 +140,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--placement", nargs="+", choices=["in", "out"], default=["in", "out"])
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=PATH",
+                    help="also run the ranks from another pccl_aio checkout")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--pccl-rank", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--gloo-rank", nargs=5, help=argparse.SUPPRESS)
@@ -155,7 +160,14 @@ def main() -> None:
         raise SystemExit("--iters and --rounds must be >= 1")
     import pccl_aio as pccl
 
-    impls = ["gloo"] + [{"in": "pccl_aio", "out": "pccl_aio-oop"}[p] for p in args.placement]
+    paths = {"pccl_aio": HERE.parent}
+    for v in args.variant:
+        name, sep, path = v.partition("=")
+        if not sep or name in ("gloo", *paths) or not (Path(path) / "pccl_aio").is_dir():
+            raise SystemExit(f"bad variant {v!r}: NAME=PATH of a checkout holding pccl_aio/")
+        paths[name] = Path(path).resolve()
+    impls = ["gloo"] + [name + {"in": "", "out": "-oop"}[p] for name in paths
+                        for p in args.placement]
     rows: list[dict[str, Any]] = []
     for world in args.peers:
         for mib in args.mib:
@@ -166,8 +178,10 @@ def main() -> None:
                     if impl == "gloo":
                         got[impl].append(_run_gloo(world, args.iters, nbytes))
                     else:
+                        name = impl.removesuffix("-oop")
                         got[impl].append(pccl.run(_run_pccl(world, args.iters, nbytes,
-                                                            impl.endswith("oop"))))
+                                                            impl.endswith("-oop"),
+                                                            paths[name])))
             g_wall = median([r["wall_ms"] for r in got["gloo"]])
             g_cpu = median([r["cpu_ms"] for r in got["gloo"]])
             for impl in impls:
