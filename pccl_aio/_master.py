@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import signal
+import socket
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
@@ -149,6 +151,8 @@ class Master:
                 except RemoteProtocolError as exc:
                     self._handle(ms.Malformed(conn, str(exc), loop.time(), body))
                     break
+                if isinstance(msg, m.CollectiveDone) and not msg.ok:
+                    self._reap_closed(conn)
                 self._handle(ms.Received(conn, msg, loop.time()))
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
@@ -156,6 +160,34 @@ class Master:
             self._handle(ms.Disconnected(conn, loop.time()))
             self._writers.pop(conn, None)
             writer.close()
+
+    def _reap_closed(self, reporter: int) -> None:
+        """Before a peer's failure report aborts a collective, drop every other peer whose
+        connection is already at EOF or reset, so the abort reaches the survivors after the
+        membership update (their world size is then fresh). A SIGKILLed peer's control
+        connection is closed by its kernel together with its data connections, so its EOF is
+        here by the time a neighbour reports the broken data link, even if the loop has not
+        read it yet. Never blocks: one non-blocking peek per peer."""
+        loop = asyncio.get_running_loop()
+        for conn, writer in list(self._writers.items()):
+            if conn == reporter or writer.is_closing():
+                continue
+            try:
+                own = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
+            except (OSError, AttributeError, ValueError):
+                continue  # not a socket we can peek at
+            with own:
+                try:
+                    gone = own.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except (BlockingIOError, InterruptedError):
+                    gone = False  # alive: nothing to read
+                except OSError:
+                    gone = True  # reset
+            if gone:
+                log.debug("connection %d closed before a failure report: removing it first", conn)
+                self._writers.pop(conn, None)
+                self._handle(ms.Disconnected(conn, loop.time()))
+                writer.close()
 
 
 async def _run_cli(args: argparse.Namespace) -> None:
