@@ -138,6 +138,13 @@ def check_result(x: np.ndarray, expected: np.ndarray, what: str) -> str | None:
             f"[{i}] = {x[i]!r}, expected {expected[i]!r}")
 
 
+async def join_world(comm: Any, world: int) -> None:
+    """Connect a pccl_aio ``Communicator`` and wait until its group has ``world`` peers."""
+    await comm.connect(attempts=20)
+    while comm.world_size < world:
+        await comm.update_topology()
+
+
 def init_gloo_rank(rank: int, world: int, port: int) -> Any:
     """Join a gloo process group through ``tcp://127.0.0.1:port`` with one compute thread
     (the reference machine has 2 cores for up to 4 ranks); returns ``torch``."""

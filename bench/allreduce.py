@@ -51,6 +51,7 @@ from _common import (
     emit_json,
     emit_json_lines,
     input_pattern,
+    join_world,
     median,
     parse_size,
     print_table,
@@ -71,9 +72,7 @@ Plan = list[tuple[int, int]]  # (nbytes, timed iterations) per size
 async def _peer(addr: str, world: int, conns: int, warmup: int, plan: Plan,
                 placement: str = "in") -> None:
     async with pccl.Communicator(addr, p2p_connections=conns) as comm:
-        await comm.connect(attempts=20)
-        while comm.world_size < world:
-            await comm.update_topology()
+        await join_world(comm, world)
         sync = np.zeros(1, np.float32)
         for nbytes, iters in plan:
             base = input_pattern(nbytes // 4)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import emit_json_lines, init_gloo_rank, median, print_table
+from _common import emit_json_lines, init_gloo_rank, join_world, median, print_table
 
 HERE = Path(__file__).resolve().parent
 WARMUP = 3
@@ -54,9 +54,7 @@ async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, out: bool) 
     import pccl_aio as pccl
 
     async with pccl.Communicator(addr) as comm:
-        await comm.connect(attempts=20)
-        while comm.world_size < world:
-            await comm.update_topology()
+        await join_world(comm, world)
         x = np.ones(nbytes // 4, np.float32)
         y = np.empty_like(x) if out else x
         for _ in range(WARMUP):

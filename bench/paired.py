@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 # ---- one peer / one gloo rank (subprocess) -------------------------------------------------
 async def _pccl_peer(addr: str, world: int, seconds: float, nbytes: int, out: bool) -> None:
     import numpy as np
+    from _common import join_world
 
     import pccl_aio as pccl
     from pccl_aio import _collective
@@ -43,9 +44,7 @@ async def _pccl_peer(addr: str, world: int, seconds: float, nbytes: int, out: bo
     if os.environ.get("PCCL_BENCH_SEGMENT"):
         _collective.SEGMENT_BYTES = int(os.environ["PCCL_BENCH_SEGMENT"])
     async with pccl.Communicator(addr) as comm:
-        await comm.connect(attempts=20)
-        while comm.world_size < world:
-            await comm.update_topology()
+        await join_world(comm, world)
         x = np.ones(nbytes // 4, np.float32)
         y = np.empty_like(x) if out else x
         sync, stop = np.zeros(1, np.float32), np.zeros(1, np.float32)

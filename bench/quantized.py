@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import join_world
 
 import pccl_aio as pccl
 
@@ -29,9 +30,7 @@ HERE = Path(__file__).resolve().parent
 async def _peer(addr: str, world: int, mib: int, iters: int, conns: int) -> None:
     q8 = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8")
     async with pccl.Communicator(addr, p2p_connections=conns) as comm:
-        await comm.connect(attempts=20)
-        while comm.world_size < world:
-            await comm.update_topology()
+        await join_world(comm, world)
         base = np.random.default_rng(comm.peer_id).random(mib * 2**20 // 4, dtype=np.float32)
         x = np.empty_like(base)
         sync = np.zeros(1, np.float32)

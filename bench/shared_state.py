@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np
-from _common import emit_json, median, print_table, tcp_loopback_gbps
+from _common import emit_json, join_world, median, print_table, tcp_loopback_gbps
 
 import pccl_aio as pccl
 from pccl_aio._shared_state import hash_bytes
@@ -33,9 +33,7 @@ async def _peer(addr: str, role: str, mib: int) -> None:
     arr.fill(1.5 if role == "veteran" else 0.0)  # touched, as a model's tensors would be
     state = pccl.SharedState({"w": arr}, revision=1 if role == "veteran" else 0)
     async with pccl.Communicator(addr) as comm:
-        await comm.connect(attempts=20)
-        while comm.world_size < 2:
-            await comm.update_topology()
+        await join_world(comm, 2)
         t0 = time.perf_counter()
         info = await comm.sync_shared_state(state)
         dt = time.perf_counter() - t0
