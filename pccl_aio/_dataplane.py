@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import struct
 from typing import Final, Protocol, cast
 
-from ._netutil import set_nodelay
+from ._netutil import own_socket, set_nodelay
 
 log = logging.getLogger("pccl_aio.dataplane")
 
@@ -105,13 +104,7 @@ class _Receiver(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         set_nodelay(transport)
-        # A socket object of our own (on a dup of the fd) for SO_RCVLOWAT: the loop's
-        # transport socket builds a new socket object on every setsockopt call.
-        sock = transport.get_extra_info("socket")
-        try:
-            self._sock = socket.socket(fileno=os.dup(sock.fileno()))
-        except (OSError, AttributeError, ValueError):
-            self._sock = None
+        self._sock = own_socket(transport)  # for SO_RCVLOWAT, set twice per frame
         self._conns.add(self)
 
     def _set_lowat(self, n: int) -> None:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import signal
 import socket
 from collections.abc import Coroutine
@@ -23,7 +22,7 @@ from . import _master_state as ms
 from . import _messages as m
 from ._errors import RemoteProtocolError
 from ._framing import MAX_FRAME_SIZE, frame
-from ._netutil import read_frame, set_nodelay
+from ._netutil import own_socket, read_frame, set_nodelay
 
 __all__ = ["Master", "main"]
 
@@ -172,9 +171,8 @@ class Master:
         for conn, writer in list(self._writers.items()):
             if conn == reporter or writer.is_closing():
                 continue
-            try:
-                own = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
-            except (OSError, AttributeError, ValueError):
+            own = own_socket(writer.transport)
+            if own is None:
                 continue  # not a socket we can peek at
             with own:
                 try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 from . import _framing
@@ -13,6 +14,16 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def own_socket(transport: asyncio.BaseTransport) -> socket.socket | None:
+    """A socket object of the caller's own on a dup of the transport's fd (close it when
+    done), or None if the transport has no real socket. The loop's transport socket (uvloop's
+    pseudo-socket) cannot peek and builds a new socket object on every ``setsockopt``."""
+    try:
+        return socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+    except (OSError, AttributeError, ValueError):
+        return None
 
 
 async def read_frame(reader: asyncio.StreamReader, max_size: int = _framing.MAX_FRAME_SIZE) -> bytes:
