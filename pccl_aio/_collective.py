@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pccl_aio.collective")
 
 SEGMENT_BYTES = 1 << 20  # pipeline segment, in bytes on the wire
+SLOTS_BASE = 4  # reduce-scatter receive slots: this many plus two per connection
+_EMPTY = memoryview(b"")
 
 
 class Collective:
@@ -74,12 +76,20 @@ class Collective:
         self._error: str | None = None
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
+        # Unquantized reduce-scatter frames land in a few segment-sized slots, reused last in
+        # first out so the kernel's receive copy and the reduce hit cache; a slot is free
+        # again once its segment is reduced into ``dst``. If none is free (a backlog), the
+        # frame lands in the full-size ``_scratch``, taken on first need.
+        self._slots: list[memoryview] = []
+        self._slots_owner: bytearray | None = None
+        self._landed: dict[int, tuple[memoryview, memoryview | None]] = {}
         self.cancelled = False
-        # Unquantized, ``dst`` is written once per segment: the reduce-scatter leaves its
-        # partial sums in the receive slot of the scratch (still in cache: op(input, slot)
-        # into the slot, forwarded from there), the owner writes each final segment of its
-        # chunk, and the all-gather lands the others. The input is only read until then, so
-        # in place a segment is copied aside into a pooled buffer before its first write:
+        # Unquantized, the reduce-scatter writes each partial sum op(input, slot) into
+        # ``dst`` and forwards it from there (the input segment is dead once read; the
+        # all-gather frame that later overwrites it can only arrive after the successor got
+        # the whole partial), the owner writes the final segments of its chunk, and the
+        # all-gather lands the others. In place, a segment is copied aside into a pooled
+        # buffer before its first write:
         # by the reduce-scatter kernel that reads it anyway (``_save_into``; a chunk's
         # all-gather frames arrive only after our partial of it left), or just before an
         # all-gather frame lands on a segment not saved yet (``_save``: our own chunk, sent
@@ -149,13 +159,22 @@ class Collective:
         self._expected = {k: v // b * qb for k, v in self.plan.expected().items()}
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
         self._last_rx = self._loop.time()
-        self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
-        dst, src, scratch, plan = self.dst.view, self.src.view, self._scratch, self.plan
+        dst, src, plan = self.dst.view, self.src.view, self.plan
+        if self.quant is not None:  # codes are received and sent from their place in it
+            self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
+        else:
+            rs = [n for (phase, _), n in self._expected.items() if phase == ring.RS]
+            size = max(rs, default=0)
+            nslots = min(len(rs), SLOTS_BASE + 2 * self.comm.p2p_connections)
+            if size:
+                self._slots_owner, whole = self.comm._scratch.take(nslots * size)
+                self._slots = [whole[i * size : (i + 1) * size] for i in range(nslots)]
+        scratch = self._scratch
         for (phase, off), qlen in self._expected.items():  # each segment's work, cut once
             n, q = qlen // qb * b, off // b * qb
             owned, fwd = plan.after_receive(phase, off)
-            self._steps[(phase, off)] = (owned, fwd, dst[off : off + n], scratch[q : q + qlen],
-                                         src[off : off + n])
+            qs = scratch[q : q + qlen] if scratch is not None else _EMPTY
+            self._steps[(phase, off)] = (owned, fwd, dst[off : off + n], qs, src[off : off + n])
         self.active = True
         self.comm._registry.add(seq, self)
         succ = ring_ids[(rank + 1) % self.world]
@@ -182,10 +201,11 @@ class Collective:
             self.comm._registry.remove(self.seq)
         if self._run is not None and not self._run.done():
             self._run.cancel()
-        for owner in (self._scratch_owner, self._backup_owner):
+        for owner in (self._scratch_owner, self._backup_owner, self._slots_owner):
             if owner is not None:
                 self.comm._scratch.give(owner)
         self._scratch_owner = self._scratch = self._backup_owner = self._backup = None
+        self._slots_owner, self._slots, self._landed = None, [], {}
         self._saved = None
         self._steps = {}
         if not self.started.done():
@@ -203,10 +223,25 @@ class Collective:
         if self._expected.pop((phase, offset), -1) != length:
             return None
         _, _, seg, qs, _ = self._steps[(phase, offset)]
-        if phase == ring.AG and self.quant is None:
+        if self.quant is not None:
+            return qs
+        if phase == ring.AG:
             self._save(offset, length)
             return seg  # the final bytes land in place
-        return qs
+        return self._land(offset, length)
+
+    def _land(self, off: int, n: int) -> memoryview:
+        """Where an unquantized reduce-scatter segment is received: a free slot (the most
+        recently freed, still in cache), else its place in the full-size scratch."""
+        if self._slots:
+            slot = self._slots.pop()
+            view = slot[:n]
+        else:
+            if self._scratch is None:
+                self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.view.nbytes)
+            slot, view = None, self._scratch[off : off + n]
+        self._landed[off] = (view, slot)
+        return view
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         """A segment arrived (in the receive callback). When the link to the successor has
@@ -253,9 +288,9 @@ class Collective:
     async def _pipeline(self, link: Link) -> None:
         plan, dst, b, qb = self.plan, self.dst.view, self._b, self._qb
         scratch, quant = self._scratch, self.quant
-        assert scratch is not None
         for off, n in plan.first_sends():
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
+                assert scratch is not None
                 qs = scratch[off // b * qb : (off + n) // b * qb]
                 p0, p1 = _ops.quantize(qs, dst[off : off + n], self._dt, self._qdt, self._algo)
                 await self._send(link, ring.RS, off, qs, p0, p1)
@@ -294,14 +329,16 @@ class Collective:
         owned, fwd, seg, qs, src = self._steps[(phase, off)]  # src: dst itself in place
         out = qs
         if phase == ring.RS and not quant:
-            # in place, the kernel saves the input segment in the same pass (``_save_into``)
-            if owned:  # the final value of our chunk: dst is written here, once
-                self._k.reduce_from(seg, src, qs, op, dt, self._save_into(off, len(seg)))
-                if op == ReduceOp.AVG:
-                    self._k.divide(seg, self.world, dt)
-                out = seg
-            else:  # a partial sum: into the receive slot, forwarded from there
-                self._k.reduce_from(qs, src, qs, op, dt, self._save_into(off, len(seg)))
+            # op(input, received) into dst, forwarded from there (a partial sum, or the final
+            # value of our chunk); in place, the kernel saves the input segment in the same
+            # pass (``_save_into``)
+            got, slot = self._landed.pop(off)
+            self._k.reduce_from(seg, src, got, op, dt, self._save_into(off, len(seg)))
+            if slot is not None:
+                self._slots.append(slot)
+            if owned and op == ReduceOp.AVG:
+                self._k.divide(seg, self.world, dt)
+            out = seg
         elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
             _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
             if owned and op == ReduceOp.AVG:

@@ -247,3 +247,43 @@ async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
         assert paths["task"] > first_sends, paths  # forwards waited for room
     else:
         assert paths["inline"] > 0, paths
+
+
+@pytest.mark.parametrize("slots_base", [-2, 0, 4])
+async def test_reduce_scatter_slots_and_the_scratch_fallback(peers, monkeypatch, slots_base):
+    """Unquantized reduce-scatter frames land in a few reused slots and, when none is free,
+    in the full-size scratch (taken only then). ``slots_base`` -2 leaves no slot with one
+    connection (every frame takes the fallback), 0 leaves two (a backlog overflows), 4 the
+    default. Each landing must give exact bytes, in place and out of place, and the scratch
+    is taken only when no slot was free."""
+    from pccl_aio import _collective
+
+    monkeypatch.setattr(_collective, "SLOTS_BASE", slots_base)
+    monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
+    fallbacks = {"slot": 0, "scratch": 0}
+    land = _collective.Collective._land
+
+    def counted(self, off, n):
+        had_slot, scratch = bool(self._slots), self._scratch
+        view = land(self, off, n)
+        fallbacks["slot" if had_slot else "scratch"] += 1
+        if had_slot:  # a slot was free: the scratch is not taken for this frame
+            assert self._scratch is scratch
+        else:
+            assert self._scratch is not None and view.nbytes == n
+        return view
+
+    monkeypatch.setattr(_collective.Collective, "_land", counted)
+    comms = await peers(3)
+    rng = np.random.default_rng(5)
+    for op in (pccl.ReduceOp.SUM, pccl.ReduceOp.AVG, pccl.ReduceOp.MAX):
+        xs = [rng.integers(-3, 4, (1 << 20) // 4 + 13).astype(np.float32) for _ in range(3)]
+        want = _expected(xs, op)
+        for in_place in (True, False):
+            outs, _ = await _reduce_all(comms, xs, op, in_place=in_place)
+            for o in outs:
+                assert o.tobytes() == want.tobytes()
+    if slots_base < 0:
+        assert fallbacks["slot"] == 0 and fallbacks["scratch"] > 0, fallbacks
+    else:
+        assert fallbacks["slot"] > 0, fallbacks
