@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from . import _ops
 from . import _ring as ring
 from ._buffers import Buffer
-from ._dataplane import HEADER, MAGIC, Link
+from ._dataplane import HEADER, MAGIC, Link, _Sender
 from ._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
 from ._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 
@@ -77,19 +77,21 @@ class Collective:
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
         # Unquantized reduce-scatter frames land in a few segment-sized slots, reused last in
-        # first out so the kernel's receive copy and the reduce hit cache; a slot is free
-        # again once its segment is reduced into ``dst``. If none is free (a backlog), the
-        # frame lands in the full-size ``_scratch``, taken on first need.
+        # first out so the kernel's receive copy, the reduce and the forward's send copy all
+        # hit cache; a slot is free again once its partial sum was passed to the kernel (or,
+        # for our own chunk, its final value written to ``dst``). If none is free (a
+        # backlog), the frame lands in the full-size ``_scratch``, taken on first need.
         self._slots: list[memoryview] = []
         self._slots_owner: bytearray | None = None
         self._landed: dict[int, tuple[memoryview, memoryview | None]] = {}
+        # slots whose partial sum is still queued in a sender: (sender, end position, slot)
+        self._sending: list[tuple[_Sender, int, memoryview]] = []
         self.cancelled = False
-        # Unquantized, the reduce-scatter writes each partial sum op(input, slot) into
-        # ``dst`` and forwards it from there (the input segment is dead once read; the
-        # all-gather frame that later overwrites it can only arrive after the successor got
-        # the whole partial), the owner writes the final segments of its chunk, and the
-        # all-gather lands the others. In place, a segment is copied aside into a pooled
-        # buffer before its first write:
+        # Unquantized, ``dst`` is written once per segment: the reduce-scatter leaves its
+        # partial sums in the receive slot (op(input, slot) into the slot, forwarded from
+        # there), the owner writes each final segment of its chunk, and the all-gather lands
+        # the others. The input is only read until then, so in place a segment is copied
+        # aside into a pooled buffer before its first write:
         # by the reduce-scatter kernel that reads it anyway (``_save_into``; a chunk's
         # all-gather frames arrive only after our partial of it left), or just before an
         # all-gather frame lands on a segment not saved yet (``_save``: our own chunk, sent
@@ -205,7 +207,7 @@ class Collective:
             if owner is not None:
                 self.comm._scratch.give(owner)
         self._scratch_owner = self._scratch = self._backup_owner = self._backup = None
-        self._slots_owner, self._slots, self._landed = None, [], {}
+        self._slots_owner, self._slots, self._landed, self._sending = None, [], {}, []
         self._saved = None
         self._steps = {}
         if not self.started.done():
@@ -233,6 +235,13 @@ class Collective:
     def _land(self, off: int, n: int) -> memoryview:
         """Where an unquantized reduce-scatter segment is received: a free slot (the most
         recently freed, still in cache), else its place in the full-size scratch."""
+        if not self._slots and self._sending:  # reclaim the slots whose forward left
+            sending, self._sending = self._sending, []
+            for entry in sending:
+                if entry[0].written(entry[1]):
+                    self._slots.append(entry[2])
+                else:
+                    self._sending.append(entry)
         if self._slots:
             slot = self._slots.pop()
             view = slot[:n]
@@ -321,24 +330,26 @@ class Collective:
                 pass  # the deadline is checked again above, from the last arrival
 
     def _process(self, phase: int, off: int, p0: float, p1: float
-                 ) -> tuple[int, int, memoryview, float, float] | None:
-        """Reduce (or decode) one received segment; what to forward, if anything. Blocks
-        for the kernels only (1 MiB at most)."""
+                 ) -> tuple[int, int, memoryview, float, float, memoryview | None] | None:
+        """Reduce (or decode) one received segment; what to forward, if anything (and the
+        slot to free once it is sent). Blocks for the kernels only (1 MiB at most)."""
         self._remaining -= 1
         op, dt, quant, qdt, algo = self._op, self._dt, self.quant, self._qdt, self._algo
         owned, fwd, seg, qs, src = self._steps[(phase, off)]  # src: dst itself in place
-        out = qs
+        out, hold = qs, None
         if phase == ring.RS and not quant:
-            # op(input, received) into dst, forwarded from there (a partial sum, or the final
-            # value of our chunk); in place, the kernel saves the input segment in the same
-            # pass (``_save_into``)
+            # in place, the kernel saves the input segment in the same pass (``_save_into``)
             got, slot = self._landed.pop(off)
-            self._k.reduce_from(seg, src, got, op, dt, self._save_into(off, len(seg)))
-            if slot is not None:
-                self._slots.append(slot)
-            if owned and op == ReduceOp.AVG:
-                self._k.divide(seg, self.world, dt)
-            out = seg
+            if owned:  # the final value of our chunk: dst is written here, once
+                self._k.reduce_from(seg, src, got, op, dt, self._save_into(off, len(seg)))
+                if slot is not None:
+                    self._slots.append(slot)
+                if op == ReduceOp.AVG:
+                    self._k.divide(seg, self.world, dt)
+                out = seg
+            else:  # a partial sum: into the receive slot, forwarded from there
+                self._k.reduce_from(got, src, got, op, dt, self._save_into(off, len(seg)))
+                out, hold = got, slot
         elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
             _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
             if owned and op == ReduceOp.AVG:
@@ -350,16 +361,22 @@ class Collective:
             _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
         else:  # all-gather: the bytes landed in dst
             out = seg
-        return None if fwd is None else (fwd, off, out, p0, p1)
+        return None if fwd is None else (fwd, off, out, p0, p1, hold)
 
     def _send_now(self, link: Link, phase: int, off: int, payload: memoryview,
-                  p0: float = 0.0, p1: float = 0.0) -> None:
-        link.send_now(HEADER.pack(MAGIC, phase, self.tag, self.seq, off, len(payload), p0, p1),
-                      payload)
+                  p0: float = 0.0, p1: float = 0.0, slot: memoryview | None = None) -> None:
+        """Queue one frame; ``slot`` (holding ``payload``) is free again once it was sent."""
+        sender, end = link.send_now(
+            HEADER.pack(MAGIC, phase, self.tag, self.seq, off, len(payload), p0, p1), payload)
         self.tx += len(payload)
+        if slot is not None:
+            if sender.written(end):
+                self._slots.append(slot)
+            else:
+                self._sending.append((sender, end, slot))
 
     async def _send(self, link: Link, phase: int, off: int, payload: memoryview,
-                    p0: float = 0.0, p1: float = 0.0) -> None:
+                    p0: float = 0.0, p1: float = 0.0, slot: memoryview | None = None) -> None:
         """``_send_now`` once the link has room (waits while all its connections are full)."""
         await link.wait_room()
-        self._send_now(link, phase, off, payload, p0, p1)
+        self._send_now(link, phase, off, payload, p0, p1, slot)

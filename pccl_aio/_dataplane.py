@@ -253,6 +253,7 @@ class _Sender(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.error: Exception | None = None
         self.paused = False
+        self.queued = 0  # bytes ever handed to the transport (its FIFO position)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -278,6 +279,11 @@ class _Sender(asyncio.Protocol):
     def buffered(self) -> int:
         t = self.transport
         return t.get_write_buffer_size() if t is not None else 1 << 62
+
+    def written(self, position: int) -> bool:
+        """The bytes queued up to ``position`` were all passed to the kernel (their buffers
+        are no longer referenced). False once the connection is gone."""
+        return self.transport is not None and self.queued - self.buffered >= position
 
 
 # Per-connection user-space queue limits: a frame is assigned to a connection only when one
@@ -314,6 +320,7 @@ class Link:
             _, proto = await loop.create_connection(lambda: _Sender(self), self.host, self.port)
             assert proto.transport is not None
             proto.transport.write(HELLO.pack(MAGIC, DATA_VERSION, 0, self.me, i))
+            proto.queued = HELLO.size
             return proto
 
         self.senders = list(await asyncio.gather(*(one(i) for i in range(self.k))))
@@ -341,11 +348,13 @@ class Link:
         return any(not s.paused and s.error is None and s.transport is not None
                    for s in self.senders)
 
-    def send_now(self, header: bytes, payload: memoryview) -> None:
+    def send_now(self, header: bytes, payload: memoryview) -> tuple[_Sender, int]:
         """Queue one frame on the least loaded connection at once (no waiting: the caller
-        checked ``has_room`` or waited in ``wait_room``). Raises ConnectionResetError if a
-        connection of the link is gone (the collective then fails and is retried on a fresh
-        link). Frames left queued by an aborted attempt are dropped by the receiver as stale."""
+        checked ``has_room`` or waited in ``wait_room``); returns that connection and the
+        frame's end position (``_Sender.written`` tells when ``payload`` may be reused).
+        Raises ConnectionResetError if a connection of the link is gone (the collective then
+        fails and is retried on a fresh link). Frames left queued by an aborted attempt are
+        dropped by the receiver as stale."""
         best: _Sender | None = None
         for s in self.senders:
             if s.error is not None or s.transport is None:
@@ -357,6 +366,8 @@ class Link:
             best.transport.writelines((header, payload))
         else:
             best.transport.write(header)
+        best.queued += len(header) + len(payload)
+        return best, best.queued
 
     def close(self) -> None:
         if self._ready is not None and not self._ready.done():

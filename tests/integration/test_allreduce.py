@@ -249,25 +249,46 @@ async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
         assert paths["inline"] > 0, paths
 
 
-@pytest.mark.parametrize("slots_base", [-2, 0, 4])
-async def test_reduce_scatter_slots_and_the_scratch_fallback(peers, monkeypatch, slots_base):
+@pytest.mark.parametrize("slots_base,saturated", [(-2, False), (0, False), (4, False),
+                                                  (4, True)])
+async def test_reduce_scatter_slots_and_the_scratch_fallback(peers, monkeypatch, slots_base,
+                                                             saturated):
     """Unquantized reduce-scatter frames land in a few reused slots and, when none is free,
     in the full-size scratch (taken only then). ``slots_base`` -2 leaves no slot with one
     connection (every frame takes the fallback), 0 leaves two (a backlog overflows), 4 the
-    default. Each landing must give exact bytes, in place and out of place, and the scratch
-    is taken only when no slot was free."""
-    from pccl_aio import _collective
+    default. A slot forwarded from is reused only once its frame left the sender's queue:
+    ``saturated`` (a tiny kernel send buffer) keeps frames queued, so slots wait for that.
+    Each landing must give exact bytes, in place and out of place, and the scratch is taken
+    only when no slot was free."""
+    from pccl_aio import _collective, _dataplane
 
     monkeypatch.setattr(_collective, "SLOTS_BASE", slots_base)
     monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
+    written = {True: 0, False: 0}
+    if saturated:
+        made, was_written = _dataplane._Sender.connection_made, _dataplane._Sender.written
+
+        def small_socket_buffer(self, transport):
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                                          4096)
+            made(self, transport)
+
+        def counted_written(self, position):
+            done = was_written(self, position)
+            written[done] += 1
+            return done
+
+        monkeypatch.setattr(_dataplane._Sender, "connection_made", small_socket_buffer)
+        monkeypatch.setattr(_dataplane._Sender, "written", counted_written)
     fallbacks = {"slot": 0, "scratch": 0}
     land = _collective.Collective._land
 
     def counted(self, off, n):
-        had_slot, scratch = bool(self._slots), self._scratch
+        scratch = self._scratch
         view = land(self, off, n)
-        fallbacks["slot" if had_slot else "scratch"] += 1
-        if had_slot:  # a slot was free: the scratch is not taken for this frame
+        in_slot = self._landed[off][1] is not None
+        fallbacks["slot" if in_slot else "scratch"] += 1
+        if in_slot:  # a slot was free (or reclaimed): the scratch is not taken for it
             assert self._scratch is scratch
         else:
             assert self._scratch is not None and view.nbytes == n
@@ -287,3 +308,5 @@ async def test_reduce_scatter_slots_and_the_scratch_fallback(peers, monkeypatch,
         assert fallbacks["slot"] == 0 and fallbacks["scratch"] > 0, fallbacks
     else:
         assert fallbacks["slot"] > 0, fallbacks
+    if saturated:  # some forwards were still queued when checked, some had left
+        assert written[False] > 0 and written[True] > 0, written
