@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pccl_aio.collective")
 
 SEGMENT_BYTES = 1 << 20  # pipeline segment, in bytes on the wire
-SLOTS_BASE = 4  # reduce-scatter receive slots: this many plus two per connection
+SLOTS_BASE = 4  # reduce-scatter receive slots per block: this many plus two per connection
 _EMPTY = memoryview(b"")
 
 
@@ -79,11 +79,13 @@ class Collective:
         # Unquantized reduce-scatter frames land in a few segment-sized slots, reused last in
         # first out so the kernel's receive copy, the reduce and the forward's send copy all
         # hit cache; a slot is free again once its partial sum was passed to the kernel (or,
-        # for our own chunk, its final value written to ``dst``). If none is free (a
-        # backlog), the frame lands in the full-size ``_scratch``, taken on first need.
+        # for our own chunk, its final value written to ``dst``). If none is free (the
+        # successor is slower: frames wait for room), another block of slots is taken, so
+        # memory follows the backlog, not the buffer size.
         self._slots: list[memoryview] = []
-        self._slots_owner: bytearray | None = None
-        self._landed: dict[int, tuple[memoryview, memoryview | None]] = {}
+        self._slot_size = self._slot_block = 0
+        self._slot_owners: list[bytearray] = []
+        self._landed: dict[int, memoryview] = {}  # offset -> the slot it was received in
         # slots whose partial sum is still queued in a sender: (sender, end position, slot)
         self._sending: list[tuple[_Sender, int, memoryview]] = []
         self.cancelled = False
@@ -166,11 +168,10 @@ class Collective:
             self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
         else:
             rs = [n for (phase, _), n in self._expected.items() if phase == ring.RS]
-            size = max(rs, default=0)
-            nslots = min(len(rs), SLOTS_BASE + 2 * self.comm.p2p_connections)
-            if size:
-                self._slots_owner, whole = self.comm._scratch.take(nslots * size)
-                self._slots = [whole[i * size : (i + 1) * size] for i in range(nslots)]
+            self._slot_size = max(rs, default=0)
+            self._slot_block = max(1, min(len(rs), SLOTS_BASE + 2 * self.comm.p2p_connections))
+            if rs:
+                self._more_slots()
         scratch = self._scratch
         for (phase, off), qlen in self._expected.items():  # each segment's work, cut once
             n, q = qlen // qb * b, off // b * qb
@@ -203,11 +204,11 @@ class Collective:
             self.comm._registry.remove(self.seq)
         if self._run is not None and not self._run.done():
             self._run.cancel()
-        for owner in (self._scratch_owner, self._backup_owner, self._slots_owner):
+        for owner in (self._scratch_owner, self._backup_owner, *self._slot_owners):
             if owner is not None:
                 self.comm._scratch.give(owner)
         self._scratch_owner = self._scratch = self._backup_owner = self._backup = None
-        self._slots_owner, self._slots, self._landed, self._sending = None, [], {}, []
+        self._slot_owners, self._slots, self._landed, self._sending = [], [], {}, []
         self._saved = None
         self._steps = {}
         if not self.started.done():
@@ -234,7 +235,7 @@ class Collective:
 
     def _land(self, off: int, n: int) -> memoryview:
         """Where an unquantized reduce-scatter segment is received: a free slot (the most
-        recently freed, still in cache), else its place in the full-size scratch."""
+        recently freed, still in cache); reclaims sent slots, or takes more, if none is."""
         if not self._slots and self._sending:  # reclaim the slots whose forward left
             sending, self._sending = self._sending, []
             for entry in sending:
@@ -242,15 +243,17 @@ class Collective:
                     self._slots.append(entry[2])
                 else:
                     self._sending.append(entry)
-        if self._slots:
-            slot = self._slots.pop()
-            view = slot[:n]
-        else:
-            if self._scratch is None:
-                self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.view.nbytes)
-            slot, view = None, self._scratch[off : off + n]
-        self._landed[off] = (view, slot)
-        return view
+        if not self._slots:
+            self._more_slots()
+        slot = self._landed[off] = self._slots.pop()
+        return slot[:n]
+
+    def _more_slots(self) -> None:
+        """Take another block of receive slots from the communicator's pool."""
+        size = self._slot_size
+        owner, whole = self.comm._scratch.take(self._slot_block * size)
+        self._slot_owners.append(owner)
+        self._slots.extend(whole[i * size : (i + 1) * size] for i in range(self._slot_block))
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         """A segment arrived (in the receive callback). When the link to the successor has
@@ -297,7 +300,11 @@ class Collective:
     async def _pipeline(self, link: Link) -> None:
         plan, dst, b, qb = self.plan, self.dst.view, self._b, self._qb
         scratch, quant = self._scratch, self.quant
+        # From here on segments are forwarded from the receive callback when the link has
+        # room, interleaved with our own chunk's sends (a backlog would hold receive slots).
+        self._link = link
         for off, n in plan.first_sends():
+            await self._drain(link)
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
                 assert scratch is not None
                 qs = scratch[off // b * qb : (off + n) // b * qb]
@@ -305,13 +312,9 @@ class Collective:
                 await self._send(link, ring.RS, off, qs, p0, p1)
             else:  # our own chunk: read from the input (dst itself when in place)
                 await self._send(link, ring.RS, off, self.src.view[off : off + n])
-        self._link = link  # from now on segments are forwarded from the receive callback
         loop, timeout = self._loop, self.comm.data_timeout
         while True:
-            while self._inbox:
-                out = self._process(*self._inbox.popleft())
-                if out is not None:
-                    await self._send(link, *out)
+            await self._drain(link)
             if self._failure is not None:
                 raise self._failure
             if self._error is not None:
@@ -329,6 +332,13 @@ class Collective:
             except TimeoutError:
                 pass  # the deadline is checked again above, from the last arrival
 
+    async def _drain(self, link: Link) -> None:
+        """Process and forward the segments queued while the link had no room."""
+        while self._inbox:
+            out = self._process(*self._inbox.popleft())
+            if out is not None:
+                await self._send(link, *out)
+
     def _process(self, phase: int, off: int, p0: float, p1: float
                  ) -> tuple[int, int, memoryview, float, float, memoryview | None] | None:
         """Reduce (or decode) one received segment; what to forward, if anything (and the
@@ -339,11 +349,11 @@ class Collective:
         out, hold = qs, None
         if phase == ring.RS and not quant:
             # in place, the kernel saves the input segment in the same pass (``_save_into``)
-            got, slot = self._landed.pop(off)
+            slot = self._landed.pop(off)
+            got = slot[: len(seg)]
             if owned:  # the final value of our chunk: dst is written here, once
                 self._k.reduce_from(seg, src, got, op, dt, self._save_into(off, len(seg)))
-                if slot is not None:
-                    self._slots.append(slot)
+                self._slots.append(slot)
                 if op == ReduceOp.AVG:
                     self._k.divide(seg, self.world, dt)
                 out = seg

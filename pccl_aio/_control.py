@@ -42,7 +42,7 @@ class ScratchPool:
     see bench/RESULTS.md).
     """
 
-    def __init__(self, keep: int = 8) -> None:
+    def __init__(self, keep: int = 16) -> None:
         self._free: list[bytearray] = []
         self._keep = keep
 
