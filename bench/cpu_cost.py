@@ -13,7 +13,10 @@ also the master's, which runs in this process), and both as ratios to gloo (in p
 ``torch.distributed`` with ``OMP_NUM_THREADS=1``) measured in the same round; rounds
 alternate the order. ``--variant NAME=PATH`` (repeatable) also runs the ranks of another
 checkout of pccl_aio (its extension built; the master stays this one), so two versions of the
-data path are compared in the same rounds. Prints a table and JSON lines.
+data path are compared in the same rounds. ``mem_x`` is the memory a rank's library holds
+beyond the user's buffers: the growth of its peak RSS from just before the first all-reduce
+(input, and output if out of place, already touched) to the end, in units of the buffer size
+(the largest over ranks). Prints a table and JSON lines.
 """
 
 from __future__ import annotations
@@ -42,10 +45,16 @@ def _usage() -> tuple[float, float]:
     return r.ru_utime, r.ru_stime
 
 
-def _report(wall: float, u0: tuple[float, float], iters: int) -> None:
+def _peak_rss() -> int:
+    """Peak resident memory of this process so far, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _report(wall: float, u0: tuple[float, float], iters: int, rss0: int) -> None:
     u1 = _usage()
     print(json.dumps({"wall": wall / iters, "user": (u1[0] - u0[0]) / iters,
-                      "sys": (u1[1] - u0[1]) / iters}), flush=True)
+                      "sys": (u1[1] - u0[1]) / iters, "extra": _peak_rss() - rss0}),
+          flush=True)
 
 
 async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, out: bool) -> None:
@@ -56,7 +65,8 @@ async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, out: bool) 
     async with pccl.Communicator(addr) as comm:
         await join_world(comm, world)
         x = np.ones(nbytes // 4, np.float32)
-        y = np.empty_like(x) if out else x
+        y = np.zeros_like(x) if out else x  # touched: the peak counts only the library's
+        rss0 = _peak_rss()
         for _ in range(WARMUP):
             await comm.all_reduce(x, y, tag=0)
         wall, u0 = 0.0, _usage()
@@ -64,13 +74,14 @@ async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, out: bool) 
             t0 = time.perf_counter()
             await comm.all_reduce(x, y, tag=0)
             wall += time.perf_counter() - t0
-        _report(wall, u0, iters)
+        _report(wall, u0, iters, rss0)
 
 
 def _gloo_rank(rank: int, world: int, port: int, iters: int, nbytes: int) -> None:
     torch = init_gloo_rank(rank, world, port)
     dist = torch.distributed
     x = torch.ones(nbytes // 4)
+    rss0 = _peak_rss()
     for _ in range(WARMUP):
         dist.all_reduce(x)
     wall, u0 = 0.0, _usage()
@@ -78,7 +89,7 @@ def _gloo_rank(rank: int, world: int, port: int, iters: int, nbytes: int) -> Non
         t0 = time.perf_counter()
         dist.all_reduce(x)
         wall += time.perf_counter() - t0
-    _report(wall, u0, iters)
+    _report(wall, u0, iters, rss0)
     dist.destroy_process_group()
 
 
@@ -105,7 +116,7 @@ def _run_gloo(world: int, iters: int, nbytes: int) -> dict[str, float]:
                                str(port), str(iters), str(nbytes)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=_env())
              for r in range(world)]
-    return _summary(_collect(procs), 0.0)
+    return _summary(_collect(procs), 0.0, nbytes)
 
 
 async def _run_pccl(world: int, iters: int, nbytes: int, out: bool,
@@ -121,14 +132,15 @@ async def _run_pccl(world: int, iters: int, nbytes: int, out: bool,
         outs = await asyncio.to_thread(_collect, procs)
         u1 = _usage()
     # the master's CPU over the whole run (warm-up and connection set-up included)
-    return _summary(outs, (u1[0] - u0[0] + u1[1] - u0[1]) / (iters + WARMUP))
+    return _summary(outs, (u1[0] - u0[0] + u1[1] - u0[1]) / (iters + WARMUP), nbytes)
 
 
-def _summary(outs: list[dict[str, float]], master: float) -> dict[str, float]:
+def _summary(outs: list[dict[str, float]], master: float, nbytes: int) -> dict[str, float]:
     user, sys_ = sum(o["user"] for o in outs), sum(o["sys"] for o in outs)
     return {"wall_ms": max(o["wall"] for o in outs) * 1e3, "user_ms": user * 1e3,
             "sys_ms": sys_ * 1e3, "master_ms": master * 1e3,
-            "cpu_ms": (user + sys_ + master) * 1e3}
+            "cpu_ms": (user + sys_ + master) * 1e3,
+            "mem_x": max(o["extra"] for o in outs) / nbytes}
 
 
 def main() -> None:
@@ -185,7 +197,7 @@ def main() -> None:
             for impl in impls:
                 rs = got[impl]
                 row: dict[str, Any] = {"impl": impl, "P": world, "MiB": mib}
-                for k in ("wall_ms", "user_ms", "sys_ms", "master_ms", "cpu_ms"):
+                for k in ("wall_ms", "user_ms", "sys_ms", "master_ms", "cpu_ms", "mem_x"):
                     row[k] = median([r[k] for r in rs])
                 row["wall_vs_gloo"] = row["wall_ms"] / g_wall
                 row["cpu_vs_gloo"] = row["cpu_ms"] / g_cpu
@@ -195,7 +207,8 @@ def main() -> None:
     print()
     print(f"per all-reduce: wall = slowest rank, CPU = user + sys of all ranks (+ the master's "
           f"for pccl_aio), medians of {args.rounds} rounds of {args.iters} iterations; "
-          "*_vs_gloo = ratio to gloo in the same rounds (lower is better)")
+          "*_vs_gloo = ratio to gloo in the same rounds (lower is better); mem_x = the "
+          "largest rank's growth of peak RSS over the all-reduces, in buffer sizes")
     print_table(rows, list(rows[0]), {k: ".2f" for k in rows[0] if k not in ("impl", "P")})
     emit_json_lines("cpu_cost", rows, args.json, iters=args.iters, rounds=args.rounds)
 
