@@ -6,9 +6,11 @@ reports ``CollectiveDone`` -> ``on_complete`` | ``on_abort`` | ``on_rejected``. 
 callbacks run synchronously inside the reader so that every peer of a group reacts to the same
 sequence of verdicts identically (that is what keeps retries in lock-step).
 
-The data path: received segments are written by the receiver straight into ``scratch``
-(reduce-scatter) or ``dst`` (all-gather); the run task reduces each reduce-scatter segment into
-``dst`` with the Cython kernel and forwards it at once, so receive, reduce and send overlap.
+The data path: received segments are written by the receiver straight into a reused receive
+slot (reduce-scatter; the quantized path uses a full-size scratch) or ``dst`` (all-gather);
+the receive callback reduces each reduce-scatter segment with the Cython kernel and forwards
+it at once when the link has room (else the run task does, once it has), so receive, reduce
+and send overlap.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ class Collective:
         self.hooks: list[Callable[[Collective], None]] = []
         self._run: asyncio.Task[None] | None = None
         self._loop = loop
-        self._inbox: collections.deque[tuple[int, int, float, float]] = collections.deque()
+        # processed segments waiting for room on the link: what _send takes, in order
+        self._outbox: collections.deque[
+            tuple[int, int, memoryview, float, float, memoryview | None]] = collections.deque()
         self._link: Link | None = None  # set once the first sends are out
         self._remaining = 0  # segments still to receive and process
         self._last_rx = 0.0  # loop time of the last arrival (the data deadline counts from it)
@@ -256,22 +260,23 @@ class Collective:
         self._slots.extend(whole[i * size : (i + 1) * size] for i in range(self._slot_block))
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
-        """A segment arrived (in the receive callback). When the link to the successor has
-        room, reduce and forward it right here: no task wake-up per segment. Otherwise
-        (link not open yet, or saturated) the run task takes it and waits for room."""
+        """A segment arrived (in the receive callback): reduce it right here, and forward it
+        too when the link to the successor has room (no task wake-up per segment). Otherwise
+        (link not open yet, or saturated) the run task sends it once there is room; only a
+        partial sum waiting so keeps its receive slot."""
         self.rx += length
         self._last_rx = self._loop.time()
-        link = self._link
-        if link is None or self._inbox or self._failure is not None or not link.has_room():
-            self._inbox.append((phase, offset, p0, p1))
-            self._poke()
-            return
-        try:
-            out = self._process(phase, offset, p0, p1)
-            if out is not None:
-                self._send_now(link, *out)
-        except Exception as exc:  # a local failure: the run task reports it
-            self._failure = exc
+        if self._failure is None:
+            try:
+                out = self._process(phase, offset, p0, p1)
+                link = self._link
+                if out is not None:
+                    if link is None or self._outbox or not link.has_room():
+                        self._outbox.append(out)
+                        return self._poke()
+                    self._send_now(link, *out)
+            except Exception as exc:  # a local failure: the run task reports it
+                self._failure = exc
         if self._remaining == 0 or self._failure is not None:
             self._poke()
 
@@ -333,11 +338,9 @@ class Collective:
                 pass  # the deadline is checked again above, from the last arrival
 
     async def _drain(self, link: Link) -> None:
-        """Process and forward the segments queued while the link had no room."""
-        while self._inbox:
-            out = self._process(*self._inbox.popleft())
-            if out is not None:
-                await self._send(link, *out)
+        """Forward the segments processed while the link had no room."""
+        while self._outbox:
+            await self._send(link, *self._outbox.popleft())
 
     def _process(self, phase: int, off: int, p0: float, p1: float
                  ) -> tuple[int, int, memoryview, float, float, memoryview | None] | None:
