@@ -40,9 +40,9 @@ HERE = Path(__file__).resolve().parent
 WARMUP = 3
 
 
-def _usage() -> tuple[float, float]:
+def _usage() -> tuple[float, float, int]:
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime, r.ru_stime
+    return r.ru_utime, r.ru_stime, r.ru_nvcsw + r.ru_nivcsw
 
 
 def _peak_rss() -> int:
@@ -50,11 +50,11 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _report(wall: float, u0: tuple[float, float], iters: int, rss0: int) -> None:
+def _report(wall: float, u0: tuple[float, float, int], iters: int, rss0: int) -> None:
     u1 = _usage()
     print(json.dumps({"wall": wall / iters, "user": (u1[0] - u0[0]) / iters,
-                      "sys": (u1[1] - u0[1]) / iters, "extra": _peak_rss() - rss0}),
-          flush=True)
+                      "sys": (u1[1] - u0[1]) / iters, "csw": (u1[2] - u0[2]) / iters,
+                      "extra": _peak_rss() - rss0}), flush=True)
 
 
 async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, out: bool) -> None:
@@ -140,6 +140,7 @@ def _summary(outs: list[dict[str, float]], master: float, nbytes: int) -> dict[s
     return {"wall_ms": max(o["wall"] for o in outs) * 1e3, "user_ms": user * 1e3,
             "sys_ms": sys_ * 1e3, "master_ms": master * 1e3,
             "cpu_ms": (user + sys_ + master) * 1e3,
+            "csw": sum(o["csw"] for o in outs) / len(outs),
             "mem_x": max(o["extra"] for o in outs) / nbytes}
 
 
@@ -197,7 +198,7 @@ def main() -> None:
             for impl in impls:
                 rs = got[impl]
                 row: dict[str, Any] = {"impl": impl, "P": world, "MiB": mib}
-                for k in ("wall_ms", "user_ms", "sys_ms", "master_ms", "cpu_ms", "mem_x"):
+                for k in ("wall_ms", "user_ms", "sys_ms", "master_ms", "cpu_ms", "csw", "mem_x"):
                     row[k] = median([r[k] for r in rs])
                 row["wall_vs_gloo"] = row["wall_ms"] / g_wall
                 row["cpu_vs_gloo"] = row["cpu_ms"] / g_cpu
@@ -207,7 +208,8 @@ def main() -> None:
     print()
     print(f"per all-reduce: wall = slowest rank, CPU = user + sys of all ranks (+ the master's "
           f"for pccl_aio), medians of {args.rounds} rounds of {args.iters} iterations; "
-          "*_vs_gloo = ratio to gloo in the same rounds (lower is better); mem_x = the "
+          "*_vs_gloo = ratio to gloo in the same rounds (lower is better); csw = context "
+          "switches per rank and all-reduce (voluntary + involuntary); mem_x = the "
           "largest rank's growth of peak RSS over the all-reduces, in buffer sizes")
     print_table(rows, list(rows[0]), {k: ".2f" for k in rows[0] if k not in ("impl", "P")})
     emit_json_lines("cpu_cost", rows, args.json, iters=args.iters, rounds=args.rounds)
