@@ -63,7 +63,7 @@ class Collective:
         # processed segments waiting for room on the link: what _send takes, in order
         self._outbox: collections.deque[
             tuple[int, int, memoryview, float, float, memoryview | None]] = collections.deque()
-        self._link: Link | None = None  # set once the first sends are out
+        self._link: Link | None = None  # set once the run task has the link open
         self._remaining = 0  # segments still to receive and process
         self._last_rx = 0.0  # loop time of the last arrival (the data deadline counts from it)
         self._failure: Exception | None = None  # a local failure while processing inline
