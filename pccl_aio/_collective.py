@@ -60,9 +60,13 @@ class Collective:
         self.hooks: list[Callable[[Collective], None]] = []
         self._run: asyncio.Task[None] | None = None
         self._loop = loop
-        # processed segments waiting for room on the link: what _send takes, in order
+        # Segments waiting for room on the link, in order. Unquantized ones are reduced on
+        # arrival (cheap, and it frees the receive slot of our own chunk's segments) and
+        # wait in ``_outbox`` as sends; quantized ones wait in ``_inbox`` unprocessed, so
+        # their heavier decode/encode interleaves with the sends instead of stalling them.
         self._outbox: collections.deque[
             tuple[int, int, memoryview, float, float, memoryview | None]] = collections.deque()
+        self._inbox: collections.deque[tuple[int, int, float, float]] = collections.deque()
         self._link: Link | None = None  # set once the run task has the link open
         self._remaining = 0  # segments still to receive and process
         self._last_rx = 0.0  # loop time of the last arrival (the data deadline counts from it)
@@ -260,18 +264,23 @@ class Collective:
         self._slots.extend(whole[i * size : (i + 1) * size] for i in range(self._slot_block))
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
-        """A segment arrived (in the receive callback): reduce it right here, and forward it
-        too when the link to the successor has room (no task wake-up per segment). Otherwise
-        (link not open yet, or saturated) the run task sends it once there is room; only a
-        partial sum waiting so keeps its receive slot."""
+        """A segment arrived (in the receive callback). When the link to the successor has
+        room, reduce and forward it right here (no task wake-up per segment). Otherwise
+        (link not open yet, or saturated) the run task forwards it once there is room; an
+        unquantized one is reduced here all the same, so only a partial sum waiting to be
+        sent keeps its receive slot."""
         self.rx += length
         self._last_rx = self._loop.time()
         if self._failure is None:
             try:
-                out = self._process(phase, offset, p0, p1)
                 link = self._link
+                wait = link is None or self._inbox or self._outbox or not link.has_room()
+                if wait and self.quant is not None:
+                    self._inbox.append((phase, offset, p0, p1))
+                    return self._poke()
+                out = self._process(phase, offset, p0, p1)
                 if out is not None:
-                    if link is None or self._outbox or not link.has_room():
+                    if wait or link is None:
                         self._outbox.append(out)
                         return self._poke()
                     self._send_now(link, *out)
@@ -338,9 +347,12 @@ class Collective:
                 pass  # the deadline is checked again above, from the last arrival
 
     async def _drain(self, link: Link) -> None:
-        """Forward the segments processed while the link had no room."""
-        while self._outbox:
-            await self._send(link, *self._outbox.popleft())
+        """Forward (after processing, if still due) the segments that waited for room."""
+        while self._outbox or self._inbox:
+            out = (self._outbox.popleft() if self._outbox
+                   else self._process(*self._inbox.popleft()))
+            if out is not None:
+                await self._send(link, *out)
 
     def _process(self, phase: int, off: int, p0: float, p1: float
                  ) -> tuple[int, int, memoryview, float, float, memoryview | None] | None:
