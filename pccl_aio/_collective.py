@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 from . import _ops
 from . import _ring as ring
 from ._buffers import Buffer
-from ._dataplane import HEADER, MAGIC, Link, _Sender
+from ._dataplane import HEADER, MAGIC, Link
 from ._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
+from ._slots import SLOTS_BASE, Slots
 from ._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pccl_aio.collective")
 
 SEGMENT_BYTES = 1 << 20  # pipeline segment, in bytes on the wire
-SLOTS_BASE = 4  # reduce-scatter receive slots per block: this many plus two per connection
 _EMPTY = memoryview(b"")
 
 
@@ -84,18 +84,7 @@ class Collective:
         self._error: str | None = None
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
-        # Unquantized reduce-scatter frames land in a few segment-sized slots, reused last in
-        # first out so the kernel's receive copy, the reduce and the forward's send copy all
-        # hit cache; a slot is free again once its partial sum was passed to the kernel (or,
-        # for our own chunk, its final value written to ``dst``). If none is free (the
-        # successor is slower: frames wait for room), another block of slots is taken, so
-        # memory follows the backlog, not the buffer size.
-        self._slots: list[memoryview] = []
-        self._slot_size = self._slot_block = 0
-        self._slot_owners: list[bytearray] = []
-        self._landed: dict[int, memoryview] = {}  # offset -> the slot it was received in
-        # slots whose partial sum is still queued in a sender: (sender, end position, slot)
-        self._sending: list[tuple[_Sender, int, memoryview]] = []
+        self._slots: Slots | None = None  # unquantized: reduce-scatter receive slots
         self.cancelled = False
         # Unquantized, ``dst`` is written once per segment: the reduce-scatter leaves its
         # partial sums in the receive slot (op(input, slot) into the slot, forwarded from
@@ -176,10 +165,9 @@ class Collective:
             self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
         else:
             rs = [n for (phase, _), n in self._expected.items() if phase == ring.RS]
-            self._slot_size = max(rs, default=0)
-            self._slot_block = max(1, min(len(rs), SLOTS_BASE + 2 * self.comm.p2p_connections))
             if rs:
-                self._more_slots()
+                self._slots = Slots(self.comm._scratch, max(rs), min(
+                    len(rs), SLOTS_BASE + 2 * self.comm.p2p_connections))
         scratch = self._scratch
         for (phase, off), qlen in self._expected.items():  # each segment's work, cut once
             n, q = qlen // qb * b, off // b * qb
@@ -212,11 +200,12 @@ class Collective:
             self.comm._registry.remove(self.seq)
         if self._run is not None and not self._run.done():
             self._run.cancel()
-        for owner in (self._scratch_owner, self._backup_owner, *self._slot_owners):
+        for owner in (self._scratch_owner, self._backup_owner):
             if owner is not None:
                 self.comm._scratch.give(owner)
         self._scratch_owner = self._scratch = self._backup_owner = self._backup = None
-        self._slot_owners, self._slots, self._landed, self._sending = [], [], {}, []
+        if self._slots is not None:
+            self._slots.release()
         self._saved = None
         self._steps = {}
         if not self.started.done():
@@ -239,29 +228,8 @@ class Collective:
         if phase == ring.AG:
             self._save(offset, length)
             return seg  # the final bytes land in place
-        return self._land(offset, length)
-
-    def _land(self, off: int, n: int) -> memoryview:
-        """Where an unquantized reduce-scatter segment is received: a free slot (the most
-        recently freed, still in cache); reclaims sent slots, or takes more, if none is."""
-        if not self._slots and self._sending:  # reclaim the slots whose forward left
-            sending, self._sending = self._sending, []
-            for entry in sending:
-                if entry[0].written(entry[1]):
-                    self._slots.append(entry[2])
-                else:
-                    self._sending.append(entry)
-        if not self._slots:
-            self._more_slots()
-        slot = self._landed[off] = self._slots.pop()
-        return slot[:n]
-
-    def _more_slots(self) -> None:
-        """Take another block of receive slots from the communicator's pool."""
-        size = self._slot_size
-        owner, whole = self.comm._scratch.take(self._slot_block * size)
-        self._slot_owners.append(owner)
-        self._slots.extend(whole[i * size : (i + 1) * size] for i in range(self._slot_block))
+        assert self._slots is not None
+        return self._slots.land(offset, length)
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         """A segment arrived (in the receive callback). When the link to the successor has
@@ -364,11 +332,13 @@ class Collective:
         out, hold = qs, None
         if phase == ring.RS and not quant:
             # in place, the kernel saves the input segment in the same pass (``_save_into``)
-            slot = self._landed.pop(off)
+            slots = self._slots
+            assert slots is not None
+            slot = slots.landed.pop(off)
             got = slot[: len(seg)]
             if owned:  # the final value of our chunk: dst is written here, once
                 self._k.reduce_from(seg, src, got, op, dt, self._save_into(off, len(seg)))
-                self._slots.append(slot)
+                slots.free(slot)
                 if op == ReduceOp.AVG:
                     self._k.divide(seg, self.world, dt)
                 out = seg
@@ -394,11 +364,8 @@ class Collective:
         sender, end = link.send_now(
             HEADER.pack(MAGIC, phase, self.tag, self.seq, off, len(payload), p0, p1), payload)
         self.tx += len(payload)
-        if slot is not None:
-            if sender.written(end):
-                self._slots.append(slot)
-            else:
-                self._sending.append((sender, end, slot))
+        if slot is not None and self._slots is not None:
+            self._slots.free_when_written(sender, end, slot)
 
     async def _send(self, link: Link, phase: int, off: int, payload: memoryview,
                     p0: float = 0.0, p1: float = 0.0, slot: memoryview | None = None) -> None:

@@ -258,13 +258,13 @@ async def test_reduce_scatter_slots_reused_and_grown(peers, monkeypatch, slots_b
     free another block is taken. ``saturated`` (a tiny kernel send buffer) keeps frames
     queued, so slots must wait for their sends and blocks must grow. Results are exact, in
     place and out of place, whichever way each frame went."""
-    from pccl_aio import _collective, _dataplane
+    from pccl_aio import _collective, _dataplane, _slots
 
     monkeypatch.setattr(_collective, "SLOTS_BASE", slots_base)
     monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
     written = {True: 0, False: 0}
     blocks = {"taken": 0, "collectives": 0}
-    more, start = _collective.Collective._more_slots, _collective.Collective.on_start
+    more, start = _slots.Slots._more, _collective.Collective.on_start
 
     def counted_more(self):
         blocks["taken"] += 1
@@ -274,7 +274,7 @@ async def test_reduce_scatter_slots_reused_and_grown(peers, monkeypatch, slots_b
         blocks["collectives"] += 1
         start(self, *a)
 
-    monkeypatch.setattr(_collective.Collective, "_more_slots", counted_more)
+    monkeypatch.setattr(_slots.Slots, "_more", counted_more)
     monkeypatch.setattr(_collective.Collective, "on_start", counted_start)
     if saturated:
         made, was_written = _dataplane._Sender.connection_made, _dataplane._Sender.written
