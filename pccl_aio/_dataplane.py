@@ -287,10 +287,11 @@ class _Sender(asyncio.Protocol):
 
 
 # Per-connection user-space queue limits: a frame is assigned to a connection only when one
-# is under 1 MiB, so fewer bytes sit queued (and go cold) behind the kernel's own send buffer.
-# Paired P = 3 64 MiB loopback runs read 0.94 / 0.97 of the time with 4 MiB / 1 MiB; the WAN
-# bench (K = 8) still fills 0.85 of the link (bench/RESULTS.md, session 5).
-WRITE_HIGH, WRITE_LOW = 1 << 20, 256 << 10
+# is under 256 KiB, so few bytes sit queued (and go cold) behind the kernel's own send buffer,
+# which holds what is in flight. Paired P = 3 64 MiB loopback runs: 1 MiB took 0.94-0.97 of
+# 4 MiB's time, 256 KiB 0.95-0.97 of 1 MiB's; the WAN bench (K = 8) read 0.81-0.85 of the
+# link with either (bench/RESULTS.md, session 5).
+WRITE_HIGH, WRITE_LOW = 256 << 10, 64 << 10
 
 
 class Link:
