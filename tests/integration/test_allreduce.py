@@ -200,6 +200,20 @@ async def test_single_peer_too_few(peers):
         await c.all_reduce_multiple_with_retry([np.zeros(4, np.float32)])
 
 
+def _tiny_send_buffers(monkeypatch) -> None:
+    """Data connections get a 4 KiB kernel send buffer, so frames stay queued in the sender
+    and links pause (back-pressure without a slow peer)."""
+    from pccl_aio import _dataplane
+
+    made = _dataplane._Sender.connection_made
+
+    def small_socket_buffer(self, transport):
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        made(self, transport)
+
+    monkeypatch.setattr(_dataplane._Sender, "connection_made", small_socket_buffer)
+
+
 @pytest.mark.parametrize("saturated", [False, True])
 async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
         peers, monkeypatch, saturated):
@@ -213,14 +227,7 @@ async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
     monkeypatch.setattr(_dataplane, "WRITE_LOW", 8 << 10)
     monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
     if saturated:
-        made = _dataplane._Sender.connection_made
-
-        def small_socket_buffer(self, transport):
-            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
-                                                          4096)
-            made(self, transport)
-
-        monkeypatch.setattr(_dataplane._Sender, "connection_made", small_socket_buffer)
+        _tiny_send_buffers(monkeypatch)
     paths = {"inline": 0, "task": 0}
     send_now, send = _collective.Collective._send_now, _collective.Collective._send
 
@@ -277,19 +284,14 @@ async def test_reduce_scatter_slots_reused_and_grown(peers, monkeypatch, slots_b
     monkeypatch.setattr(_slots.Slots, "_more", counted_more)
     monkeypatch.setattr(_collective.Collective, "on_start", counted_start)
     if saturated:
-        made, was_written = _dataplane._Sender.connection_made, _dataplane._Sender.written
-
-        def small_socket_buffer(self, transport):
-            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
-                                                          4096)
-            made(self, transport)
+        _tiny_send_buffers(monkeypatch)
+        was_written = _dataplane._Sender.written
 
         def counted_written(self, position):
             done = was_written(self, position)
             written[done] += 1
             return done
 
-        monkeypatch.setattr(_dataplane._Sender, "connection_made", small_socket_buffer)
         monkeypatch.setattr(_dataplane._Sender, "written", counted_written)
     comms = await peers(3)
     rng = np.random.default_rng(5)
