@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pccl_aio.collective")
 
 SEGMENT_BYTES = 1 << 20  # pipeline segment, in bytes on the wire
+_pack = HEADER.pack
 _EMPTY = memoryview(b"")
 
 
@@ -361,9 +362,9 @@ class Collective:
     def _send_now(self, link: Link, phase: int, off: int, payload: memoryview,
                   p0: float = 0.0, p1: float = 0.0, slot: memoryview | None = None) -> None:
         """Queue one frame; ``slot`` (holding ``payload``) is free again once it was sent."""
-        sender, end = link.send_now(
-            HEADER.pack(MAGIC, phase, self.tag, self.seq, off, len(payload), p0, p1), payload)
-        self.tx += len(payload)
+        n = len(payload)
+        sender, end = link.send_now(_pack(MAGIC, phase, self.tag, self.seq, off, n, p0, p1), payload)
+        self.tx += n
         if slot is not None and self._slots is not None:
             self._slots.free_when_written(sender, end, slot)
 

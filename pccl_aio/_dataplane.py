@@ -29,6 +29,8 @@ HELLO: Final = struct.Struct("<IHHQH6x")  # magic, version, reserved, peer id, c
 HEADER: Final = struct.Struct("<IBxxxQQQQdd")  # magic, phase, tag, seq, offset, length, p0, p1
 DATA_VERSION: Final = 1
 LOWAT_CAP: Final = 1 << 20  # the largest SO_RCVLOWAT asked for (one pipeline segment)
+_SOL_SOCKET: Final = socket.SOL_SOCKET
+_SO_RCVLOWAT: Final = getattr(socket, "SO_RCVLOWAT", 18)  # Linux's value where it is missing
 
 
 class Sink(Protocol):
@@ -117,7 +119,7 @@ class _Receiver(asyncio.BufferedProtocol):
         if n != self._lowat and self._sock is not None:
             self._lowat = n
             try:
-                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+                self._sock.setsockopt(_SOL_SOCKET, _SO_RCVLOWAT, n)
             except (OSError, AttributeError):
                 self._sock.close()
                 self._sock, self._lowat = None, 1
@@ -145,12 +147,22 @@ class _Receiver(asyncio.BufferedProtocol):
         return self._hdr_view[self._got : self._want]
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._got += nbytes
-        if self._got < self._want:
-            if self._want - self._got < self._lowat:  # keep the invariant (payload or discard)
-                self._set_lowat(self._want - self._got)
+        got = self._got = self._got + nbytes
+        if got < self._want:
+            if self._want - got < self._lowat:  # keep the invariant (payload or discard)
+                self._set_lowat(self._want - got)
             return
         state = self._state
+        if state == _S_PAYLOAD:  # the hot path: inlined, one call into the sink per frame
+            sink = self._sink
+            self._sink = self._target = None
+            self._state, self._got, self._want = _S_HEADER, 0, HEADER.size
+            if self._lowat != 1:
+                self._set_lowat(1)
+            if sink is not None and sink.active:
+                _seq, phase, off, p0, p1 = self._frame
+                sink.on_segment(phase, off, self._want_len, p0, p1)
+            return
         if state == _S_HELLO:
             magic, version, _, _peer, _idx = HELLO.unpack_from(self._hdr)
             if magic != MAGIC or version != DATA_VERSION:
@@ -162,19 +174,13 @@ class _Receiver(asyncio.BufferedProtocol):
                 return self._violation("bad frame magic")
             self._frame = (seq, phase, off, p0, p1)
             self._route(seq, phase, off, length)
-        elif state == _S_PAYLOAD:
-            seq, phase, off, p0, p1 = self._frame
-            sink = self._sink
-            self._sink = self._target = None
-            self._expect_header()
-            if sink is not None and sink.active:
-                sink.on_segment(phase, off, self._want_len, p0, p1)
         else:
             self._expect_header()
 
     def _expect_header(self) -> None:
         self._state, self._got, self._want = _S_HEADER, 0, HEADER.size
-        self._set_lowat(1)
+        if self._lowat != 1:
+            self._set_lowat(1)
 
     def _route(self, seq: int, phase: int, off: int, length: int) -> bool:
         """Pick where the payload goes; True if the connection was parked instead."""
@@ -197,7 +203,9 @@ class _Receiver(asyncio.BufferedProtocol):
                 self._state = _S_DISCARD
             else:
                 self._sink, self._target, self._state = sink, target, _S_PAYLOAD
-                self._set_lowat(max(1, min(length, LOWAT_CAP)))
+                lowat = length if length < LOWAT_CAP else LOWAT_CAP
+                if lowat > 1:
+                    self._set_lowat(lowat)
         if length == 0:
             self.buffer_updated(0)
         return False
@@ -346,8 +354,10 @@ class Link:
 
     def has_room(self) -> bool:
         """Some connection takes a frame now without exceeding its write buffer limit."""
-        return any(not s.paused and s.error is None and s.transport is not None
-                   for s in self.senders)
+        for s in self.senders:  # a loop, not any(genexpr): this runs once per frame
+            if not s.paused and s.error is None and s.transport is not None:
+                return True
+        return False
 
     def send_now(self, header: bytes, payload: memoryview) -> tuple[_Sender, int]:
         """Queue one frame on the least loaded connection at once (no waiting: the caller
@@ -356,19 +366,24 @@ class Link:
         Raises ConnectionResetError if a connection of the link is gone (the collective then
         fails and is retried on a fresh link). Frames left queued by an aborted attempt are
         dropped by the receiver as stale."""
-        best: _Sender | None = None
-        for s in self.senders:
-            if s.error is not None or s.transport is None:
-                raise ConnectionResetError(f"data connection lost: {s.error}")
-            if best is None or (best.paused, best.buffered) > (s.paused, s.buffered):
-                best = s
-        assert best is not None and best.transport is not None
-        if len(payload):  # one writev for both: a syscall per frame, not two
-            best.transport.writelines((header, payload))
+        senders = self.senders
+        best = senders[0]
+        if len(senders) > 1:
+            for s in senders:
+                if s.error is not None or s.transport is None:
+                    raise ConnectionResetError(f"data connection lost: {s.error}")
+                if (best.paused, best.buffered) > (s.paused, s.buffered):
+                    best = s
+        t = best.transport
+        if best.error is not None or t is None:
+            raise ConnectionResetError(f"data connection lost: {best.error}")
+        n = len(payload)
+        if n:  # one writev for both: a syscall per frame, not two
+            t.writelines((header, payload))
         else:
-            best.transport.write(header)
-        best.queued += len(header) + len(payload)
-        return best, best.queued
+            t.write(header)
+        end = best.queued = best.queued + len(header) + n
+        return best, end
 
     def close(self) -> None:
         if self._ready is not None and not self._ready.done():
