@@ -43,7 +43,8 @@ class Collective:
     """One attempt of one tagged all-reduce on this peer."""
 
     def __init__(self, comm: Communicator, tag: int, src: Buffer, dst: Buffer,
-                 op: ReduceOp, in_place: bool, quant: Quantization | None = None) -> None:
+                 op: ReduceOp, in_place: bool, quant: Quantization | None = None,
+                 restore: bool = True) -> None:
         self.comm, self.tag, self.op = comm, tag, op
         self.quant = quant if quant is not None and quant.algo != QuantAlgo.NONE else None
         self._b = dst.dtype.itemsize
@@ -102,15 +103,17 @@ class Collective:
         self._backup: memoryview | None = None
         self._backup_owner: bytearray | None = None
         self._saved: dict[int, int] | None = None  # in place: offset -> length saved
-        self._in_place = in_place
+        # restore_on_abort=False: nothing is saved and an abort leaves dst unspecified
+        self._backs_up, self._unrestored = in_place and restore, in_place and not restore
         if not in_place and self.quant is not None:
             _ops.copy(dst.view, src.view)
 
     def save_input(self) -> None:
-        """In place: take the backup buffer (called right after the vote went out). The
-        quantized path copies the whole input into it here (one memcpy, overlapping the
-        master's round trip); otherwise segments are copied as they are first written."""
-        if self._in_place and self._backup is None:
+        """In place (unless restore_on_abort=False): take the backup buffer (called right
+        after the vote went out). The quantized path copies the whole input into it here
+        (one memcpy, overlapping the master's round trip); otherwise segments are copied as
+        they are first written."""
+        if self._backs_up and self._backup is None:
             self._backup_owner, self._backup = self.comm._scratch.take(self.dst.view.nbytes)
             if self.quant is not None:
                 _ops.copy(self._backup, self.dst.view)
@@ -185,7 +188,9 @@ class Collective:
 
     def on_abort(self, reason: str) -> None:
         self._restore()
-        self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}"))
+        lost = ("; the in-place input was not restored (restore_on_abort=False)"
+                if self._unrestored else "")
+        self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}{lost}"))
 
     def on_rejected(self, reason: str) -> None:
         self._finish(InvalidUsageError(f"all-reduce tag {self.tag} rejected: {reason}"))

@@ -164,16 +164,20 @@ class Communicator(ControlPlane):
 
     # ---- all-reduce ---------------------------------------------------------------------------
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
-                         tag: int = 0, quantization: Quantization | None = None
-                         ) -> AllReduceHandle:
+                         tag: int = 0, quantization: Quantization | None = None,
+                         restore_on_abort: bool = True) -> AllReduceHandle:
         """Launch an all-reduce now and return an awaitable handle.
 
         The vote goes out before this returns, so several launches keep their order; every
         peer of the group must launch the same tags in the same order. Raises
         ``InvalidUsageError`` (bad argument, tag already in flight), ``TooFewPeersError``
-        (group smaller than two) before anything is sent.
+        (group smaller than two) before anything is sent. ``restore_on_abort``: see
+        ``all_reduce``.
         """
         self._check_usable()
+        if not isinstance(restore_on_abort, bool):
+            raise InvalidUsageError(
+                f"restore_on_abort must be True or False, not {restore_on_abort!r}")
         s, d, in_place = self._check_buffers(src, dst)
         op = _check_op(op)
         tag = _check_tag(tag)
@@ -183,20 +187,29 @@ class Communicator(ControlPlane):
         if self.peer_group_world_size < 2:
             raise TooFewPeersError(
                 f"peer group {self.peer_group} has {self.peer_group_world_size} peer(s)")
-        coll = Collective(self, tag, s, d, op, in_place, quant)
+        coll = Collective(self, tag, s, d, op, in_place, quant, restore=restore_on_abort)
         self._launch(coll)
         return AllReduceHandle(coll)
 
     async def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
-                         tag: int = 0, quantization: Quantization | None = None) -> ReduceInfo:
+                         tag: int = 0, quantization: Quantization | None = None,
+                         restore_on_abort: bool = True) -> ReduceInfo:
         """Ring all-reduce of ``src`` into ``dst`` (in place when ``dst`` is None or ``src``).
 
         Blocks until the group's peers all ran it. The result bytes are identical on every
         peer. Raises ``PeerLostError`` if a peer left meanwhile (an in-place input is then
         restored; retry with the same tag), ``TooFewPeersError``, ``InvalidUsageError``.
         Cancelling aborts the collective for the group.
+
+        In place, each part of the input is copied aside just before it is first overwritten,
+        which is what lets an aborted attempt restore it bit-exactly: one buffer of memory and
+        one more write of it. ``restore_on_abort=False`` skips that copy for callers who can
+        recompute their input (a DiLoCo pseudo-gradient, say): an aborted attempt (lost peer,
+        cancellation, master loss) then leaves the buffer holding unspecified bytes. Out of
+        place, ``src`` is only read and the flag changes nothing.
         """
-        return await self.all_reduce_async(src, dst, op=op, tag=tag, quantization=quantization)
+        return await self.all_reduce_async(src, dst, op=op, tag=tag, quantization=quantization,
+                                           restore_on_abort=restore_on_abort)
 
     async def all_reduce_multiple_with_retry(
             self, tensors: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM, max_in_flight: int = 8,

@@ -184,6 +184,8 @@ async def test_bad_arguments_raise_before_sending(peers):
         await c.all_reduce(np.zeros(4, np.float32), op=17)
     with pytest.raises(pccl.InvalidUsageError, match="tag"):
         await c.all_reduce(np.zeros(4, np.float32), tag=-1)
+    with pytest.raises(pccl.InvalidUsageError, match="restore_on_abort"):
+        await c.all_reduce(np.zeros(4, np.float32), restore_on_abort="no")  # type: ignore[arg-type]
     assert not c._colls and not comms[1]._colls  # nothing was launched
     xs = [np.ones(3, np.float32) for _ in comms]
     await asyncio.gather(*(p.all_reduce(x) for p, x in zip(comms, xs)))
@@ -307,3 +309,33 @@ async def test_reduce_scatter_slots_reused_and_grown(peers, monkeypatch, slots_b
         assert written[False] > 0 and written[True] > 0, written
         if slots_base < 0:  # one-slot blocks under queued sends: more had to be taken
             assert blocks["taken"] > blocks["collectives"], blocks
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["plain", "uint8"])
+async def test_restore_on_abort_false_takes_no_backup_and_gives_the_same_bytes(peers, quantized):
+    """In place with restore_on_abort=False: no buffer of the input's size is taken for a
+    backup (the default takes one), and the result bytes equal the default path's."""
+    comms = await peers(3)
+    n = 3 * (1 << 19) + 5  # several segments per chunk, uneven chunks
+    quant = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8") if quantized else None
+    taken: list[int] = []
+    for c in comms:
+        take = c._scratch.take
+
+        def spy(nbytes, take=take):
+            taken.append(nbytes)
+            return take(nbytes)
+
+        c._scratch.take = spy
+    results = {}
+    for restore in (True, False):
+        xs = [np.arange(n, dtype=np.float32) * (i + 1) - 7.25 for i in range(3)]
+        taken.clear()
+        await asyncio.gather(*(c.all_reduce(x, tag=5, quantization=quant,
+                                            restore_on_abort=restore)
+                               for c, x in zip(comms, xs)))
+        assert xs[0].tobytes() == xs[1].tobytes() == xs[2].tobytes()
+        results[restore] = xs[0].tobytes()
+        backups = [t for t in taken if t == xs[0].nbytes]
+        assert len(backups) == (3 if restore else 0), taken
+    assert results[True] == results[False]

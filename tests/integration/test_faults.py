@@ -94,6 +94,45 @@ async def test_crash_at_each_pipeline_point_leaves_inputs_intact(peers, in_place
     assert [i.world_size for i in infos] == [2, 2]
 
 
+async def test_crash_without_restore_on_abort_leaves_input_unrestored_and_retry_works(peers):
+    """restore_on_abort=False: a crash after the survivor's first all-gather segment landed
+    raises PeerLostError saying the input was not restored (its buffer already holds some
+    final bytes); refilled, the retry among the survivors is exact."""
+    from pccl_aio import _collective
+
+    comms = await peers(3)
+    n = 3 * (1 << 20)
+    xs = [np.arange(n, dtype=np.float32) * (i + 1) + 0.5 for i in range(3)]
+    originals = [x.copy() for x in xs]
+    seen = 0
+
+    def on_segment(self, ph, off, length, p0, p1):
+        nonlocal seen
+        orig_on_segment(self, ph, off, length, p0, p1)
+        if self.comm is comms[0] and ph == 1:
+            seen += 1
+            if seen == 1:
+                crash(comms[1])
+
+    orig_on_segment = _collective.Collective.on_segment
+    _collective.Collective.on_segment = on_segment  # type: ignore[method-assign]
+    try:
+        hs = [c.all_reduce_async(x, tag=4, restore_on_abort=False) for c, x in zip(comms, xs)]
+        res = await asyncio.gather(hs[0], hs[2], return_exceptions=True)
+    finally:
+        _collective.Collective.on_segment = orig_on_segment  # type: ignore[method-assign]
+    for r in res:
+        assert isinstance(r, pccl.PeerLostError), r
+        assert "not restored" in str(r)
+    assert xs[0].tobytes() != originals[0].tobytes()  # an all-gather segment landed, kept
+    for i in (0, 2):
+        xs[i][:] = originals[i]
+    await asyncio.gather(*(comms[i].all_reduce(xs[i], tag=4, restore_on_abort=False)
+                           for i in (0, 2)))
+    assert xs[0].tobytes() == xs[2].tobytes()
+    np.testing.assert_array_equal(xs[0], originals[0] + originals[2])
+
+
 async def test_multiple_with_retry_survives_a_crash(peers):
     comms = await peers(3, p2p_connections=2)
     tensors = [[np.full(40_000, t + 1 + 100 * i, np.float64) for t in range(10)] for i in range(3)]
