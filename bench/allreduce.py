@@ -64,7 +64,8 @@ import pccl_aio as pccl
 HERE = Path(__file__).resolve().parent
 GLOO_RANK = HERE / "_gloo.py"
 CONFIG_TIMEOUT = 600.0
-IMPL = {"in": "pccl_aio", "out": "pccl_aio-oop"}  # --placement: in place, out of place
+# --placement: in place, out of place, in place with restore_on_abort=False
+IMPL = {"in": "pccl_aio", "out": "pccl_aio-oop", "norestore": "pccl_aio-norestore"}
 Plan = list[tuple[int, int]]  # (nbytes, timed iterations) per size
 
 
@@ -78,14 +79,15 @@ async def _peer(addr: str, world: int, conns: int, warmup: int, plan: Plan,
             base = input_pattern(nbytes // 4)
             expected = base * world
             x = np.empty_like(base)
-            y = x if placement == "in" else np.empty_like(base)  # "out": src x, dst y
+            y = np.empty_like(base) if placement == "out" else x  # "out": src x, dst y
             times = []
             info = None
             for i in range(warmup + iters):
                 np.copyto(x, base)
                 await comm.all_reduce(sync, tag=1)  # untimed barrier: all peers start together
                 t0 = time.perf_counter()
-                info = await comm.all_reduce(x, y, tag=0)
+                info = await comm.all_reduce(x, y, tag=0,
+                                             restore_on_abort=placement != "norestore")
                 dt = time.perf_counter() - t0
                 err = check_result(y, expected, f"pccl_aio peer of {world}, {nbytes} B, iteration {i}")
                 if err:
@@ -284,7 +286,8 @@ def _compare_gloo(args: argparse.Namespace) -> None:
                               "vs_tcp1": ".4f", "round_spread": ".2f"})
     checks = _acceptance(rows, args.peers, conns)
     print()
-    print("acceptance (pccl_aio in place and out of place (-oop) vs gloo and TCP, same run):")
+    print("acceptance (pccl_aio in place, out of place (-oop) and in place without the "
+          "restore copy (-norestore) vs gloo and TCP, same run):")
     for c in checks:
         print(f"  {c['what']:<45} {c['value']:7.3f}  target {c['target']:<7} "
               f"{'ok' if c['ok'] else 'MISS'}")
@@ -324,10 +327,11 @@ def main() -> None:
                     help="--compare: runs of each implementation per P, alternating, pooled")
     ap.add_argument("--tcp-seconds", type=float, default=1.0)
     ap.add_argument("--json", metavar="PATH", help="also write the JSON lines to PATH")
-    ap.add_argument("--placement", nargs="+", choices=["in", "out"], default=["in", "out"],
+    ap.add_argument("--placement", nargs="+", choices=list(IMPL), default=list(IMPL),
                     help="--compare: pccl_aio in place (all_reduce(x): keeps a copy of x to "
-                         "restore it after an abort) and/or out of place (all_reduce(x, y): x is "
-                         "only read, nothing is copied); gloo is in place and restores nothing")
+                         "restore it after an abort), out of place (all_reduce(x, y): x is "
+                         "only read, nothing is copied) and/or norestore (in place with "
+                         "restore_on_abort=False, no copy, like gloo, which restores nothing)"),
     ap.add_argument("--peer", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:

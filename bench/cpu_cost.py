@@ -1,7 +1,8 @@
 """CPU cost of one all-reduce: user and system CPU of all ranks, pccl_aio against gloo.
 
     python bench/cpu_cost.py [--peers 3] [--mib 16 64] [--iters 30] [--rounds 2]
-                             [--placement in out] [--variant NAME=PATH ...] [--json PATH]
+                             [--placement in out norestore] [--variant NAME=PATH ...]
+                             [--json PATH]
 
 On a machine with fewer cores than ranks (P = 3 on 2 cores), wall time follows the CPU that
 all ranks burn together, so this is the figure to shrink. Each rank process runs ``--iters``
@@ -38,6 +39,7 @@ from _common import emit_json_lines, init_gloo_rank, join_world, median, print_t
 
 HERE = Path(__file__).resolve().parent
 WARMUP = 3
+SUFFIX = {"in": "", "out": "-oop", "norestore": "-norestore"}  # --placement -> row name
 
 
 def _usage() -> tuple[float, float, int]:
@@ -57,7 +59,7 @@ def _report(wall: float, u0: tuple[float, float, int], iters: int, rss0: int) ->
                       "extra": _peak_rss() - rss0}), flush=True)
 
 
-async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, out: bool) -> None:
+async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, placement: str) -> None:
     import numpy as np
 
     import pccl_aio as pccl
@@ -65,14 +67,15 @@ async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, out: bool) 
     async with pccl.Communicator(addr) as comm:
         await join_world(comm, world)
         x = np.ones(nbytes // 4, np.float32)
-        y = np.zeros_like(x) if out else x  # touched: the peak counts only the library's
+        y = np.zeros_like(x) if placement == "out" else x  # touched: the peak counts only
+        keep = placement != "norestore"  # the library's memory
         rss0 = _peak_rss()
         for _ in range(WARMUP):
-            await comm.all_reduce(x, y, tag=0)
+            await comm.all_reduce(x, y, tag=0, restore_on_abort=keep)
         wall, u0 = 0.0, _usage()
         for _ in range(iters):
             t0 = time.perf_counter()
-            await comm.all_reduce(x, y, tag=0)
+            await comm.all_reduce(x, y, tag=0, restore_on_abort=keep)
             wall += time.perf_counter() - t0
         _report(wall, u0, iters, rss0)
 
@@ -119,14 +122,14 @@ def _run_gloo(world: int, iters: int, nbytes: int) -> dict[str, float]:
     return _summary(_collect(procs), 0.0, nbytes)
 
 
-async def _run_pccl(world: int, iters: int, nbytes: int, out: bool,
+async def _run_pccl(world: int, iters: int, nbytes: int, placement: str,
                     path: Path = HERE.parent) -> dict[str, float]:
     import pccl_aio as pccl
 
     async with pccl.Master("127.0.0.1", 0) as master:
         u0 = _usage()
         procs = [subprocess.Popen([sys.executable, __file__, "--pccl-rank", master.address,
-                                   str(world), str(iters), str(nbytes), str(int(out))],
+                                   str(world), str(iters), str(nbytes), placement],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=_env(path)) for _ in range(world)]
         outs = await asyncio.to_thread(_collect, procs)
@@ -150,7 +153,9 @@ def main() -> None:
     ap.add_argument("--mib", type=float, nargs="+", default=[16, 64])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--placement", nargs="+", choices=["in", "out"], default=["in", "out"])
+    ap.add_argument("--placement", nargs="+", choices=list(SUFFIX), default=["in", "out"],
+                    help="in place, out of place (-oop), in place with "
+                         "restore_on_abort=False (-norestore)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=PATH",
                     help="also run the ranks from another pccl_aio checkout")
     ap.add_argument("--json", metavar="PATH")
@@ -161,7 +166,7 @@ def main() -> None:
         import pccl_aio as pccl
 
         addr, w, it, n, o = args.pccl_rank
-        pccl.run(_pccl_rank(addr, int(w), int(it), int(n), o == "1"))
+        pccl.run(_pccl_rank(addr, int(w), int(it), int(n), o))
         return
     if args.gloo_rank:
         r, w, port, it, n = args.gloo_rank
@@ -177,8 +182,8 @@ def main() -> None:
         if not sep or name in ("gloo", *paths) or not (Path(path) / "pccl_aio").is_dir():
             raise SystemExit(f"bad variant {v!r}: NAME=PATH of a checkout holding pccl_aio/")
         paths[name] = Path(path).resolve()
-    impls = ["gloo"] + [name + {"in": "", "out": "-oop"}[p] for name in paths
-                        for p in args.placement]
+    runs = {name + SUFFIX[p]: (name, p) for name in paths for p in args.placement}
+    impls = ["gloo", *runs]
     rows: list[dict[str, Any]] = []
     for world in args.peers:
         for mib in args.mib:
@@ -189,10 +194,9 @@ def main() -> None:
                     if impl == "gloo":
                         got[impl].append(_run_gloo(world, args.iters, nbytes))
                     else:
-                        name = impl.removesuffix("-oop")
+                        name, placement = runs[impl]
                         got[impl].append(pccl.run(_run_pccl(world, args.iters, nbytes,
-                                                            impl.endswith("-oop"),
-                                                            paths[name])))
+                                                            placement, paths[name])))
             g_wall = median([r["wall_ms"] for r in got["gloo"]])
             g_cpu = median([r["cpu_ms"] for r in got["gloo"]])
             for impl in impls:
