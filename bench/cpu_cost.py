@@ -67,8 +67,9 @@ async def _pccl_rank(addr: str, world: int, iters: int, nbytes: int, placement: 
     async with pccl.Communicator(addr) as comm:
         await join_world(comm, world)
         x = np.ones(nbytes // 4, np.float32)
-        y = np.zeros_like(x) if placement == "out" else x  # touched: the peak counts only
-        keep = placement != "norestore"  # the library's memory
+        # y touched first, so the peak below counts only the library's memory
+        y = np.zeros_like(x) if placement == "out" else x
+        keep = placement != "norestore"
         rss0 = _peak_rss()
         for _ in range(WARMUP):
             await comm.all_reduce(x, y, tag=0, restore_on_abort=keep)
