@@ -106,8 +106,8 @@ async def average(comm: pccl.Communicator, outer: np.ndarray, local: np.ndarray)
             if comm.peer_group_world_size >= 2:
                 await comm.all_reduce(delta, op=pccl.ReduceOp.AVG, tag=0, restore_on_abort=False)
             return delta
-        except pccl.TooFewPeersError:
-            return np.subtract(outer, local)
+        except pccl.TooFewPeersError:  # alone now; raised before anything was sent
+            return delta
         except pccl.PeerLostError:
             continue
 
