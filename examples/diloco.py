@@ -120,6 +120,10 @@ async def main(args: argparse.Namespace) -> int:
     async with pccl.Communicator(args.master) as comm:
         await comm.connect(attempts=args.attempts)
         print(f"joined peer={comm.peer_id} world={comm.world_size}", flush=True)
+        while comm.peer_group_world_size < args.min_peers:  # the first step waits for them
+            await comm.update_topology()  # a joint vote: admits whoever is waiting
+            if comm.peer_group_world_size < args.min_peers:
+                await asyncio.sleep(0.2)
         first = True
         pending: asyncio.Future[np.ndarray] | None = None  # --overlap: the last step's average
         while outer.count[0] + (pending is not None) < args.steps:
@@ -172,6 +176,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--momentum", type=float, help="Nesterov; default 0.9, with --overlap 0.7")
     ap.add_argument("--overlap", action="store_true",
                     help="one-step-delayed outer update, all-reduce overlapping training")
+    ap.add_argument("--min-peers", type=int, default=2,
+                    help="peers the run waits for before its first step (joiners skip this)")
     ap.add_argument("--attempts", type=int, default=20, help="master connection attempts")
     return ap.parse_args(argv)
 

@@ -51,8 +51,8 @@ def _assert_parity(steps: dict[str, dict[int, str]]) -> None:
 @MODES
 async def test_diloco_runs_to_the_end_with_one_outer_state(procs, master_proc, extra):
     _, addr = master_proc
-    peers = [await _start(procs, addr, seed, "--steps", "6", "--inner", "10", *extra)
-             for seed in (1, 2, 3)]
+    peers = [await _start(procs, addr, seed, "--steps", "6", "--inner", "10",
+                          "--min-peers", "3", *extra) for seed in (1, 2, 3)]
     queue: asyncio.Queue = asyncio.Queue()
     pumps = [asyncio.ensure_future(_lines(p, queue)) for p in peers]
     steps: dict[str, dict[int, str]] = defaultdict(dict)
@@ -79,7 +79,7 @@ async def test_diloco_keeps_one_outer_state_through_a_sigkill_and_a_joiner(
     """Three peers; peer 2 is SIGKILLed after its third step, the survivors go on as two,
     a fourth peer joins mid-run and takes part. Digests agree step by step throughout."""
     _, addr = master_proc
-    args = ("--steps", "100000", "--inner", "20", *extra)  # ended by the test
+    args = ("--steps", "100000", "--inner", "20", "--min-peers", "3", *extra)  # ended by the test
     peers = {seed: await _start(procs, addr, seed, *args) for seed in (1, 2, 3)}
     queue: asyncio.Queue = asyncio.Queue()
     pumps = [asyncio.ensure_future(_lines(p, queue)) for p in peers.values()]
