@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
+from collections.abc import Iterator
 
 import msgspec
 import numpy as np
@@ -13,6 +15,29 @@ import pccl_aio as pccl
 from pccl_aio import _messages as m
 from pccl_aio._framing import frame
 from tests.helpers import FAST, crash
+
+
+@contextlib.contextmanager
+def _crash_after(watched, victim, phase: int, k: int) -> Iterator[list[int]]:
+    """Crash ``victim`` once ``watched`` received its ``k``-th segment of ``phase``; yields a
+    one-item list counting those segments. Collective.on_segment is restored on exit."""
+    from pccl_aio import _collective
+
+    seen = [0]
+    orig_on_segment = _collective.Collective.on_segment
+
+    def on_segment(self, ph, off, length, p0, p1):
+        orig_on_segment(self, ph, off, length, p0, p1)
+        if self.comm is watched and ph == phase:
+            seen[0] += 1
+            if seen[0] == k:
+                crash(victim)
+
+    _collective.Collective.on_segment = on_segment  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        _collective.Collective.on_segment = orig_on_segment  # type: ignore[method-assign]
 
 
 async def _reduce_ok(comms, n=100):
@@ -54,34 +79,17 @@ async def test_crash_at_each_pipeline_point_leaves_inputs_intact(peers, in_place
     """dst segments are backed up (or filled from src) only when first written: a crash after
     the k-th received segment of a phase still restores an in-place input bit-exactly and never
     touches an out-of-place input."""
-    from pccl_aio import _collective
-
     comms = await peers(3)
     n = 3 * (1 << 20)  # 4 MiB float32 chunks: 4 segments each
     xs = [np.arange(n, dtype=np.float32) * (i + 1) + 0.5 for i in range(3)]
     originals = [x.copy() for x in xs]
     outs = [np.full(n, -1.0, np.float32) for _ in range(3)]
     phase, k = when
-    seen = 0
-    watched = comms[0]
-
-    def on_segment(self, ph, off, length, p0, p1):
-        nonlocal seen
-        orig_on_segment(self, ph, off, length, p0, p1)
-        if self.comm is watched and ph == phase:
-            seen += 1
-            if seen == k:
-                crash(comms[1])
-
-    orig_on_segment = _collective.Collective.on_segment
-    _collective.Collective.on_segment = on_segment  # type: ignore[method-assign]
-    try:
+    with _crash_after(comms[0], comms[1], phase, k) as seen:
         hs = [c.all_reduce_async(x, None if in_place else o, tag=3)
               for c, x, o in zip(comms, xs, outs)]
         res = await asyncio.gather(hs[0], hs[2], return_exceptions=True)
-    finally:
-        _collective.Collective.on_segment = orig_on_segment  # type: ignore[method-assign]
-    assert seen >= k
+    assert seen[0] >= k
     for r in res:
         assert isinstance(r, pccl.PeerLostError), r
     for i in (0, 2):
@@ -98,29 +106,13 @@ async def test_crash_without_restore_on_abort_leaves_input_unrestored_and_retry_
     """restore_on_abort=False: a crash after the survivor's first all-gather segment landed
     raises PeerLostError saying the input was not restored (its buffer already holds some
     final bytes); refilled, the retry among the survivors is exact."""
-    from pccl_aio import _collective
-
     comms = await peers(3)
     n = 3 * (1 << 20)
     xs = [np.arange(n, dtype=np.float32) * (i + 1) + 0.5 for i in range(3)]
     originals = [x.copy() for x in xs]
-    seen = 0
-
-    def on_segment(self, ph, off, length, p0, p1):
-        nonlocal seen
-        orig_on_segment(self, ph, off, length, p0, p1)
-        if self.comm is comms[0] and ph == 1:
-            seen += 1
-            if seen == 1:
-                crash(comms[1])
-
-    orig_on_segment = _collective.Collective.on_segment
-    _collective.Collective.on_segment = on_segment  # type: ignore[method-assign]
-    try:
+    with _crash_after(comms[0], comms[1], phase=1, k=1):
         hs = [c.all_reduce_async(x, tag=4, restore_on_abort=False) for c, x in zip(comms, xs)]
         res = await asyncio.gather(hs[0], hs[2], return_exceptions=True)
-    finally:
-        _collective.Collective.on_segment = orig_on_segment  # type: ignore[method-assign]
     for r in res:
         assert isinstance(r, pccl.PeerLostError), r
         assert "not restored" in str(r)
