@@ -112,6 +112,15 @@ async def average(comm: pccl.Communicator, outer: np.ndarray, local: np.ndarray)
             continue
 
 
+async def wait_for_peers(comm: pccl.Communicator, n: int) -> None:
+    """Admit whoever waits (a joint vote) until the group has ``n`` peers."""
+    while True:
+        await comm.update_topology()
+        if comm.peer_group_world_size >= n:
+            return
+        await asyncio.sleep(0.2)  # pacing: poll for newcomers
+
+
 async def main(args: argparse.Namespace) -> int:
     x, y = make_shard(args.seed)
     # the one-step-delayed update wants a gentler outer step (it oscillates at 0.7 / 0.9 here)
@@ -120,10 +129,8 @@ async def main(args: argparse.Namespace) -> int:
     async with pccl.Communicator(args.master) as comm:
         await comm.connect(attempts=args.attempts)
         print(f"joined peer={comm.peer_id} world={comm.world_size}", flush=True)
-        while comm.peer_group_world_size < args.min_peers:  # the first step waits for them
-            await comm.update_topology()  # a joint vote: admits whoever is waiting
-            if comm.peer_group_world_size < args.min_peers:
-                await asyncio.sleep(0.2)
+        if comm.peer_group_world_size < args.min_peers:  # the first step waits for them
+            await wait_for_peers(comm, args.min_peers)
         first = True
         pending: asyncio.Future[np.ndarray] | None = None  # --overlap: the last step's average
         while outer.count[0] + (pending is not None) < args.steps:
@@ -135,10 +142,8 @@ async def main(args: argparse.Namespace) -> int:
                     pending = None
                 if joining:
                     await comm.update_topology()
-                while comm.peer_group_world_size < 2:  # alone: admit whoever waits, else wait
-                    await comm.update_topology()
-                    if comm.peer_group_world_size < 2:
-                        await asyncio.sleep(0.2)
+                if comm.peer_group_world_size < 2:  # alone: wait for company
+                    await wait_for_peers(comm, 2)
             if pending is None:  # a joiner receives the outer state and the step count here
                 try:
                     await comm.sync_shared_state(outer.state)
