@@ -153,12 +153,10 @@ class _Receiver(asyncio.BufferedProtocol):
                 self._set_lowat(self._want - got)
             return
         state = self._state
-        if state == _S_PAYLOAD:  # the hot path: inlined, one call into the sink per frame
+        if state == _S_PAYLOAD:  # the hot path first: one call into the sink per frame
             sink = self._sink
             self._sink = self._target = None
-            self._state, self._got, self._want = _S_HEADER, 0, HEADER.size
-            if self._lowat != 1:
-                self._set_lowat(1)
+            self._expect_header()
             if sink is not None and sink.active:
                 _seq, phase, off, p0, p1 = self._frame
                 sink.on_segment(phase, off, self._want_len, p0, p1)
@@ -179,8 +177,7 @@ class _Receiver(asyncio.BufferedProtocol):
 
     def _expect_header(self) -> None:
         self._state, self._got, self._want = _S_HEADER, 0, HEADER.size
-        if self._lowat != 1:
-            self._set_lowat(1)
+        self._set_lowat(1)
 
     def _route(self, seq: int, phase: int, off: int, length: int) -> bool:
         """Pick where the payload goes; True if the connection was parked instead."""
@@ -203,9 +200,7 @@ class _Receiver(asyncio.BufferedProtocol):
                 self._state = _S_DISCARD
             else:
                 self._sink, self._target, self._state = sink, target, _S_PAYLOAD
-                lowat = length if length < LOWAT_CAP else LOWAT_CAP
-                if lowat > 1:
-                    self._set_lowat(lowat)
+                self._set_lowat(max(1, min(length, LOWAT_CAP)))
         if length == 0:
             self.buffer_updated(0)
         return False
