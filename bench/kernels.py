@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pccl_aio import _ops
+from pccl_aio._compute import front as _ops
 
 SUM, F32, BF16, U8, MIN_MAX = 0, 10, 9, 0, 1
 
@@ -75,7 +75,7 @@ def main() -> None:
                     help="switch the Cython kernels' AVX2 loops off (portable loops only)")
     args = ap.parse_args()
     if args.portable and _ops.IMPLEMENTATION == "cython":
-        from pccl_aio import _kernels
+        from pccl_aio._compute import _kernels
 
         _kernels._set_simd(0)
 

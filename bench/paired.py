@@ -39,7 +39,7 @@ async def _pccl_peer(addr: str, world: int, seconds: float, nbytes: int, out: bo
     from _common import join_world
 
     import pccl_aio as pccl
-    from pccl_aio import _collective
+    from pccl_aio._peer import collective as _collective
 
     if os.environ.get("PCCL_BENCH_SEGMENT"):
         _collective.SEGMENT_BYTES = int(os.environ["PCCL_BENCH_SEGMENT"])

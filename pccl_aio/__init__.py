@@ -10,7 +10,6 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from ._communicator import AllReduceHandle, Communicator
 from ._errors import (
     InvalidUsageError,
     KickedError,
@@ -24,8 +23,9 @@ from ._errors import (
     TooFewPeersError,
     VersionMismatchError,
 )
-from ._master import Master
-from ._shared_state import SharedState
+from ._master.server import Master
+from ._peer.communicator import AllReduceHandle, Communicator
+from ._peer.core.shared_state import SharedState
 from ._types import (
     DataType,
     QuantAlgo,

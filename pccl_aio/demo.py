@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, run
-from ._shared_state import hash_bytes
+from ._peer.core.shared_state import hash_bytes
 
 
 def _exists(path: str) -> bool:

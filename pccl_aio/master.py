@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from ._master import Master, main
+from ._master.server import Master, main
 
 __all__ = ["Master", "main"]
 

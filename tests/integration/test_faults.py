@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from pccl_aio import _messages as m
-from pccl_aio._framing import frame
+from pccl_aio._wire import messages as m
+from pccl_aio._wire.framing import frame
 from tests.helpers import FAST, crash
 
 
@@ -21,7 +21,7 @@ from tests.helpers import FAST, crash
 def _crash_after(watched, victim, phase: int, k: int) -> Iterator[list[int]]:
     """Crash ``victim`` once ``watched`` received its ``k``-th segment of ``phase``; yields a
     one-item list counting those segments. Collective.on_segment is restored on exit."""
-    from pccl_aio import _collective
+    from pccl_aio._peer import collective as _collective
 
     seen = [0]
     orig_on_segment = _collective.Collective.on_segment

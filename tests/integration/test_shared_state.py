@@ -678,7 +678,7 @@ async def test_a_peer_crashed_before_voting_does_not_block_the_others(master, pe
 async def test_distributor_crash_before_the_fetch_fails_over_to_another_source(peers, monkeypatch):
     """A source listed in the plan is dead when the requester connects: the other source serves
     every range (the sync still completes, bytes correct)."""
-    import pccl_aio._sync as sync_mod
+    import pccl_aio._peer.sync as sync_mod
 
     comms = await peers(3)
     good = random_bits(2 * PIECE + 3, np.uint8, 2)
@@ -971,7 +971,7 @@ async def test_second_concurrent_sync_on_one_peer_is_refused_and_the_first_compl
     must not disturb the running one, also when it comes while the first is still hashing
     (states above 32 MiB are hashed in a worker thread, so the loop runs meanwhile; the hashing
     is held here by a gate to make that window deterministic)."""
-    import pccl_aio._sync as sync_mod
+    import pccl_aio._peer.sync as sync_mod
 
     a, b = await peers(2)
     xa, xb = u8(42, 4096), u8(0, 4096)

@@ -12,10 +12,10 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pccl_aio._master.core.election import Election, Plan, elect
 
-from pccl_aio import _messages as m
-from pccl_aio._election import Election, Plan, elect
 from pccl_aio._types import DataType, SyncStrategy
+from pccl_aio._wire import messages as m
 
 EP, RO, SO = SyncStrategy.ENFORCE_POPULAR, SyncStrategy.RECEIVE_ONLY, SyncStrategy.SEND_ONLY
 H = {c: bytes([c]) * 16 for c in range(256)}  # fake xxh3-128 digests

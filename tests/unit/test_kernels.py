@@ -22,15 +22,15 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pccl_aio import _kernels_py as ref
-from pccl_aio import _ops
+from pccl_aio._compute import front as _ops
+from pccl_aio._compute import reference as ref
 from pccl_aio._errors import InvalidUsageError
 
 NO_EXT = os.environ.get("PCCL_AIO_NO_EXTENSIONS", "") not in ("", "0")
 cy: ModuleType | None = None
 if not NO_EXT:
     try:
-        from pccl_aio import _kernels as cy
+        from pccl_aio._compute import _kernels as cy
     except ImportError:  # pragma: no cover - build-dependent
         cy = None
 
@@ -120,7 +120,7 @@ def test_implementation_follows_import() -> None:
 @pytest.mark.parametrize(("value", "forced"), [("1", True), ("0", False), ("", False)])
 def test_environment_variable(value: str, forced: bool) -> None:
     env = {**os.environ, "PCCL_AIO_NO_EXTENSIONS": value}
-    out = subprocess.run([sys.executable, "-c", "from pccl_aio import _ops; print(_ops.IMPLEMENTATION)"],
+    out = subprocess.run([sys.executable, "-c", "from pccl_aio._compute import front; print(front.IMPLEMENTATION)"],
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     if forced or not _cython_builds():
         assert out == "numpy"
@@ -130,7 +130,7 @@ def test_environment_variable(value: str, forced: bool) -> None:
 
 def _cython_builds() -> bool:
     try:
-        import pccl_aio._kernels  # noqa: F401
+        import pccl_aio._compute._kernels  # noqa: F401
     except ImportError:
         return False
     return True

@@ -1,7 +1,16 @@
-"""The sans-IO core never touches the event loop, sockets or clocks.
+"""The layer of every module shows in its path, and the sans-IO layers never touch I/O.
 
-Checked on the source (AST), directly and through the sibling modules it imports, so the
-modules stay usable from a plain unit test, a thread, or another event loop.
+The rule, by folder (no list of files):
+
+- sans-IO: ``_wire/`` (wire formats), ``_compute/`` (kernels), every ``core/`` folder
+  (``_master/core``, ``_peer/core``) and the top-level ``_*.py`` modules (errors, types,
+  version). They import no ``asyncio``, ``socket``, ``selectors`` or ``time``, directly or
+  through any pccl_aio module they import.
+- asyncio shell: ``_net/``, ``_master/``, ``_peer/`` (outside ``core/``) and the public
+  entry modules ``master.py``, ``demo.py``, ``__init__.py``.
+
+Checked on the source (AST), so the sans-IO modules stay usable from a plain unit test, a
+thread, or another event loop.
 """
 
 from __future__ import annotations
@@ -12,87 +21,140 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "pccl_aio"
-SANS_IO = ["_errors", "_types", "_messages", "_framing", "_master_state", "_ring",
-           "_kernels_py", "_ops", "_buffers"]
-IN_PROGRESS = {"_ops", "_kernels_py"}  # being written by another helper right now
 FORBIDDEN = {"asyncio", "socket", "time", "selectors"}
+SANS_IO_FOLDERS = {"_wire", "_compute", "core"}
+SHELL_FOLDERS = {"_net", "_master", "_peer"}
+PUBLIC_ENTRY = {"__init__.py", "master.py", "demo.py"}
 
 
-def imports(path: Path) -> tuple[set[str], set[str]]:
-    """(absolute top-level modules, sibling pccl_aio modules) imported anywhere in ``path``."""
+def layer(path: Path) -> str:
+    """'sans-io' or 'shell', from the path alone; AssertionError for a file with no layer."""
+    rel = path.relative_to(PKG)
+    folders = rel.parts[:-1]
+    if any(f in SANS_IO_FOLDERS for f in folders):
+        return "sans-io"
+    if folders:
+        assert folders[0] in SHELL_FOLDERS, f"{rel}: folder {folders[0]!r} has no layer"
+        return "shell"
+    if rel.name in PUBLIC_ENTRY:
+        return "shell"
+    assert rel.name.startswith("_"), f"{rel}: a public module outside the known entry points"
+    return "sans-io"
+
+
+def module_path(dotted: str) -> Path | None:
+    """Source file of ``pccl_aio.x.y`` (a module or a package), or None (compiled, absent)."""
+    base = PKG.joinpath(*dotted.split(".")[1:])
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.exists():
+            return cand
+    return None
+
+
+def dotted_of(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(["pccl_aio", *parts])
+
+
+def imports(path: Path, at: Path | None = None) -> tuple[set[str], set[str]]:
+    """(absolute top-level modules, pccl_aio modules as dotted names) imported in ``path``,
+    whose relative imports are read as if it were at ``at`` inside the package."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    where = at or path
+    here = dotted_of(where).split(".")
+    package = here if where.name == "__init__.py" else here[:-1]
     absolute: set[str] = set()
-    siblings: set[str] = set()
+    internal: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 absolute.add(alias.name.split(".")[0])
-                if alias.name.startswith("pccl_aio."):
-                    siblings.add(alias.name.split(".")[1])
+                if alias.name.startswith("pccl_aio"):
+                    internal.add(alias.name)
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
             if node.level == 0:
                 absolute.add(mod.split(".")[0])
-                if mod == "pccl_aio":
-                    siblings.update(a.name for a in node.names)
-                elif mod.startswith("pccl_aio."):
-                    siblings.add(mod.split(".")[1])
-            elif node.level == 1:
-                if mod:
-                    siblings.add(mod.split(".")[0])
-                else:  # from . import x, y
-                    siblings.update(a.name for a in node.names)
+                if not mod.startswith("pccl_aio"):
+                    continue
+                base = mod
             else:
-                raise AssertionError(f"{path.name}: relative import beyond the package")
-    return absolute, siblings
+                assert node.level <= len(package), f"{path}: relative import beyond the package"
+                base = ".".join(package[: len(package) - node.level + 1] + ([mod] if mod else []))
+            internal.add(base)
+            internal.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+    return absolute, internal
 
 
-def closure(name: str) -> dict[str, set[str]]:
-    """module -> its absolute imports, for ``name`` and every .py sibling it pulls in."""
-    seen: dict[str, set[str]] = {}
-    todo = [name]
+def closure(path: Path) -> dict[Path, set[str]]:
+    """file -> its absolute imports, for ``path`` and every pccl_aio file it pulls in."""
+    seen: dict[Path, set[str]] = {}
+    todo = [path]
     while todo:
-        mod = todo.pop()
-        path = PKG / f"{mod}.py"
-        if mod in seen or mod == "__init__" or not path.exists():
-            continue  # compiled extensions (_kernels) have no Python source to check
-        absolute, siblings = imports(path)
-        seen[mod] = absolute
-        todo.extend(siblings)
+        p = todo.pop()
+        if p in seen:
+            continue
+        absolute, internal = imports(p)
+        seen[p] = absolute
+        for dotted in internal:
+            q = module_path(dotted)
+            if q is not None and q != PKG / "__init__.py":  # the root pulls in everything
+                todo.append(q)
     return seen
 
 
-@pytest.mark.parametrize("name", SANS_IO)
-def test_sans_io_module_imports_no_io(name: str) -> None:
-    path = PKG / f"{name}.py"
-    if not path.exists():
-        if name in IN_PROGRESS:
-            pytest.skip(f"{path.name} is not written yet")
-        pytest.fail(f"sans-IO module {path} is missing")
-    bad = {mod: sorted(absolute & FORBIDDEN) for mod, absolute in closure(name).items()
-           if absolute & FORBIDDEN}
-    assert bad == {}, f"{name} reaches I/O modules: {bad}"
+SOURCES = sorted(PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PKG)))
+def test_every_module_has_a_layer(path: Path) -> None:
+    assert layer(path) in ("sans-io", "shell")
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if layer(p) == "sans-io"],
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_sans_io_module_imports_no_io(path: Path) -> None:
+    bad = {str(p.relative_to(PKG)): sorted(absolute & FORBIDDEN)
+           for p, absolute in closure(path).items() if absolute & FORBIDDEN}
+    assert bad == {}, f"{path.relative_to(PKG)} reaches I/O modules: {bad}"
+
+
+def test_the_layers_are_populated() -> None:
+    """The rule is not vacuous: each layer has files, and core folders exist on both sides."""
+    sans = {p.relative_to(PKG).parts[0] for p in SOURCES if layer(p) == "sans-io"}
+    assert {"_wire", "_compute", "_master", "_peer"} <= sans
+    assert sum(layer(p) == "shell" for p in SOURCES) >= 8
 
 
 def test_checker_sees_every_import_form(tmp_path: Path) -> None:
+    at = PKG / "_peer" / "core" / "m.py"  # where its relative imports are resolved
     src = tmp_path / "m.py"
     src.write_text(
         "import os.path, asyncio.events\n"
         "from time import monotonic\n"
-        "from . import _a, _b\n"
-        "from ._c import x\n"
-        "from pccl_aio import _d\n"
-        "import pccl_aio._e\n"
+        "from . import ring, slots\n"
+        "from .buffers import x\n"
+        "from ..._wire import messages\n"
+        "from pccl_aio import _errors\n"
+        "import pccl_aio._types\n"
         "def f():\n    import socket\n",
         encoding="utf-8")
-    absolute, siblings = imports(src)
+    absolute, internal = imports(src, at)
     assert {"os", "asyncio", "time", "socket"} <= absolute
-    assert siblings == {"_a", "_b", "_c", "_d", "_e"}
+    assert {"pccl_aio._peer.core.ring", "pccl_aio._peer.core.slots",
+            "pccl_aio._peer.core.buffers", "pccl_aio._wire.messages",
+            "pccl_aio._errors", "pccl_aio._types"} <= internal
+    assert layer(at) == "sans-io"
+    assert layer(PKG / "_peer" / "control.py") == "shell"
+    with pytest.raises(AssertionError, match="has no layer"):
+        layer(PKG / "_misc" / "x.py")
 
 
-def test_io_modules_are_detected_through_siblings() -> None:
+def test_io_modules_are_detected_through_imports() -> None:
     """The transitive walk is not vacuous: the master's command line reaches sockets."""
-    found = closure("master")  # the CLI module; it imports the asyncio server module
-    assert {"_master_state", "_messages", "_framing", "_netutil"} <= set(found)
-    assert "socket" in found["_netutil"]
-    assert any("asyncio" in absolute for absolute in found.values())
+    found = {str(p.relative_to(PKG)): a for p, a in closure(PKG / "master.py").items()}
+    assert {"_master/server.py", "_master/core/state.py", "_wire/messages.py",
+            "_wire/framing.py", "_net/stream.py"} <= set(found)
+    assert "socket" in found["_net/stream.py"]
+    assert not found["_master/core/state.py"] & FORBIDDEN

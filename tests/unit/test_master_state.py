@@ -16,9 +16,9 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pccl_aio._master.core import state as ms
 
-from pccl_aio import _master_state as ms
-from pccl_aio import _messages as m
+from pccl_aio._wire import messages as m
 
 PV = m.PROTOCOL_VERSION
 TERMINAL = (m.CollectiveComplete, m.CollectiveAbort, m.CollectiveRejected)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pccl_aio import _framing as fr
-from pccl_aio import _messages as m
 from pccl_aio._errors import ProtocolError, RemoteProtocolError
+from pccl_aio._wire import framing as fr
+from pccl_aio._wire import messages as m
 
 PV = m.PROTOCOL_VERSION
 enc = msgspec.msgpack.encode

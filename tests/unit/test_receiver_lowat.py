@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import socket
 
-from pccl_aio import _dataplane as dp
-from pccl_aio import _ring as ring
+from pccl_aio._peer import dataplane as dp
+from pccl_aio._peer.core import ring
 
 
 class FakeTransport:

@@ -18,11 +18,11 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
 
-from . import _master_state as ms
-from . import _messages as m
-from ._errors import RemoteProtocolError
-from ._framing import MAX_FRAME_SIZE, frame
-from ._netutil import own_socket, read_frame, set_nodelay
+from .._errors import RemoteProtocolError
+from .._net.stream import own_socket, read_frame, set_nodelay
+from .._wire import messages as m
+from .._wire.framing import MAX_FRAME_SIZE, frame
+from .core import state as ms
 
 __all__ = ["Master", "main"]
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from . import run
+    from .. import run
 
     run(_run_cli(args))
     return 0

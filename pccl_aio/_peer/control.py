@@ -13,10 +13,7 @@ import contextlib
 import logging
 from typing import Any
 
-from . import _messages as m
-from ._collective import Collective
-from ._dataplane import Link, Listener, Registry
-from ._errors import (
+from .._errors import (
     InvalidUsageError,
     KickedError,
     MasterConnectionError,
@@ -25,11 +22,14 @@ from ._errors import (
     SharedStateError,
     VersionMismatchError,
 )
-from ._framing import frame
-from ._netutil import read_frame, set_nodelay
-from ._shared_state import SharedState
-from ._state_transfer import StateServer
-from ._types import DataType
+from .._net.stream import read_frame, set_nodelay
+from .._types import DataType
+from .._wire import messages as m
+from .._wire.framing import frame
+from .collective import Collective
+from .core.shared_state import SharedState
+from .dataplane import Link, Listener, Registry
+from .transfer import StateServer
 
 log = logging.getLogger("pccl_aio.communicator")
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import xxhash
 
-from ._buffers import Buffer, as_buffer
-from ._errors import InvalidUsageError
+from ..._errors import InvalidUsageError
+from .buffers import Buffer, as_buffer
 
 __all__ = ["SharedState", "hash_bytes"]
 

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, SupportsIndex, TypeAlias, cast
 
-from ._errors import InvalidUsageError
+from .._errors import InvalidUsageError
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -48,12 +48,12 @@ _log = logging.getLogger(__name__)
 NO_EXTENSIONS = os.environ.get("PCCL_AIO_NO_EXTENSIONS", "") not in ("", "0")
 
 if TYPE_CHECKING or NO_EXTENSIONS:
-    from . import _kernels_py as _impl
+    from . import reference as _impl
 else:
     try:
         from . import _kernels as _impl
     except ImportError as exc:  # pragma: no cover - depends on the build
-        from . import _kernels_py as _impl
+        from . import reference as _impl
 
         _log.debug("pccl_aio._kernels unavailable (%s); using the numpy kernels", exc)
 

@@ -20,7 +20,7 @@ import socket
 import struct
 from typing import Final, Protocol, cast
 
-from ._netutil import own_socket, set_nodelay
+from .._net.stream import own_socket, set_nodelay
 
 log = logging.getLogger("pccl_aio.dataplane")
 

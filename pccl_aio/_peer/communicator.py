@@ -14,13 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _messages as m
-from ._buffers import Buffer, as_buffer
-from ._collective import Collective
-from ._control import ControlPlane
-from ._errors import InvalidUsageError, TooFewPeersError
-from ._shared_state import SharedState
-from ._types import (
+from .._errors import InvalidUsageError, TooFewPeersError
+from .._types import (
     DataType,
     QuantAlgo,
     Quantization,
@@ -29,6 +24,11 @@ from ._types import (
     SyncInfo,
     SyncStrategy,
 )
+from .._wire import messages as m
+from .collective import Collective
+from .control import ControlPlane
+from .core.buffers import Buffer, as_buffer
+from .core.shared_state import SharedState
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
@@ -221,7 +221,7 @@ class Communicator(ControlPlane):
         Raises ``TooFewPeersError`` when fewer than two peers remain (after every in-flight
         collective ended), ``InvalidUsageError`` for bad arguments.
         """
-        from ._multi import MultiReduce
+        from .retry import MultiReduce
 
         self._check_usable()
         if max_in_flight <= 0:
@@ -253,7 +253,7 @@ class Communicator(ControlPlane):
         retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
         rules). Cancelling leaves the peer in the sync; close the communicator then.
         """
-        from ._sync import sync_shared_state
+        from .sync import sync_shared_state
 
         return await sync_shared_state(self, state, strategy)
 

@@ -13,13 +13,13 @@ import bisect
 import functools
 from typing import TYPE_CHECKING
 
-from ._buffers import Buffer
-from ._collective import Collective
-from ._errors import PcclError, PeerLostError, TooFewPeersError
-from ._types import ReduceInfo, ReduceOp
+from .._errors import PcclError, PeerLostError, TooFewPeersError
+from .._types import ReduceInfo, ReduceOp
+from .collective import Collective
+from .core.buffers import Buffer
 
 if TYPE_CHECKING:
-    from ._communicator import Communicator
+    from .communicator import Communicator
 
 
 class MultiReduce:

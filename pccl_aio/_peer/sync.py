@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from . import _messages as m
-from ._errors import InvalidUsageError, SharedStateError
-from ._shared_state import SharedState, hash_bytes
-from ._state_transfer import fetch_ranges, split
-from ._types import SyncInfo, SyncStrategy
+from .._errors import InvalidUsageError, SharedStateError
+from .._types import SyncInfo, SyncStrategy
+from .._wire import messages as m
+from .core.shared_state import SharedState, hash_bytes
+from .transfer import fetch_ranges, split
 
 if TYPE_CHECKING:
-    from ._communicator import Communicator
+    from .communicator import Communicator
 
 _THREAD_HASH_BYTES = 32 << 20  # hash in a worker thread above this, so the loop keeps beating
 

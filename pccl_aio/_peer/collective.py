@@ -21,16 +21,16 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import _ops
-from . import _ring as ring
-from ._buffers import Buffer
-from ._dataplane import HEADER, MAGIC, Link
-from ._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
-from ._slots import SLOTS_BASE, Slots
-from ._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
+from .._compute import front as _ops
+from .._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
+from .._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
+from .core import ring
+from .core.buffers import Buffer
+from .core.slots import SLOTS_BASE, Slots
+from .dataplane import HEADER, MAGIC, Link
 
 if TYPE_CHECKING:
-    from ._communicator import Communicator
+    from .communicator import Communicator
 
 log = logging.getLogger("pccl_aio.collective")
 

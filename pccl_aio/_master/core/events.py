@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TypeAlias
 
-from . import _messages as m
+from ..._wire import messages as m
 
 # ---- events ---------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from ._errors import RemoteProtocolError
+from .._errors import RemoteProtocolError
 
 MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
 _LEN: Final = struct.Struct(">I")

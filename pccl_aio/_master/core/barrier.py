@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _messages as m
-from ._election import elect
-from ._master_events import Action, Close, Send
+from ..._wire import messages as m
+from .election import elect
+from .events import Action, Close, Send
 
 if TYPE_CHECKING:
-    from ._master_state import _Peer
+    from .state import _Peer
 
 
 class SyncRules:

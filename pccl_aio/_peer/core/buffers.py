@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import InvalidUsageError
-from ._types import DataType
+from ..._errors import InvalidUsageError
+from ..._types import DataType
 
 _NP_TO_DT: dict[str, DataType] = {
     "uint8": DataType.UINT8, "int8": DataType.INT8, "uint16": DataType.UINT16,

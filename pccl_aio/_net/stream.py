@@ -6,7 +6,7 @@ import asyncio
 import os
 import socket
 
-from . import _framing
+from .._wire import framing as _framing
 
 
 def set_nodelay(transport: asyncio.BaseTransport) -> None:

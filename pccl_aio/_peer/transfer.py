@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 from typing import Final, cast
 
-from ._netutil import set_nodelay
+from .._net.stream import set_nodelay
 
 MAGIC: Final = 0x50435331  # "PCS1"
 REQ: Final = struct.Struct("<IIQQQ")  # magic, key length, revision, offset, length

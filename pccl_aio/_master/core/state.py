@@ -20,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 
-from . import _messages as m
-from ._errors import RemoteProtocolError
-from ._master_events import (
+from ..._errors import RemoteProtocolError
+from ..._wire import messages as m
+from .barrier import SyncRules
+from .events import (
     Action,
     Close,
     Connected,
@@ -33,7 +34,6 @@ from ._master_events import (
     Send,
     Tick,
 )
-from ._master_sync import SyncRules
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Malformed", "MasterState",
            "Received", "Send", "Tick"]

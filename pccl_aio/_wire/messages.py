@@ -11,7 +11,7 @@ from typing import Final, TypeAlias
 
 import msgspec
 
-from ._errors import RemoteProtocolError
+from .._errors import RemoteProtocolError
 
 PROTOCOL_VERSION: Final = 1
 

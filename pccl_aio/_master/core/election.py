@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from . import _messages as m
-from ._types import SyncStrategy
+from ..._types import SyncStrategy
+from ..._wire import messages as m
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
