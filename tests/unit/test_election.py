@@ -12,8 +12,8 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pccl_aio._master.core.election import Election, Plan, elect
 
+from pccl_aio._master.core.election import Election, Plan, elect
 from pccl_aio._types import DataType, SyncStrategy
 from pccl_aio._wire import messages as m
 

@@ -16,8 +16,8 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pccl_aio._master.core import state as ms
 
+from pccl_aio._master.core import state as ms
 from pccl_aio._wire import messages as m
 
 PV = m.PROTOCOL_VERSION
