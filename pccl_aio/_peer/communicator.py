@@ -12,12 +12,8 @@ from collections.abc import Awaitable, Generator, Sequence
 from types import TracebackType
 from typing import Any
 
-import numpy as np
-
 from .._errors import InvalidUsageError, TooFewPeersError
 from .._types import (
-    DataType,
-    QuantAlgo,
     Quantization,
     ReduceInfo,
     ReduceOp,
@@ -27,7 +23,7 @@ from .._types import (
 from .._wire import messages as m
 from .collective import Collective
 from .control import ControlPlane
-from .core.buffers import Buffer, as_buffer
+from .core import args
 from .core.shared_state import SharedState
 
 __all__ = ["AllReduceHandle", "Communicator"]
@@ -178,10 +174,10 @@ class Communicator(ControlPlane):
         if not isinstance(restore_on_abort, bool):
             raise InvalidUsageError(
                 f"restore_on_abort must be True or False, not {restore_on_abort!r}")
-        s, d, in_place = self._check_buffers(src, dst)
-        op = _check_op(op)
-        tag = _check_tag(tag)
-        quant = _check_quant(quantization, d.dtype)
+        s, d, in_place = args.buffers(src, dst)
+        op = args.op(op)
+        tag = args.tag(tag)
+        quant = args.quantization(quantization, d.dtype)
         if tag in self._colls:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
         if self.peer_group_world_size < 2:
@@ -228,15 +224,15 @@ class Communicator(ControlPlane):
             raise InvalidUsageError(f"max_in_flight must be positive, not {max_in_flight}")
         if not tensors:
             raise InvalidUsageError("no tensors given")
-        bufs = [self._check_buffers(t, None)[0] for t in tensors]
-        tags = [_check_tag(first_tag + i) for i in range(len(bufs))]
+        bufs = [args.buffers(t, None)[0] for t in tensors]
+        tags = [args.tag(first_tag + i) for i in range(len(bufs))]
         busy = set(tags) & set(self._colls)
         if busy:
             raise InvalidUsageError(f"tags {sorted(busy)} are already in flight")
         if self.peer_group_world_size < 2:
             raise TooFewPeersError(
                 f"peer group {self.peer_group} has {self.peer_group_world_size} peer(s)")
-        return await MultiReduce(self, bufs, tags, _check_op(op), max_in_flight,
+        return await MultiReduce(self, bufs, tags, args.op(op), max_in_flight,
                                  max_attempts).run()
 
     # ---- shared state -------------------------------------------------------------------------
@@ -257,50 +253,3 @@ class Communicator(ControlPlane):
 
         return await sync_shared_state(self, state, strategy)
 
-    # ---- helpers ------------------------------------------------------------------------------
-    def _check_buffers(self, src: Any, dst: Any) -> tuple[Buffer, Buffer, bool]:
-        if dst is None or dst is src:
-            s = as_buffer(src, writable=True, what="src")
-            return s, s, True
-        s = as_buffer(src, writable=False, what="src")
-        d = as_buffer(dst, writable=True, what="dst")
-        if s.dtype != d.dtype or s.count != d.count:
-            raise InvalidUsageError(
-                f"src ({s.count} x {s.dtype.name}) and dst ({d.count} x {d.dtype.name}) differ")
-        if s.count and np.shares_memory(np.frombuffer(s.view, np.uint8),
-                                        np.frombuffer(d.view, np.uint8)):
-            same = (np.frombuffer(s.view, np.uint8).ctypes.data
-                    == np.frombuffer(d.view, np.uint8).ctypes.data)
-            if not same:
-                raise InvalidUsageError("src and dst overlap partially")
-            return s, d, True
-        return s, d, False
-
-
-def _check_op(op: Any) -> ReduceOp:
-    try:
-        return ReduceOp(op)
-    except ValueError:
-        raise InvalidUsageError(f"unknown reduce op {op!r}") from None
-
-
-_QUANTIZABLE = (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
-
-
-def _check_quant(q: Any, dtype: DataType) -> Quantization | None:
-    if q is None:
-        return None
-    if not isinstance(q, Quantization):
-        raise InvalidUsageError(f"quantization must be a Quantization, not {type(q).__name__}")
-    if q.algo == QuantAlgo.NONE:
-        return None
-    if dtype not in _QUANTIZABLE:
-        raise InvalidUsageError(f"quantization needs a float16/bfloat16/float32/float64 "
-                                f"tensor, not {dtype.name}")
-    return q
-
-
-def _check_tag(tag: Any) -> int:
-    if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < _U64:
-        raise InvalidUsageError(f"tag must be an int in [0, 2**64), not {tag!r}")
-    return tag

@@ -1,0 +1,64 @@
+"""Argument checks of the public peer API, sans-IO: each returns the normalised value or
+raises ``InvalidUsageError`` (before anything is sent)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..._errors import InvalidUsageError
+from ..._types import DataType, QuantAlgo, Quantization, ReduceOp
+from .buffers import Buffer, as_buffer
+
+_U64 = 2**64
+
+
+def buffers(src: Any, dst: Any) -> tuple[Buffer, Buffer, bool]:
+    """(src, dst, in place) of an all-reduce; InvalidUsageError for mismatched or partly
+    overlapping buffers."""
+    if dst is None or dst is src:
+        s = as_buffer(src, writable=True, what="src")
+        return s, s, True
+    s = as_buffer(src, writable=False, what="src")
+    d = as_buffer(dst, writable=True, what="dst")
+    if s.dtype != d.dtype or s.count != d.count:
+        raise InvalidUsageError(
+            f"src ({s.count} x {s.dtype.name}) and dst ({d.count} x {d.dtype.name}) differ")
+    if s.count and np.shares_memory(np.frombuffer(s.view, np.uint8),
+                                    np.frombuffer(d.view, np.uint8)):
+        same = (np.frombuffer(s.view, np.uint8).ctypes.data
+                == np.frombuffer(d.view, np.uint8).ctypes.data)
+        if not same:
+            raise InvalidUsageError("src and dst overlap partially")
+        return s, d, True
+    return s, d, False
+
+
+def op(op: Any) -> ReduceOp:
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        raise InvalidUsageError(f"unknown reduce op {op!r}") from None
+
+
+_QUANTIZABLE = (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
+
+
+def quantization(q: Any, dtype: DataType) -> Quantization | None:
+    if q is None:
+        return None
+    if not isinstance(q, Quantization):
+        raise InvalidUsageError(f"quantization must be a Quantization, not {type(q).__name__}")
+    if q.algo == QuantAlgo.NONE:
+        return None
+    if dtype not in _QUANTIZABLE:
+        raise InvalidUsageError(f"quantization needs a float16/bfloat16/float32/float64 "
+                                f"tensor, not {dtype.name}")
+    return q
+
+
+def tag(tag: Any) -> int:
+    if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < _U64:
+        raise InvalidUsageError(f"tag must be an int in [0, 2**64), not {tag!r}")
+    return tag
