@@ -28,7 +28,6 @@ from .core.shared_state import SharedState
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
-_U64 = 2**64
 
 
 class AllReduceHandle(Awaitable[ReduceInfo]):

@@ -7,7 +7,7 @@ defaults, never reuse a tag. Tag ranges name the direction: 1-63 peer->master,
 
 from __future__ import annotations
 
-from typing import Final, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 import msgspec
 
@@ -91,6 +91,13 @@ class SyncDone(_Msg, frozen=True, tag=9):
 
     ok: bool
     reason: str = ""
+
+
+class WithdrawVote(_Msg, frozen=True, tag=10):
+    """The caller stopped waiting on its ``update_topology`` ("topology") or
+    ``are_peers_pending`` ("pending") vote: take it back (ignored if the vote already ended)."""
+
+    kind: Literal["topology", "pending"]
 
 
 # ---- master -> peer ------------------------------------------------------------------------
@@ -210,7 +217,7 @@ class VoteRejected(_Msg, frozen=True, tag=75):
 
 PeerToMaster: TypeAlias = (
     Hello | Heartbeat | VoteUpdateTopology | VotePeersPending | CollectiveInit | CollectiveDone
-    | Leave | VoteSync | SyncDone
+    | Leave | VoteSync | SyncDone | WithdrawVote
 )
 MasterToPeer: TypeAlias = (
     Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart
