@@ -12,8 +12,7 @@
     ├── SharedStateError(PcclError)               shared-state sync could not complete
     ├── PcclTimeoutError(PcclError, TimeoutError) a protocol deadline passed
     └── ProtocolError(PcclError)                  a frame or message broke the protocol
-        ├── RemoteProtocolError                   the other side sent garbage
-        └── LocalProtocolError                    we were about to send something illegal
+        └── RemoteProtocolError                   the other side sent garbage
 
 Each class names the PCCL result code it corresponds to in ``code``.
 """
@@ -25,7 +24,6 @@ from typing import ClassVar
 __all__ = [
     "InvalidUsageError",
     "KickedError",
-    "LocalProtocolError",
     "MasterConnectionError",
     "PcclError",
     "PcclTimeoutError",
@@ -102,7 +100,3 @@ class ProtocolError(PcclError):
 
 class RemoteProtocolError(ProtocolError):
     """The other side sent a malformed, oversized or illegal frame or message."""
-
-
-class LocalProtocolError(ProtocolError):
-    """This side was about to send something the protocol does not allow."""

@@ -27,30 +27,3 @@ def body_length(header: bytes, max_size: int = MAX_FRAME_SIZE) -> int:
     if n > max_size:
         raise RemoteProtocolError(f"frame of {n} bytes exceeds the maximum of {max_size}")
     return int(n)
-
-
-class FrameDecoder:
-    """Incremental decoder: ``feed(data)`` returns the complete frame bodies so far."""
-
-    __slots__ = ("_buf", "_max")
-
-    def __init__(self, max_size: int = MAX_FRAME_SIZE) -> None:
-        self._buf = bytearray()
-        self._max = max_size
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Append ``data``; raises RemoteProtocolError on an oversized frame."""
-        self._buf += data
-        out: list[bytes] = []
-        while len(self._buf) >= HEADER_SIZE:
-            n = body_length(bytes(self._buf[:HEADER_SIZE]), self._max)
-            if len(self._buf) < HEADER_SIZE + n:
-                break
-            out.append(bytes(self._buf[HEADER_SIZE : HEADER_SIZE + n]))
-            del self._buf[: HEADER_SIZE + n]
-        return out
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held that do not yet form a complete frame."""
-        return len(self._buf)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import struct
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pccl_aio._errors import ProtocolError, RemoteProtocolError
+from pccl_aio._net.stream import read_frame
 from pccl_aio._wire import framing as fr
 from pccl_aio._wire import messages as m
 
@@ -32,6 +34,8 @@ PEER_TO_MASTER = [
     m.VoteSync(0, 2, [], True),
     m.SyncDone(True),
     m.SyncDone(False, "source closed"),
+    m.WithdrawVote("topology"),
+    m.WithdrawVote("pending"),
 ]
 MASTER_TO_PEER = [
     m.Welcome(5, True),
@@ -254,80 +258,78 @@ def test_body_length() -> None:
         fr.body_length(b"\xff\xff\xff\xff")
 
 
-def test_decoder_partial_feeds_byte_by_byte() -> None:
+def _read_all(data: bytes, max_size: int = fr.MAX_FRAME_SIZE, *, chunks: list[int] = ()
+              ) -> tuple[list[bytes], bytes | Exception]:
+    """Feed ``data`` (cut at ``chunks``) and EOF to the production reader (``read_frame`` on an
+    ``asyncio.StreamReader``); the frame bodies read, then the incomplete tail at EOF or the
+    RemoteProtocolError that ends the stream."""
+
+    async def run() -> tuple[list[bytes], bytes | Exception]:
+        reader = asyncio.StreamReader()
+        points = sorted({min(c, len(data)) for c in chunks} | {0, len(data)})
+        for lo, hi in itertools.pairwise(points):
+            reader.feed_data(data[lo:hi])
+        reader.feed_eof()
+        bodies: list[bytes] = []
+        while True:
+            try:
+                bodies.append(await read_frame(reader, max_size))
+            except asyncio.IncompleteReadError as exc:
+                return bodies, exc.partial
+            except RemoteProtocolError as exc:
+                return bodies, exc
+
+    return asyncio.run(run())
+
+
+def test_reader_reads_frames_fed_byte_by_byte() -> None:
     data = fr.frame(b"hello") + fr.frame(b"") + fr.frame(b"w")
-    dec = fr.FrameDecoder()
-    got: list[bytes] = []
-    for i in range(len(data)):
-        out = dec.feed(data[i : i + 1])
-        got += out
-        if i == 8:  # the last byte of the first frame
-            assert out == [b"hello"]
-        elif i == 12:  # the empty frame's header completes it
-            assert out == [b""]
-        elif i != len(data) - 1:
-            assert out == []
-    assert got == [b"hello", b"", b"w"]
-    assert dec.buffered == 0
+    assert _read_all(data, chunks=list(range(len(data)))) == ([b"hello", b"", b"w"], b"")
 
 
-def test_decoder_several_frames_in_one_feed_and_a_partial_tail() -> None:
-    dec = fr.FrameDecoder()
+def test_reader_several_frames_and_a_partial_tail() -> None:
     data = fr.frame(b"a") + fr.frame(b"bb") + fr.frame(b"ccc") + fr.frame(b"dddd")[:6]
-    assert dec.feed(data) == [b"a", b"bb", b"ccc"]
-    assert dec.buffered == 6
-    assert dec.feed(b"") == []
-    assert dec.feed(b"dd" + fr.frame(b"e")[:2]) == [b"dddd"]
-    assert dec.buffered == 2
-    assert dec.feed(fr.frame(b"e")[2:]) == [b"e"]
-    assert dec.buffered == 0
+    assert _read_all(data) == ([b"a", b"bb", b"ccc"], b"dd")
 
 
-def test_decoder_rejects_an_oversized_frame_as_soon_as_its_header_arrives() -> None:
-    dec = fr.FrameDecoder(max_size=10)
-    assert dec.feed(fr.frame(b"x" * 10)) == [b"x" * 10]
-    assert dec.feed(struct.pack(">I", 11)[:3]) == []
-    with pytest.raises(RemoteProtocolError):
-        dec.feed(struct.pack(">I", 11)[3:])
-    with pytest.raises(RemoteProtocolError):
-        fr.FrameDecoder(max_size=10).feed(fr.frame(b"ok") + fr.frame(b"y" * 11))
+def test_reader_rejects_an_oversized_frame_as_soon_as_its_header_arrives() -> None:
+    async def header_only() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(fr.frame(b"x" * 10) + struct.pack(">I", 11))  # no body, no EOF
+        assert await read_frame(reader, 10) == b"x" * 10
+        with pytest.raises(RemoteProtocolError):
+            await asyncio.wait_for(read_frame(reader, 10), 5)  # no wait for the body
+
+    asyncio.run(header_only())
+    bodies, end = _read_all(fr.frame(b"ok") + fr.frame(b"y" * 11), 10)
+    assert bodies == [b"ok"] and isinstance(end, RemoteProtocolError)
 
 
-def test_decoder_default_limit_is_max_frame_size() -> None:
-    with pytest.raises(RemoteProtocolError):
-        fr.FrameDecoder().feed(struct.pack(">I", fr.MAX_FRAME_SIZE + 1))
-    assert fr.FrameDecoder().feed(struct.pack(">I", fr.MAX_FRAME_SIZE)) == []
+def test_reader_default_limit_is_max_frame_size() -> None:
+    bodies, end = _read_all(struct.pack(">I", fr.MAX_FRAME_SIZE + 1))
+    assert bodies == [] and isinstance(end, RemoteProtocolError)
+    assert _read_all(struct.pack(">I", fr.MAX_FRAME_SIZE)) == ([], b"")  # waits for the body
 
 
 @given(bodies=st.lists(st.binary(max_size=40), max_size=8), cuts=st.lists(st.integers(0, 400)))
-def test_decoder_reassembles_any_split_of_a_frame_stream(bodies: list[bytes],
-                                                         cuts: list[int]) -> None:
+def test_reader_reassembles_any_split_of_a_frame_stream(bodies: list[bytes],
+                                                        cuts: list[int]) -> None:
     data = b"".join(fr.frame(b) for b in bodies)
-    points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
-    dec = fr.FrameDecoder(max_size=40)
-    got: list[bytes] = []
-    for lo, hi in itertools.pairwise(points):
-        got += dec.feed(data[lo:hi])
-    assert got == bodies
-    assert dec.buffered == 0
+    assert _read_all(data, 40, chunks=cuts) == (bodies, b"")
 
 
 # ---- fuzz: bytes -> frames -> messages, only messages or RemoteProtocolError -----------------
 
 
 def _decode_stream(chunks: list[bytes], decode: object, max_size: int = 256) -> list[object]:
-    dec = fr.FrameDecoder(max_size=max_size)
+    bodies, _ = _read_all(b"".join(chunks), max_size,
+                          chunks=list(itertools.accumulate(len(c) for c in chunks)))
     out: list[object] = []
-    for chunk in chunks:
+    for body in bodies:  # the reader closes the connection at the first framing error
         try:
-            bodies = dec.feed(chunk)
+            out.append(decode(body))  # type: ignore[operator]
         except RemoteProtocolError:
-            return out  # the reader closes the connection
-        for body in bodies:
-            try:
-                out.append(decode(body))  # type: ignore[operator]
-            except RemoteProtocolError:
-                out.append(None)
+            out.append(None)
     return out
 
 

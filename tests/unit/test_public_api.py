@@ -42,7 +42,7 @@ def test_version() -> None:
     assert isinstance(pccl_aio.__version__, str) and pccl_aio.__version__
 
 
-ERRORS = ["InvalidUsageError", "KickedError", "LocalProtocolError", "MasterConnectionError",
+ERRORS = ["InvalidUsageError", "KickedError", "MasterConnectionError",
           "PcclTimeoutError", "PeerLostError", "ProtocolError", "RemoteProtocolError",
           "SharedStateError", "TooFewPeersError", "VersionMismatchError"]
 
@@ -79,8 +79,6 @@ def test_exception_tree_inside_pccl() -> None:
     e = _errors
     assert issubclass(e.VersionMismatchError, e.MasterConnectionError)
     assert issubclass(e.RemoteProtocolError, e.ProtocolError)
-    assert issubclass(e.LocalProtocolError, e.ProtocolError)
-    assert not issubclass(e.RemoteProtocolError, e.LocalProtocolError)
     assert not issubclass(e.PeerLostError, e.MasterConnectionError)
     assert e.PeerLostError.code == "RANK_CONNECTION_LOST"
     assert e.TooFewPeersError.code == "TOO_FEW_PEERS"
