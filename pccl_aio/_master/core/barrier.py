@@ -1,67 +1,103 @@
-"""Shared-state sync consensus of the master, sans-IO (a part of ``MasterState``).
+"""The master's shared-state sync barrier, sans-IO (an object ``MasterState`` holds).
 
-Rules: a group's sync starts when every accepted member voted ``VoteSync``; ``_election.elect``
-decides revision, kicks and plans; the sync completes (``SyncComplete`` to all) when every
-participant still alive reported ``SyncDone``. A peer that leaves is dropped from both steps.
+Rules: a group's sync starts when every accepted member voted ``VoteSync``; ``election.elect``
+decides the revision, the kicks and the plans (``SyncPlan``, or ``SyncFailed`` for all); the
+sync completes (``SyncComplete`` to every participant) when every participant still present
+reported ``SyncDone``. A peer that leaves is dropped from both steps, so it never blocks them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
 from .election import elect
-from .events import Action, Close, Send
+from .events import Action, Send
 
-if TYPE_CHECKING:
-    from .state import _Peer
+__all__ = ["Roster", "SyncBarrier"]
 
 
-class SyncRules:
-    """Mixin of MasterState: the shared-state votes and barrier."""
-
-    _peers: dict[int, _Peer]
-    _revisions: dict[int, int]
-    _sync_parts: dict[int, list[int]]
+class Roster(Protocol):
+    """What the barrier needs from the master's state."""
 
     def accepted(self, group: int | None = None) -> list[int]:
-        raise NotImplementedError
+        """Accepted peers of ``group``, ascending."""
 
-    def _remove(self, conn: int, out: list[Action]) -> None:
-        raise NotImplementedError
+    def addr(self, conn: int) -> m.PeerAddr:
+        """Where peer ``conn`` serves its shared state."""
 
-    def _check_sync(self, group: int, out: list[Action]) -> None:
-        members = self.accepted(group)
-        if not members or any(self._peers[c].sync_vote is None for c in members):
+    def kick(self, conn: int, reason: str, out: list[Action]) -> None:
+        """End ``conn``'s session (a protocol violation) and treat it as departed."""
+
+
+class SyncBarrier:
+    """Shared-state votes and the barrier of every peer group."""
+
+    def __init__(self, roster: Roster) -> None:
+        self._roster = roster
+        self._votes: dict[int, m.VoteSync] = {}  # conn -> its counted vote
+        self._syncing: set[int] = set()  # got a SyncPlan, no SyncDone yet
+        self._parts: dict[int, list[int]] = {}  # group -> participants of its running sync
+        self._revisions: dict[int, int] = {}  # group -> last elected revision
+
+    def busy(self, conn: int) -> bool:
+        """True while ``conn`` has a sync vote counted or has not finished its sync part."""
+        return conn in self._votes or conn in self._syncing
+
+    def vote(self, conn: int, group: int, vote: m.VoteSync, out: list[Action]) -> None:
+        """Count ``conn``'s vote; starts the group's sync once every member voted."""
+        if self.busy(conn):
+            raise RemoteProtocolError("sync vote while another operation is running")
+        self._votes[conn] = vote
+        self._check_start(group, out)
+
+    def done(self, conn: int, group: int, out: list[Action]) -> None:
+        """``conn`` finished its part (``SyncDone``); completes the sync once all did."""
+        if conn not in self._syncing:
+            raise RemoteProtocolError("SyncDone outside a sync")
+        self._syncing.discard(conn)
+        self._check_done(group, out)
+
+    def drop(self, conn: int) -> None:
+        """Forget a departed peer's vote and its part (then ``check`` its group)."""
+        self._votes.pop(conn, None)
+        self._syncing.discard(conn)
+        for group, parts in list(self._parts.items()):
+            if conn in parts:
+                parts.remove(conn)
+                if not parts:
+                    del self._parts[group]
+
+    def check(self, group: int, out: list[Action]) -> None:
+        """Re-evaluate both steps after the group's membership changed."""
+        self._check_start(group, out)
+        self._check_done(group, out)
+
+    def _check_start(self, group: int, out: list[Action]) -> None:
+        members = self._roster.accepted(group)
+        if not members or any(c not in self._votes for c in members):
             return
-        votes = {c: self._peers[c].sync_vote for c in members}
-        for c in members:
-            self._peers[c].sync_vote = None
-        e = elect({c: v for c, v in votes.items() if v is not None}, self._revisions.get(group))
+        votes = {c: self._votes.pop(c) for c in members}
+        e = elect(votes, self._revisions.get(group))
         alive = [c for c in members if c not in e.kicks]
         if e.failed:
             out.extend(Send(c, m.SyncFailed(e.failed)) for c in alive)
         else:
             self._revisions[group] = e.revision
-            self._sync_parts[group] = alive
-            srcs = [m.PeerAddr(c, self._peers[c].host, self._peers[c].port,
-                               self._peers[c].state_port) for c in e.sources]
+            self._parts[group] = alive
+            self._syncing.update(alive)
+            srcs = [self._roster.addr(c) for c in e.sources]
             for c in alive:
-                self._peers[c].syncing = True
                 plan = e.plans.get(c)
                 keys, hashes = (plan.keys, plan.hashes) if plan else ([], [])
                 out.append(Send(c, m.SyncPlan(e.revision, keys, hashes, srcs)))
         for c, reason in e.kicks.items():
-            out.append(Send(c, m.Kicked(reason)))
-            out.append(Close(c, reason))
-            self._remove(c, out)
+            self._roster.kick(c, reason, out)
 
-    def _check_sync_done(self, group: int, out: list[Action]) -> None:
-        parts = self._sync_parts.get(group)
-        if parts is None:
+    def _check_done(self, group: int, out: list[Action]) -> None:
+        parts = self._parts.get(group)
+        if parts is None or any(c in self._syncing for c in parts):
             return
-        live = [c for c in parts if c in self._peers]
-        if any(self._peers[c].syncing for c in live):
-            return
-        del self._sync_parts[group]
-        out.extend(Send(c, m.SyncComplete(self._revisions[group])) for c in live)
+        del self._parts[group]
+        out.extend(Send(c, m.SyncComplete(self._revisions[group])) for c in parts)

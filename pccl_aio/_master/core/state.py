@@ -1,6 +1,7 @@
 """The master's whole logic, sans-IO: events in, actions out.
 
-Rule 1: every membership and collective transition lives in this file.
+Rule 1: every membership and collective transition lives in this file; the shared-state
+sync barrier is the ``SyncBarrier`` it holds (``barrier.py``).
 Rule 2: time arrives only through ``Event.now``; this module never reads a clock, opens a
 socket or imports asyncio (``tests/unit/test_layering.py`` checks it).
 
@@ -22,18 +23,8 @@ import ipaddress
 
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
-from .barrier import SyncRules
-from .events import (
-    Action,
-    Close,
-    Connected,
-    Disconnected,
-    Event,
-    Malformed,
-    Received,
-    Send,
-    Tick,
-)
+from .barrier import SyncBarrier
+from .events import Action, Close, Connected, Disconnected, Event, Malformed, Received, Send, Tick
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Malformed", "MasterState",
            "Received", "Send", "Tick"]
@@ -52,8 +43,9 @@ class _Peer:
     voted_pending: bool = False
     tags: set[int] = dataclasses.field(default_factory=set)
     state_port: int = 0
-    sync_vote: m.VoteSync | None = None
-    syncing: bool = False
+
+    def addr(self) -> m.PeerAddr:
+        return m.PeerAddr(self.conn, self.host, self.port, self.state_port)
 
 
 @dataclasses.dataclass(slots=True)
@@ -73,7 +65,30 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-class MasterState(SyncRules):
+def _version_reason(version: int) -> str:
+    return (f"protocol version {version} is not supported; this master speaks "
+            f"version {m.PROTOCOL_VERSION}")
+
+
+class _Roster:
+    """The sync barrier's view of a ``MasterState`` (``barrier.Roster``)."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: MasterState) -> None:
+        self._state = state
+
+    def accepted(self, group: int | None = None) -> list[int]:
+        return self._state.accepted(group)
+
+    def addr(self, conn: int) -> m.PeerAddr:
+        return self._state._peers[conn].addr()
+
+    def kick(self, conn: int, reason: str, out: list[Action]) -> None:
+        self._state._kick(conn, reason, out)
+
+
+class MasterState:
     """Membership, votes and collective bookkeeping of one run. Single-threaded, no I/O."""
 
     def __init__(self, *, heartbeat_timeout: float = 5.0) -> None:
@@ -82,8 +97,7 @@ class MasterState(SyncRules):
         self._peers: dict[int, _Peer] = {}
         self._ops: dict[tuple[int, int], _Op] = {}
         self._seq = 0
-        self._revisions: dict[int, int] = {}  # group -> last shared-state revision
-        self._sync_parts: dict[int, list[int]] = {}  # group -> peers of the running sync
+        self._sync = SyncBarrier(_Roster(self))
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
@@ -116,27 +130,22 @@ class MasterState(SyncRules):
                 try:
                     self._on_message(peer, msg, out)
                 except RemoteProtocolError as exc:
-                    out.append(Send(conn, m.Kicked(str(exc))))
-                    out.append(Close(conn, str(exc)))
-                    self._remove(conn, out)
+                    self._kick(conn, str(exc), out)
             case Malformed(conn=conn, reason=reason, body=body):
                 version = m.peek_hello_version(body) if body else None
                 peer = self._peers.get(conn)
                 if version is not None and version != m.PROTOCOL_VERSION and peer and not peer.registered:
-                    reason = (f"protocol version {version} is not supported; this master speaks "
-                              f"version {m.PROTOCOL_VERSION}")
-                    out.append(Send(conn, m.Rejected(reason)))
+                    self._reject(conn, _version_reason(version), out)
                 elif conn in self._peers:
-                    out.append(Send(conn, m.Kicked(reason)))
-                out.append(Close(conn, reason))
-                self._remove(conn, out)
+                    self._kick(conn, reason, out)
+                else:
+                    out.append(Close(conn, reason))
             case Disconnected(conn=conn):
                 self._remove(conn, out)
             case Tick(now=now):
                 for peer in list(self._peers.values()):
                     if now - peer.last_seen > self.heartbeat_timeout:
-                        out.append(Close(peer.conn, "heartbeat timeout"))
-                        self._remove(peer.conn, out)
+                        self._close(peer.conn, "heartbeat timeout", out)
                 out.extend(Send(c, m.MasterHeartbeat()) for c in self._peers)
         return out
 
@@ -151,8 +160,7 @@ class MasterState(SyncRules):
             raise RemoteProtocolError(f"{type(msg).__name__} before Hello")
         match msg:
             case m.Leave():
-                out.append(Close(peer.conn, "left"))
-                self._remove(peer.conn, out)
+                self._close(peer.conn, "left", out)
             case m.VoteUpdateTopology():
                 self._require_accepted(peer, msg)
                 if peer.voted_topology or peer.tags:
@@ -182,15 +190,11 @@ class MasterState(SyncRules):
                 self._check_initiate(peer.group, msg.tag, out)
             case m.VoteSync():
                 self._require_accepted(peer, msg)
-                if peer.tags or peer.voted_topology or peer.sync_vote or peer.syncing:
+                if peer.tags or peer.voted_topology:
                     raise RemoteProtocolError("sync vote while another operation is running")
-                peer.sync_vote = msg
-                self._check_sync(peer.group, out)
+                self._sync.vote(peer.conn, peer.group, msg, out)
             case m.SyncDone():
-                if not peer.syncing:
-                    raise RemoteProtocolError("SyncDone outside a sync")
-                peer.syncing = False
-                self._check_sync_done(peer.group, out)
+                self._sync.done(peer.conn, peer.group, out)
             case m.CollectiveDone():
                 self._require_accepted(peer, msg)
                 done_op = self._ops.get((peer.group, msg.tag))
@@ -214,21 +218,15 @@ class MasterState(SyncRules):
         if peer.registered:
             raise RemoteProtocolError("second Hello")
         if msg.version != m.PROTOCOL_VERSION:
-            reason = (f"protocol version {msg.version} is not supported; this master speaks "
-                      f"version {m.PROTOCOL_VERSION}")
-            out.append(Send(peer.conn, m.Rejected(reason)))
-            out.append(Close(peer.conn, reason))
-            self._remove(peer.conn, out)
+            self._reject(peer.conn, _version_reason(msg.version), out)
             return
         if not (0 <= msg.peer_group < 2**32 and 0 < msg.p2p_port < 65536):
             raise RemoteProtocolError("Hello with an invalid peer group or port")
         host = msg.advertise_host or peer.host
         others = [p for p in self._peers.values() if p.registered]
         if others and any(_is_loopback(p.host) != _is_loopback(host) for p in others):
-            reason = "loopback and non-loopback peers cannot be mixed in one run"
-            out.append(Send(peer.conn, m.Rejected(reason)))
-            out.append(Close(peer.conn, reason))
-            self._remove(peer.conn, out)
+            self._reject(peer.conn, "loopback and non-loopback peers cannot be mixed in one run",
+                         out)
             return
         peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
         peer.state_port = msg.state_port
@@ -248,8 +246,7 @@ class MasterState(SyncRules):
         out: list[Action] = []
         for c in conns:
             group = self._peers[c].group
-            ring = [m.PeerAddr(p.conn, p.host, p.port, p.state_port)
-                    for p in accepted if p.group == group]
+            ring = [p.addr() for p in accepted if p.group == group]
             out.append(Send(c, m.Membership(self.epoch, len(accepted), len(sizes),
                                             max(sizes.values(), default=0), ring)))
         return out
@@ -343,10 +340,25 @@ class MasterState(SyncRules):
                 out.append(Send(c, m.CollectiveAbort(tag, op.seq, reason)))
 
     # ---- departures -----------------------------------------------------------------------------
+    def _kick(self, conn: int, reason: str, out: list[Action]) -> None:
+        """End a session for a protocol violation: ``Kicked``, ``Close``, departure."""
+        out.append(Send(conn, m.Kicked(reason)))
+        self._close(conn, reason, out)
+
+    def _reject(self, conn: int, reason: str, out: list[Action]) -> None:
+        """Refuse a registration: ``Rejected``, ``Close``, departure."""
+        out.append(Send(conn, m.Rejected(reason)))
+        self._close(conn, reason, out)
+
+    def _close(self, conn: int, reason: str, out: list[Action]) -> None:
+        out.append(Close(conn, reason))
+        self._remove(conn, out)
+
     def _remove(self, conn: int, out: list[Action]) -> None:
         peer = self._peers.pop(conn, None)
         if peer is None or not peer.accepted:
             return
+        self._sync.drop(conn)
         self.epoch += 1
         # Membership first: when a survivor sees the abort, its world size is already fresh.
         out.extend(self._membership(self.accepted()))
@@ -371,5 +383,4 @@ class MasterState(SyncRules):
             return
         self._check_topology(out)
         self._check_pending(out)
-        self._check_sync(peer.group, out)
-        self._check_sync_done(peer.group, out)
+        self._sync.check(peer.group, out)
