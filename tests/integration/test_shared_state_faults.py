@@ -1,0 +1,235 @@
+"""Shared-state synchronisation under faults: corrupted bytes (scenario 56), crashed
+requesters and voters (scenario 36), and distributors crashing before, during and after
+their transfer (fail-over to another source). Shared helpers: ``state_harness``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+import pccl_aio as pccl
+from tests.integration.state_harness import (
+    PIECE,
+    random_bits,
+    reap,
+    sync,
+    sync_settled,
+    tx_rx,
+    u8,
+    vanish,
+    wait_voted,
+)
+
+# ---- scenario 56 and fault injection -------------------------------------------------------------
+
+
+async def test_received_bytes_not_matching_the_elected_hash_fail_the_requester(peers):
+    """Scenario 56: a source serves modified bytes -> the requester's sync raises
+    SharedStateError; the source completes; with an honest source a retry repairs the state."""
+    a, b = await peers(2)
+    xa, xb = u8(42), u8(0)
+    sa, sb = pccl.SharedState({"key1": xa}), pccl.SharedState({"key1": xb})
+    # The state server holds the lookup it was given at connect(): patch that one.
+    honest = a._state_server.lookup
+    served = []
+
+    def liar(key, revision):
+        served.append(key)
+        return memoryview(bytearray(b"x" * 1024))
+
+    a._state_server.lookup = liar
+    ra, rb = await sync_settled([a, b], [sa, sb])
+    assert served == ["key1"]
+    assert isinstance(rb, pccl.SharedStateError) and "hash" in str(rb), rb
+    assert isinstance(ra, pccl.SyncInfo) and ra.tx_bytes == 1024, ra
+    assert sb.revision == 0
+    a._state_server.lookup = honest
+    sa.revision = 1
+    infos = await sync([a, b], [sa, sb])
+    assert infos[1].rx_bytes == 1024 and (xb == 42).all() and sb.revision == 1
+
+
+async def test_a_bad_source_among_honest_ones_is_caught_by_the_hash(peers):
+    """Several sources, one of which lies for every range it serves: the requester must not
+    silently accept the corrupted bytes."""
+    comms = await peers(3)
+    n = 2 * PIECE
+    good = random_bits(n, np.uint8, 1)
+    xs = [good.copy(), good.copy(), np.zeros(n, np.uint8)]
+    states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 1, 0])]
+    lied = []
+
+    def liar(key, rev):
+        lied.append(key)
+        return memoryview(bytearray(n))
+
+    comms[1]._state_server.lookup = liar
+    res = await sync_settled(comms, states)
+    if lied:
+        assert isinstance(res[2], pccl.SharedStateError), res
+    else:  # every range happened to come from the honest peer
+        assert isinstance(res[2], pccl.SyncInfo) and xs[2].tobytes() == good.tobytes(), res
+    assert isinstance(res[0], pccl.SyncInfo) and isinstance(res[1], pccl.SyncInfo), res
+
+
+async def test_a_crashed_requester_does_not_block_the_others(peers):
+    """Scenario 36: a peer that is not a distributor dies in the middle of its fetch; the
+    sources' sync completes."""
+    comms = await peers(3)
+    xs = [u8(4, 3 * PIECE), u8(4, 3 * PIECE), u8(0, 3 * PIECE)]
+    states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 1, 0])]
+    tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
+    served = []
+    for src in comms[:2]:
+        real = src._state_server.lookup
+
+        def lookup(key, rev, real=real):
+            if not served:
+                vanish(comms[2], tasks[2])
+            served.append(key)
+            return real(key, rev)
+
+        src._state_server.lookup = lookup
+    infos = await asyncio.gather(tasks[0], tasks[1])
+    assert served and [i.revision for i in infos] == [1, 1]
+    assert comms[0].peer_group_world_size == 2
+    await reap(tasks[2])
+
+
+async def test_a_peer_crashed_before_voting_does_not_block_the_others(master, peers):
+    """Scenario 36: the group's sync runs as soon as the dead peer is dropped from the vote."""
+    comms = await peers(3)
+    xs = [u8(1), u8(2), u8(2)]
+    tasks = [asyncio.ensure_future(comms[i].sync_shared_state(pccl.SharedState({"k": xs[i]})))
+             for i in (0, 1)]
+    await wait_voted(master, comms[0])
+    await wait_voted(master, comms[1])
+    vanish(comms[2])
+    infos = await asyncio.gather(*tasks)
+    # 1 vs 1 among the survivors: the lowest id (1) wins
+    assert tx_rx(infos) == [(1024, 0), (0, 1024)] and (xs[1] == 1).all()
+
+
+async def test_distributor_crash_before_the_fetch_fails_over_to_another_source(peers, monkeypatch):
+    """A source listed in the plan is dead when the requester connects: the other source serves
+    every range (the sync still completes, bytes correct)."""
+    import pccl_aio._peer.sync as sync_mod
+
+    comms = await peers(3)
+    good = random_bits(2 * PIECE + 3, np.uint8, 2)
+    xs = [good.copy(), good.copy(), np.zeros_like(good)]
+    states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 1, 0])]
+    tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
+    real_fetch = sync_mod.fetch_ranges
+
+    async def fetch_after_crash(*args, **kw):
+        vanish(comms[0], tasks[0])
+        return await real_fetch(*args, **kw)
+
+    monkeypatch.setattr(sync_mod, "fetch_ranges", fetch_after_crash)
+    infos = await asyncio.gather(tasks[1], tasks[2])
+    assert infos[1].rx_bytes == good.nbytes and infos[0].tx_bytes == good.nbytes
+    assert xs[2].tobytes() == good.tobytes() and states[2].revision == 1
+    await reap(tasks[0])
+
+
+async def test_distributor_crash_mid_transfer_fails_over_to_another_source(peers):
+    """A source dies while serving its first range (4 ranges, 2 sources): the requester's
+    ranges fail over to the other source and the sync completes with the right bytes."""
+    comms = await peers(3)
+    good = random_bits(4 * PIECE, np.uint8, 3)
+    xs = [good.copy(), good.copy(), np.zeros_like(good)]
+    states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 1, 0])]
+    tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
+    calls = []
+
+    def crash_on_first_request(key, rev):
+        calls.append(key)
+        vanish(comms[0], tasks[0])
+        return None
+
+    comms[0]._state_server.lookup = crash_on_first_request
+    infos = await asyncio.gather(tasks[1], tasks[2])
+    assert calls, "the crashing source was never asked for a range"
+    assert infos[1].rx_bytes == good.nbytes and infos[0].tx_bytes == good.nbytes
+    assert xs[2].tobytes() == good.tobytes()
+    await reap(tasks[0])
+
+
+class _Stalled:
+    """A fake entry view: the server announces the range, then never sends its bytes."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def __getitem__(self, s) -> bytes:
+        return b""
+
+
+async def test_distributor_crash_after_the_other_source_finished(peers):
+    """The failing source holds the last range in flight while the other source has already
+    served everything else: the other source must still take the range over (no idle worker
+    may give up while a range can come back)."""
+    comms = await peers(3)
+    good = random_bits(3 * PIECE, np.uint8, 4)
+    xs = [good.copy(), good.copy(), np.zeros_like(good)]
+    states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 1, 0])]
+    tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
+    stalled = []
+
+    def stall(key, rev):
+        stalled.append(key)
+        return _Stalled(good.nbytes)
+
+    comms[0]._state_server.lookup = stall
+
+    def pieces_received() -> int:
+        return sum(xs[2][o : o + PIECE].tobytes() == good[o : o + PIECE].tobytes()
+                   for o in range(0, good.nbytes, PIECE))
+
+    # wait until the requester holds every range but the stalled one (from the honest source)
+    while not stalled or pieces_received() < 2:
+        await asyncio.sleep(0)
+    for _ in range(5):  # let the honest source's worker see that nothing is left in the queue
+        await asyncio.sleep(0)
+    t0 = asyncio.get_running_loop().time()
+    vanish(comms[0], tasks[0])
+    infos = await asyncio.gather(tasks[1], tasks[2])
+    assert asyncio.get_running_loop().time() - t0 < 5  # no data_timeout wait
+    assert xs[2].tobytes() == good.tobytes() and infos[1].rx_bytes == good.nbytes
+    assert infos[0].tx_bytes == good.nbytes
+    await reap(tasks[0])
+
+
+async def test_only_distributor_crash_fails_cleanly_and_a_later_sync_recovers(peers):
+    """The single source dies mid-transfer: both requesters raise SharedStateError (no hang);
+    a retry without any up-to-date peer fails cleanly; once a survivor restores revision 1
+    from its own copy, the other fetches it."""
+    comms = await peers(3)
+    good = random_bits(PIECE + 5, np.uint8, 5)
+    xs = [good.copy(), np.zeros_like(good), np.zeros_like(good)]
+    states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 0, 0])]
+    tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
+
+    def crash_on_first_request(key, rev):
+        vanish(comms[0], tasks[0])
+        return None
+
+    comms[0]._state_server.lookup = crash_on_first_request
+    res = await asyncio.gather(tasks[1], tasks[2], return_exceptions=True)
+    assert all(isinstance(r, pccl.SharedStateError) for r in res), res
+    assert states[1].revision == states[2].revision == 0
+    await reap(tasks[0])
+    survivors, left = comms[1:], states[1:]
+    # nobody holds revision 1 (the master's last one): a clean failure, nobody kicked
+    res = await sync_settled(survivors, left)
+    assert all(isinstance(r, pccl.SharedStateError) for r in res), res
+    assert survivors[0].peer_group_world_size == 2
+    # peer 2 restores revision 1 from its checkpoint; peer 3 fetches it
+    xs[1][:] = good
+    left[0].revision = 1
+    infos = await sync(survivors, left)
+    assert tx_rx(infos) == [(good.nbytes, 0), (0, good.nbytes)]
+    assert xs[2].tobytes() == good.tobytes() and left[1].revision == 1

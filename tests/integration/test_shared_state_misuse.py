@@ -1,0 +1,86 @@
+"""Shared-state misuse: a sync while a collective or another sync runs on the same peer
+(scenario 26), and bad arguments. Shared helpers: ``state_harness``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import pccl_aio as pccl
+from tests.integration.state_harness import sync, tx_rx, u8
+
+# ---- misuse -----------------------------------------------------------------------------------
+
+
+async def test_sync_with_a_collective_in_flight_is_refused_and_the_collective_completes(peers):
+    """Scenario 26."""
+    a, b = await peers(2)
+    xa, xb = np.full(1 << 16, 1, np.float32), np.full(1 << 16, 2, np.float32)
+    ha, hb = a.all_reduce_async(xa, tag=5), b.all_reduce_async(xb, tag=5)
+    sa, sb = pccl.SharedState({"k": u8(1)}), pccl.SharedState({"k": u8(2)})
+    with pytest.raises(pccl.InvalidUsageError):
+        await a.sync_shared_state(sa)
+    infos = await asyncio.gather(ha, hb)
+    assert (xa == 3).all() and (xb == 3).all() and infos[0].world_size == 2
+    assert tx_rx(await sync([a, b], [sa, sb])) == [(1024, 0), (0, 1024)]
+
+
+async def test_second_concurrent_sync_on_one_peer_is_refused_and_the_first_completes(
+        peers, monkeypatch):
+    """A second sync_shared_state while one runs on the same peer raises InvalidUsageError and
+    must not disturb the running one, also when it comes while the first is still hashing
+    (states above 32 MiB are hashed in a worker thread, so the loop runs meanwhile; the hashing
+    is held here by a gate to make that window deterministic)."""
+    import pccl_aio._peer.sync as sync_mod
+
+    a, b = await peers(2)
+    xa, xb = u8(42, 4096), u8(0, 4096)
+    sa, sb = pccl.SharedState({"k": xa}), pccl.SharedState({"k": xb})
+    gate, hashing = asyncio.Event(), []
+    real_hashes = sync_mod._hashes
+
+    async def slow_hashes(state):
+        hashing.append(state)
+        await gate.wait()
+        return await real_hashes(state)
+
+    monkeypatch.setattr(sync_mod, "_hashes", slow_hashes)
+    first = asyncio.ensure_future(a.sync_shared_state(sa))
+    while len(hashing) < 1:
+        await asyncio.sleep(0)
+    second = asyncio.ensure_future(a.sync_shared_state(sa))
+    other = asyncio.ensure_future(b.sync_shared_state(sb))
+    await asyncio.sleep(0)
+    if second.done():  # refused before hashing: nothing can go wrong any more
+        assert isinstance(second.exception(), pccl.InvalidUsageError)
+    while len(hashing) < 3 - second.done():
+        await asyncio.sleep(0)
+    gate.set()
+    res = await asyncio.gather(first, second, other, return_exceptions=True)
+    assert isinstance(res[1], pccl.InvalidUsageError), res
+    assert isinstance(res[0], pccl.SyncInfo) and isinstance(res[2], pccl.SyncInfo), res
+    assert (res[0].tx_bytes, res[2].rx_bytes) == (4096, 4096) and (xb == 42).all()
+
+
+async def test_bad_arguments(peers):
+    (a,) = await peers(1)
+    with pytest.raises(pccl.InvalidUsageError):
+        await a.sync_shared_state({"k": u8(1)})
+    with pytest.raises(pccl.InvalidUsageError):
+        pccl.SharedState({})
+    with pytest.raises(pccl.InvalidUsageError):
+        pccl.SharedState({"k": u8(1)}, revision=-1)
+    with pytest.raises(pccl.InvalidUsageError):
+        pccl.SharedState({"k": u8(1)}, allow_content_inequality=["nope"])
+    ro = u8(1)
+    ro.flags.writeable = False
+    with pytest.raises(pccl.InvalidUsageError):
+        pccl.SharedState({"k": ro})
+    with pytest.raises(pccl.InvalidUsageError):
+        pccl.SharedState({"k": np.zeros((4, 4), np.float32)[:, 1]})
+    # a lone peer syncs with itself: nothing to move
+    info = await a.sync_shared_state(pccl.SharedState({"k": u8(1)}, 3))
+    assert (info.tx_bytes, info.rx_bytes, info.revision) == (0, 0, 3)
