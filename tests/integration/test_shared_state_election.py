@@ -17,6 +17,7 @@ from tests.integration.state_harness import (
     EP,
     RO,
     SO,
+    MasterLog,
     sync,
     sync_in_order,
     sync_settled,
@@ -43,10 +44,11 @@ async def test_basic_one_peer_sends_1024_bytes_the_other_receives_them(peers):
 async def test_tie_goes_to_lowest_peer_id_whatever_the_vote_order(master, peers):
     """Scenario 41, other way round: the higher peer id holds 42 and votes first; still the
     lowest id's content (0) wins, so the outcome does not depend on timing."""
+    log = MasterLog(master)  # before the peers connect
     a, b = await peers(2)
     xa, xb = u8(0), u8(42)
-    res = await sync_in_order(master, [a, b], [pccl.SharedState({"key1": xa}),
-                                               pccl.SharedState({"key1": xb})], order=[1, 0])
+    res = await sync_in_order(log, [a, b], [pccl.SharedState({"key1": xa}),
+                                            pccl.SharedState({"key1": xb})], order=[1, 0])
     assert tx_rx(res) == [(1024, 0), (0, 1024)]
     assert (xa == 0).all() and (xb == 0).all()
 
@@ -78,10 +80,11 @@ async def test_only_the_dirty_entry_is_sent(peers):
 
 async def test_popular_content_wins_over_first_voter_and_lowest_id(master, peers):
     """Scenario 44: peer 1 (unique 42, lowest id, votes first) is overwritten with 43."""
+    log = MasterLog(master)  # before the peers connect
     comms = await peers(3)
     xs = [u8(42), u8(43), u8(43)]
     states = [pccl.SharedState({"key1": x}) for x in xs]
-    res = await sync_in_order(master, comms, states, order=[0, 1, 2])
+    res = await sync_in_order(log, comms, states, order=[0, 1, 2])
     assert all(isinstance(r, pccl.SyncInfo) for r in res), res
     assert all((x == 43).all() for x in xs)
     assert res[0].rx_bytes == 1024 and res[0].tx_bytes == 0
@@ -228,10 +231,11 @@ async def test_revision_jump_kicks_the_violator_only(peers):
 async def test_first_sync_resumes_at_the_highest_revision(master, peers, resume_votes_first):
     """Scenario 51: the first sync of a run adopts the highest offered revision (13), whatever
     the vote order (PCCL: the first voter sets the bar); the revision-0 peer receives."""
+    log = MasterLog(master)  # before the peers connect
     a, b = await peers(2)
     xa, xb = u8(42), u8(0)
     states = [pccl.SharedState({"key1": xa}, revision=13), pccl.SharedState({"key1": xb})]
-    res = await sync_in_order(master, [a, b], states, order=[0, 1] if resume_votes_first else [1, 0])
+    res = await sync_in_order(log, [a, b], states, order=[0, 1] if resume_votes_first else [1, 0])
     assert tx_rx(res) == [(1024, 0), (0, 1024)]
     assert [r.revision for r in res] == [13, 13]
     assert states[1].revision == 13 and (xb == 42).all()
@@ -242,10 +246,11 @@ async def test_first_sync_resumes_at_the_highest_revision(master, peers, resume_
 async def test_resume_from_a_minority_checkpoint(master, peers):
     """Resume revision = max offered at consensus even when the checkpointed peer is a minority
     and votes last (PCCL picks the first voter's revision: here 0, and 13 would be a kick)."""
+    log = MasterLog(master)  # before the peers connect
     comms = await peers(3)
     xs = [u8(1), u8(1), u8(7)]
     states = [pccl.SharedState({"key1": x}, revision=r) for x, r in zip(xs, [0, 0, 13])]
-    res = await sync_in_order(master, comms, states, order=[0, 1, 2])
+    res = await sync_in_order(log, comms, states, order=[0, 1, 2])
     assert all(isinstance(r, pccl.SyncInfo) for r in res), res
     assert [r.revision for r in res] == [13, 13, 13]
     assert all((x == 7).all() for x in xs)  # the outdated majority does not vote on content

@@ -12,6 +12,7 @@ import numpy as np
 import pccl_aio as pccl
 from tests.integration.state_harness import (
     PIECE,
+    MasterLog,
     random_bits,
     reap,
     sync,
@@ -19,7 +20,6 @@ from tests.integration.state_harness import (
     tx_rx,
     u8,
     vanish,
-    wait_voted,
 )
 
 # ---- scenario 56 and fault injection -------------------------------------------------------------
@@ -100,13 +100,12 @@ async def test_a_crashed_requester_does_not_block_the_others(peers):
 
 async def test_a_peer_crashed_before_voting_does_not_block_the_others(master, peers):
     """Scenario 36: the group's sync runs as soon as the dead peer is dropped from the vote."""
+    log = MasterLog(master)  # before the peers connect
     comms = await peers(3)
     xs = [u8(1), u8(2), u8(2)]
-    tasks = [asyncio.ensure_future(comms[i].sync_shared_state(pccl.SharedState({"k": xs[i]})))
+    tasks = [await log.vote(comms[i], comms[i].sync_shared_state(pccl.SharedState({"k": xs[i]})))
              for i in (0, 1)]
-    await wait_voted(master, comms[0])
-    await wait_voted(master, comms[1])
-    vanish(comms[2])
+    vanish(comms[2])  # both votes are in: the master waits for the third one only
     infos = await asyncio.gather(*tasks)
     # 1 vs 1 among the survivors: the lowest id (1) wins
     assert tx_rx(infos) == [(1024, 0), (0, 1024)] and (xs[1] == 1).all()
