@@ -1,0 +1,193 @@
+"""The harness of the sans-IO master's tests (``test_master_*.py``); no tests here.
+
+``Harness`` wraps a ``MasterState``, feeds it events and checks, for every batch of actions,
+that the master never sends to a connection it already closed (or that already
+disconnected). The helpers pick messages out of action lists; ``departure`` makes a peer leave
+in one of the five ways a peer can (``DEPARTURES``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from pccl_aio._master.core import state as ms
+from pccl_aio._wire import messages as m
+
+PV = m.PROTOCOL_VERSION
+TERMINAL = (m.CollectiveComplete, m.CollectiveAbort, m.CollectiveRejected)
+
+
+class Harness:
+    """Wraps a MasterState; assigns connection ids 1, 2, 3, ... and checks send-after-close."""
+
+    def __init__(self, heartbeat_timeout: float = 5.0) -> None:
+        self.st = ms.MasterState(heartbeat_timeout=heartbeat_timeout)
+        self.now = 0.0
+        self._ids = itertools.count(1)
+        self.closed: set[int] = set()
+
+    def handle(self, event: ms.Event) -> list[ms.Action]:
+        actions = self.st.handle(event)
+        assert isinstance(actions, list)
+        for a in actions:
+            assert isinstance(a, ms.Send | ms.Close), a
+            if isinstance(a, ms.Send):
+                assert a.conn not in self.closed, f"send after close: {a}"
+            else:
+                self.closed.add(a.conn)
+        return actions
+
+    def connect(self, host: str = "127.0.0.1") -> int:
+        conn = next(self._ids)
+        assert self.handle(ms.Connected(conn, host, self.now)) == []
+        return conn
+
+    def hello(self, conn: int, group: int = 0, port: int | None = None, *,
+              version: int = PV, advertise_host: str = "") -> list[ms.Action]:
+        port = 40000 + conn if port is None else port
+        return self.send(conn, m.Hello(version, group, port, advertise_host))
+
+    def join(self, group: int = 0, host: str = "127.0.0.1",
+             advertise_host: str = "") -> tuple[int, list[ms.Action]]:
+        conn = self.connect(host)
+        return conn, self.hello(conn, group, advertise_host=advertise_host)
+
+    def send(self, conn: int, msg: m.PeerToMaster) -> list[ms.Action]:
+        return self.handle(ms.Received(conn, msg, self.now))
+
+    def disconnect(self, conn: int) -> list[ms.Action]:
+        out = self.handle(ms.Disconnected(conn, self.now))
+        self.closed.add(conn)
+        return out
+
+    def malformed(self, conn: int, reason: str = "garbage", body: bytes = b"") -> list[ms.Action]:
+        return self.handle(ms.Malformed(conn, reason, self.now, body))
+
+    def tick(self, now: float) -> list[ms.Action]:
+        self.now = now
+        return self.handle(ms.Tick(now))
+
+    def vote_topology_all(self) -> list[ms.Action]:
+        out: list[ms.Action] = []
+        for c in self.st.accepted():
+            out += self.send(c, m.VoteUpdateTopology())
+        return out
+
+    def run(self, *groups: int) -> list[int]:
+        """Peers in ``groups`` (one entry per peer), all accepted; returns their ids."""
+        conns = []
+        for g in groups:
+            conn, _ = self.join(g)
+            conns.append(conn)
+        if len(conns) > 1:
+            self.vote_topology_all()
+        assert self.st.accepted() == sorted(conns)
+        assert self.st.pending() == []
+        return conns
+
+    def init(self, conns: list[int], tag: int, count: int = 8, dtype: int = 10, op: int = 0,
+             **kw: int) -> list[ms.Action]:
+        out: list[ms.Action] = []
+        for c in conns:
+            out += self.send(c, m.CollectiveInit(tag, count, dtype, op, **kw))
+        return out
+
+    def start(self, conns: list[int], tag: int) -> int:
+        """All ``conns`` init ``tag``; returns the seq of the CollectiveStart they all got."""
+        acts = self.init(conns, tag)
+        starts = msgs(acts, m.CollectiveStart)
+        assert sorted(starts) == sorted(conns), acts
+        seqs = {s.seq for (s,) in starts.values()}
+        assert len(seqs) == 1
+        return seqs.pop()
+
+
+def sent_to(actions: list[ms.Action], conn: int, type_: type | None = None) -> list[object]:
+    """Messages sent to ``conn`` (of ``type_``), in order."""
+    return [a.msg for a in actions if isinstance(a, ms.Send) and a.conn == conn
+            and (type_ is None or isinstance(a.msg, type_))]
+
+
+def msgs(actions: list[ms.Action], type_: type) -> dict[int, list[object]]:
+    """conn -> messages of ``type_`` sent to it."""
+    out: dict[int, list[object]] = {}
+    for a in actions:
+        if isinstance(a, ms.Send) and isinstance(a.msg, type_):
+            out.setdefault(a.conn, []).append(a.msg)
+    return out
+
+
+def closes(actions: list[ms.Action]) -> list[int]:
+    return [a.conn for a in actions if isinstance(a, ms.Close)]
+
+
+def index_of(actions: list[ms.Action], conn: int, type_: type) -> int:
+    for i, a in enumerate(actions):
+        if isinstance(a, ms.Send) and a.conn == conn and isinstance(a.msg, type_):
+            return i
+    raise AssertionError(f"no {type_.__name__} to {conn} in {actions}")
+
+
+def assert_kicked(actions: list[ms.Action], conn: int) -> None:
+    """``conn`` got Kicked then Close, first thing; nothing else is addressed to it."""
+    assert len(actions) >= 2, actions
+    first, second = actions[0], actions[1]
+    assert isinstance(first, ms.Send) and first.conn == conn and isinstance(first.msg, m.Kicked)
+    assert first.msg.reason
+    assert isinstance(second, ms.Close) and second.conn == conn
+    assert [a for a in actions[2:] if a.conn == conn] == []
+
+
+def ring_ids(msg: m.Membership) -> list[int]:
+    return [p.peer_id for p in msg.ring]
+
+
+# ---- departures ---------------------------------------------------------------------------------
+
+
+def departure(h: Harness, how: str, conn: int) -> list[ms.Action]:
+    if how == "disconnect":
+        return h.disconnect(conn)
+    if how == "leave":
+        acts = h.send(conn, m.Leave())
+        assert acts[0] == ms.Close(conn, acts[0].reason)
+        return acts[1:]
+    if how == "kicked":
+        acts = h.send(conn, m.Hello(PV, 0, 1))  # second Hello
+        assert_kicked(acts, conn)
+        return acts[2:]
+    if how == "malformed":
+        acts = h.malformed(conn)
+        assert_kicked(acts, conn)
+        return acts[2:]
+    if how == "heartbeat":
+        # everyone else speaks now; ``conn`` has been silent since t=-10 (``run_with_silent``)
+        for c in h.st.accepted() + h.st.pending():
+            if c != conn:
+                h.send(c, m.Heartbeat())
+        acts = h.tick(h.now + 0.8 * h.st.heartbeat_timeout)
+        assert acts[0] == ms.Close(conn, "heartbeat timeout")
+        assert closes(acts) == [conn]
+        return [a for a in acts[1:] if not isinstance(a.msg, m.MasterHeartbeat)]
+    raise AssertionError(how)
+
+
+DEPARTURES = ["disconnect", "leave", "kicked", "malformed", "heartbeat"]
+
+
+def run_with_silent(h: Harness, groups: tuple[int, ...], silent_idx: int) -> list[int]:
+    """Like ``h.run``, but the peer at ``silent_idx`` speaks at t=-10 and the others at t=0.
+
+    The silent peer must not send anything later, so that the "heartbeat" departure (a Tick
+    at t=4 with a 5 s timeout) kills it and nobody else.
+    """
+    conns = []
+    for i, g in enumerate(groups):
+        h.now = -10.0 if i == silent_idx else 0.0
+        conns.append(h.join(g)[0])
+    h.now = -10.0 if silent_idx == 0 else 0.0
+    h.send(conns[0], m.VoteUpdateTopology())  # the first peer alone admits the others
+    h.now = 0.0
+    assert h.st.accepted() == sorted(conns)
+    return conns
+
