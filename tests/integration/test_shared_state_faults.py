@@ -10,9 +10,12 @@ import asyncio
 import numpy as np
 
 import pccl_aio as pccl
+from pccl_aio._peer import transfer
 from tests.integration.state_harness import (
     PIECE,
     MasterLog,
+    Tally,
+    first_of,
     random_bits,
     reap,
     sync,
@@ -167,7 +170,7 @@ class _Stalled:
         return b""
 
 
-async def test_distributor_crash_after_the_other_source_finished(peers):
+async def test_distributor_crash_after_the_other_source_finished(peers, monkeypatch):
     """The failing source holds the last range in flight while the other source has already
     served everything else: the other source must still take the range over (no idle worker
     may give up while a range can come back)."""
@@ -176,23 +179,30 @@ async def test_distributor_crash_after_the_other_source_finished(peers):
     xs = [good.copy(), good.copy(), np.zeros_like(good)]
     states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 1, 0])]
     tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
-    stalled = []
+    stalled, fetched = Tally(), Tally()
 
     def stall(key, rev):
-        stalled.append(key)
+        stalled.add(key)
         return _Stalled(good.nbytes)
 
     comms[0]._state_server.lookup = stall
+    real_fetch = transfer._FetchProtocol.fetch
+
+    async def counted_fetch(self, key, revision, offset, target):
+        await real_fetch(self, key, revision, offset, target)
+        fetched.add(offset)  # the requester's worker runs on, without a pause, until it waits
+
+    monkeypatch.setattr(transfer._FetchProtocol, "fetch", counted_fetch)
 
     def pieces_received() -> int:
         return sum(xs[2][o : o + PIECE].tobytes() == good[o : o + PIECE].tobytes()
                    for o in range(0, good.nbytes, PIECE))
 
-    # wait until the requester holds every range but the stalled one (from the honest source)
-    while not stalled or pieces_received() < 2:
-        await asyncio.sleep(0)
-    for _ in range(5):  # let the honest source's worker see that nothing is left in the queue
-        await asyncio.sleep(0)
+    # The requester holds every range but the stalled one (from the honest source): only a
+    # completed fetch wakes us, and by then the worker that completed it has run on, found
+    # nothing left in the queue and waits for a range to come back.
+    await first_of(asyncio.gather(stalled.reached(1), fetched.reached(2)), tasks[2])
+    assert stalled.items and len(fetched) >= 2 and pieces_received() >= 2, (stalled, fetched)
     t0 = asyncio.get_running_loop().time()
     vanish(comms[0], tasks[0])
     infos = await asyncio.gather(tasks[1], tasks[2])
