@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from tests.integration.state_harness import sync, tx_rx, u8
+from tests.integration.state_harness import Tally, first_of, sync, tx_rx, u8
 
 # ---- misuse -----------------------------------------------------------------------------------
 
@@ -39,25 +39,26 @@ async def test_second_concurrent_sync_on_one_peer_is_refused_and_the_first_compl
     a, b = await peers(2)
     xa, xb = u8(42, 4096), u8(0, 4096)
     sa, sb = pccl.SharedState({"k": xa}), pccl.SharedState({"k": xb})
-    gate, hashing = asyncio.Event(), []
+    gate, hashing = asyncio.Event(), Tally()
     real_hashes = sync_mod._hashes
 
     async def slow_hashes(state):
-        hashing.append(state)
+        hashing.add(state)
         await gate.wait()
         return await real_hashes(state)
 
     monkeypatch.setattr(sync_mod, "_hashes", slow_hashes)
     first = asyncio.ensure_future(a.sync_shared_state(sa))
-    while len(hashing) < 1:
-        await asyncio.sleep(0)
+    await first_of(hashing.reached(1), first)
+    assert hashing.items == [sa], first  # the first sync is hashing, held by the gate
     second = asyncio.ensure_future(a.sync_shared_state(sa))
     other = asyncio.ensure_future(b.sync_shared_state(sb))
-    await asyncio.sleep(0)
+    # The second call either ends at once (refused before hashing) or hashes too, like b's.
+    await first_of(hashing.reached(3), second)
     if second.done():  # refused before hashing: nothing can go wrong any more
         assert isinstance(second.exception(), pccl.InvalidUsageError)
-    while len(hashing) < 3 - second.done():
-        await asyncio.sleep(0)
+    await first_of(hashing.reached(3 - second.done()), other)
+    assert len(hashing) == 3 - second.done(), (hashing.items, second, other)
     gate.set()
     res = await asyncio.gather(first, second, other, return_exceptions=True)
     assert isinstance(res[1], pccl.InvalidUsageError), res
