@@ -245,6 +245,103 @@ def test_topology_vote_waits_for_peers_in_a_running_collective() -> None:
     assert sorted(msgs(acts, m.TopologyUpdated)) == [a, b, x, y]
 
 
+# ---- withdrawn votes: the caller cancelled update_topology() / are_peers_pending() -------------
+
+
+def test_withdrawn_topology_vote_frees_the_peer_for_a_collective() -> None:
+    """Regression: a cancelled update_topology() left its vote counted, so the peer's next
+    CollectiveInit was kicked with "collective tag 1 already running"."""
+    h = Harness()
+    a, b = h.run(0, 0)
+    assert h.send(a, m.VoteUpdateTopology()) == []
+    assert h.send(a, m.WithdrawVote("topology")) == []
+    assert h.send(a, m.CollectiveInit(1, 8, 10, 0)) == []  # not kicked
+    acts = h.send(b, m.CollectiveInit(1, 8, 10, 0))
+    assert closes(acts) == [] and msgs(acts, m.VoteRejected) == {}
+    starts = msgs(acts, m.CollectiveStart)
+    assert sorted(starts) == [a, b]
+    seq = starts[a][0].seq
+    h.send(a, m.CollectiveDone(1, seq, True))
+    assert sorted(msgs(h.send(b, m.CollectiveDone(1, seq, True)), m.CollectiveComplete)) == [a, b]
+    assert h.st.accepted() == [a, b]
+
+
+def test_withdrawn_topology_vote_no_longer_counts_until_the_peer_votes_again() -> None:
+    h = Harness()
+    a, b, c = h.run(0, 0, 1)
+    p, _ = h.join(0)
+    epoch = h.st.epoch
+    assert h.send(a, m.VoteUpdateTopology()) == []
+    assert h.send(b, m.VoteUpdateTopology()) == []
+    assert h.send(a, m.WithdrawVote("topology")) == []
+    assert h.send(c, m.VoteUpdateTopology()) == []  # b and c voted, a withdrew: p waits
+    assert h.st.pending() == [p] and h.st.epoch == epoch
+    acts = h.send(a, m.VoteUpdateTopology())  # voting again is legal, not a duplicate
+    assert closes(acts) == [] and h.st.accepted() == [a, b, c, p]
+    assert msgs(acts, m.TopologyUpdated) == {x: [m.TopologyUpdated(epoch + 1)] for x in (a, b, c)}
+
+
+def test_withdrawn_pending_vote_no_longer_counts_until_the_peer_votes_again() -> None:
+    h = Harness()
+    a, b, c = h.run(0, 0, 1)
+    h.join(0)
+    assert h.send(a, m.VotePeersPending()) == []
+    assert h.send(a, m.WithdrawVote("pending")) == []
+    assert h.send(b, m.VotePeersPending()) == []
+    assert h.send(c, m.VotePeersPending()) == []  # a's vote is gone: no answer yet
+    acts = h.send(a, m.VotePeersPending())
+    assert acts == [ms.Send(x, m.PeersPendingAnswer(True)) for x in (a, b, c)]
+
+
+@pytest.mark.parametrize("kind", ["topology", "pending"])
+def test_withdraw_after_the_vote_completed_is_ignored(kind: str) -> None:
+    """The answer and the withdrawal crossed: the finished vote stays finished."""
+    h = Harness()
+    a, b = h.run(0, 0)
+    h.join(0)
+    vote = m.VoteUpdateTopology() if kind == "topology" else m.VotePeersPending()
+    answer = m.TopologyUpdated if kind == "topology" else m.PeersPendingAnswer
+    h.send(b, vote)
+    assert sorted(msgs(h.send(a, vote), answer)) == [a, b]
+    epoch, accepted = h.st.epoch, h.st.accepted()
+    assert h.send(a, m.WithdrawVote(kind)) == []
+    assert h.st.epoch == epoch and h.st.accepted() == accepted
+    # the next round is a fresh one: it needs every vote again, and a's counts
+    voters = h.st.accepted()
+    for x in voters[:-1]:
+        assert h.send(x, vote) == []
+    assert sorted(msgs(h.send(voters[-1], vote), answer)) == voters
+
+
+@pytest.mark.parametrize("kind", ["topology", "pending"])
+def test_withdraw_without_a_counted_vote_is_ignored_and_never_kicks(kind: str) -> None:
+    h = Harness()
+    a, b = h.run(0, 0)
+    p, _ = h.join(0)
+    u = h.connect()
+    for conn in (a, b, p, u):  # never voted; pending; no Hello yet
+        assert h.send(conn, m.WithdrawVote(kind)) == []
+    assert h.st.accepted() == [a, b] and h.st.pending() == [p]
+    assert sent_to(h.hello(u), u) == [m.Welcome(u, False)]
+    # a's vote of the other kind is untouched: b's vote completes it
+    other, answer = ((m.VotePeersPending(), m.PeersPendingAnswer) if kind == "topology"
+                     else (m.VoteUpdateTopology(), m.TopologyUpdated))
+    assert h.send(a, other) == []
+    assert h.send(a, m.WithdrawVote(kind)) == []
+    assert sorted(msgs(h.send(b, other), answer)) == [a, b]
+
+
+def test_withdraw_of_a_topology_vote_the_master_already_rejected_is_ignored() -> None:
+    h = Harness()
+    a, b = h.run(0, 0)
+    h.send(a, m.VoteUpdateTopology())
+    acts = h.send(b, m.VotePeersPending())  # conflicting phases: a's vote is withdrawn
+    assert [type(x) for x in sent_to(acts, a)] == [m.VoteRejected]
+    assert h.send(a, m.WithdrawVote("topology")) == []
+    assert msgs(h.send(a, m.VotePeersPending()), m.PeersPendingAnswer) == {
+        a: [m.PeersPendingAnswer(False)], b: [m.PeersPendingAnswer(False)]}
+
+
 @pytest.mark.parametrize("how", DEPARTURES)
 def test_departure_during_topology_vote_lets_the_remaining_voters_complete(how: str) -> None:
     h = Harness()

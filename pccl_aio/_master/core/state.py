@@ -12,7 +12,8 @@ at once; later ones stay *pending* until every accepted peer (all groups) votes
 with one descriptor; it completes when every participant sent ``CollectiveDone(ok)``, and is
 aborted (once, for everyone) when a participant fails or disappears. Every peer gets exactly
 one terminal message (``CollectiveComplete``, ``CollectiveAbort`` or ``CollectiveRejected``)
-per collective it voted for. A peer silent for ``heartbeat_timeout`` is treated as dead.
+per collective it voted for. ``WithdrawVote`` takes back a counted topology or pending vote
+(ignored if there is none). A peer silent for ``heartbeat_timeout`` is treated as dead.
 Anything illegal gets ``Kicked`` and a ``Close``; it never raises out of ``handle``.
 """
 
@@ -156,6 +157,9 @@ class MasterState:
         if isinstance(msg, m.Hello):
             self._on_hello(peer, msg, out)
             return
+        if isinstance(msg, m.WithdrawVote):
+            self._withdraw(peer, msg.kind)
+            return
         if not peer.registered:
             raise RemoteProtocolError(f"{type(msg).__name__} before Hello")
         match msg:
@@ -213,6 +217,16 @@ class MasterState:
     def _require_accepted(self, peer: _Peer, msg: m.PeerToMaster) -> None:
         if not peer.accepted:
             raise RemoteProtocolError(f"{type(msg).__name__} from a peer not yet accepted")
+
+    def _withdraw(self, peer: _Peer, kind: str) -> None:
+        """Take back a counted vote; a vote that already ended (or never was) is no error.
+
+        No vote can complete by losing a voter, so nothing is re-checked.
+        """
+        if kind == "topology":
+            peer.voted_topology = False
+        elif kind == "pending":
+            peer.voted_pending = False
 
     def _on_hello(self, peer: _Peer, msg: m.Hello, out: list[Action]) -> None:
         if peer.registered:
