@@ -19,6 +19,7 @@ import hashlib
 import json
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,27 @@ def emit(**kw: object) -> None:
 
 def digest(a: np.ndarray) -> str:
     return hashlib.sha256(a.tobytes()).hexdigest()[:16]
+
+
+def launched(comm: pccl.Communicator, n: int) -> asyncio.Future[None]:
+    """A future set once ``comm`` has launched ``n`` collectives (sent their votes).
+
+    all_reduce_multiple_with_retry has no public "window launched" signal, so this wraps the
+    communicator's private launch; what the process test asserts is reported from the
+    equally private ``_colls`` anyway.
+    """
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    launch, count = comm._launch, 0
+
+    def counting(coll: Any) -> None:
+        nonlocal count
+        launch(coll)
+        count += 1
+        if count >= n and not done.done():
+            done.set_result(None)
+
+    comm._launch = counting  # type: ignore[method-assign]
+    return done
 
 
 async def main() -> None:
@@ -62,9 +84,11 @@ async def main() -> None:
         elif mode == "multi":
             n_tensors, in_flight = (int(a) for a in sys.argv[6:8]) if len(sys.argv) > 7 else (10, 8)
             ts = [np.full(count, index + 1 + t, np.float32) for t in range(n_tensors)]
+            window = launched(comm, min(in_flight, n_tensors))
             task = asyncio.ensure_future(
                 comm.all_reduce_multiple_with_retry(ts, max_in_flight=in_flight))
-            await asyncio.sleep(0)  # let it launch its first collectives
+            await asyncio.wait([task, window], return_when=asyncio.FIRST_COMPLETED)
+            window.cancel()
             emit(event="started", in_flight=len(comm._colls))
             infos = await task
             emit(event="done", ws=[i.world_size for i in infos],
