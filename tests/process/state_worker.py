@@ -41,7 +41,10 @@ async def admit_round(comm: pccl.Communicator, first: bool) -> None:
     while comm.peer_group_world_size < 2:
         await comm.update_topology()
         if comm.peer_group_world_size < 2:
-            await asyncio.sleep(0.05)  # pacing only: alone, poll for newcomers
+            # Pacing, not synchronisation: alone, update_topology() returns after one master
+            # round trip whether or not anybody is waiting, so without a pause this loop would
+            # hammer the master. No outcome depends on the delay: the loop re-checks the size.
+            await asyncio.sleep(0.05)
 
 
 async def ddp(comm: pccl.Communicator, revisions: int) -> None:
