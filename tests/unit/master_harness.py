@@ -3,7 +3,7 @@
 ``Harness`` wraps a ``MasterState``, feeds it events and checks, for every batch of actions,
 that the master never sends to a connection it already closed (or that already
 disconnected). The helpers pick messages out of action lists; ``departure`` makes a peer leave
-in one of the five ways a peer can (``DEPARTURES``).
+in one of the five ways a peer can (``DEPARTURES``); ``sync_vote`` builds shared-state votes.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 from pccl_aio._master.core import state as ms
+from pccl_aio._types import DataType, SyncStrategy
 from pccl_aio._wire import messages as m
 
 PV = m.PROTOCOL_VERSION
@@ -43,14 +44,14 @@ class Harness:
         return conn
 
     def hello(self, conn: int, group: int = 0, port: int | None = None, *,
-              version: int = PV, advertise_host: str = "") -> list[ms.Action]:
+              version: int = PV, advertise_host: str = "", state_port: int = 0) -> list[ms.Action]:
         port = 40000 + conn if port is None else port
-        return self.send(conn, m.Hello(version, group, port, advertise_host))
+        return self.send(conn, m.Hello(version, group, port, advertise_host, state_port))
 
     def join(self, group: int = 0, host: str = "127.0.0.1",
-             advertise_host: str = "") -> tuple[int, list[ms.Action]]:
+             advertise_host: str = "", state_port: int = 0) -> tuple[int, list[ms.Action]]:
         conn = self.connect(host)
-        return conn, self.hello(conn, group, advertise_host=advertise_host)
+        return conn, self.hello(conn, group, advertise_host=advertise_host, state_port=state_port)
 
     def send(self, conn: int, msg: m.PeerToMaster) -> list[ms.Action]:
         return self.handle(ms.Received(conn, msg, self.now))
@@ -100,6 +101,19 @@ class Harness:
         seqs = {s.seq for (s,) in starts.values()}
         assert len(seqs) == 1
         return seqs.pop()
+
+
+def digest(content: int) -> bytes:
+    """A fake xxh3-128 digest of shared-state bytes numbered ``content``."""
+    return bytes([content]) * 16
+
+
+def sync_vote(revision: int = 0, content: int = 1, *, nbytes: int = 64,
+              strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR,
+              fresh: bool = False) -> m.VoteSync:
+    """A shared-state vote on one entry ``"w"`` (``nbytes`` bytes of ``content``)."""
+    entry = m.SyncEntry("w", int(DataType.UINT8), nbytes, digest(content))
+    return m.VoteSync(revision, int(strategy), [entry], fresh)
 
 
 def sent_to(actions: list[ms.Action], conn: int, type_: type | None = None) -> list[object]:
