@@ -3,7 +3,7 @@
     python bench/quantized.py [--peers 2] [--mib 64] [--iters 10] [--conns 4]
 
 P peer processes; each iteration all-reduces the same float32 buffer once unquantized and
-once with ``Quantization(MIN_MAX, "uint8")`` (alternating which goes first), the slowest
+once with ``Quantization(algo=MIN_MAX, dtype="uint8")`` (alternating which goes first), the slowest
 peer's time counts; the figure is median(quantized) / median(unquantized) (target <= 1.5:
 on loopback the link is not the bottleneck, so this measures the kernels' overhead).
 """
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 
 async def _peer(addr: str, world: int, mib: int, iters: int, conns: int) -> None:
-    q8 = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8")
+    q8 = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8")
     async with pccl.Communicator(addr, p2p_connections=conns) as comm:
         await join_world(comm, world)
         base = np.random.default_rng(comm.peer_id).random(mib * 2**20 // 4, dtype=np.float32)

@@ -107,7 +107,7 @@ async def peer(addr: str, host: str, k: int, quant: str, mib: int, iters: int,
                warmup: int) -> None:
     import pccl_aio as pccl
 
-    q = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8") if quant == "uint8" else None
+    q = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8") if quant == "uint8" else None
     async with pccl.Communicator(addr, p2p_connections=k, listen_host=host,
                                  data_timeout=60.0) as comm:
         await comm.connect(attempts=50)

@@ -1,14 +1,23 @@
-"""Enums with stable wire values and the result records of the public API."""
+"""Enums with stable wire values, the one dtype table, and the result records of the API."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
+import sys
+from typing import SupportsIndex, cast
 
 import msgspec
 
+from ._errors import InvalidUsageError
+
 __all__ = [
     "DTYPE_ITEMSIZE",
+    "DTYPE_NAMES",
+    "FLOAT_DTYPES",
+    "NUMPY_STORAGE",
+    "QUANTIZED_DTYPES",
     "DataType",
     "QuantAlgo",
     "Quantization",
@@ -17,6 +26,16 @@ __all__ = [
     "SyncInfo",
     "SyncStrategy",
 ]
+
+
+def as_index(value: object) -> int | None:
+    """``value`` as an int (int, IntEnum, numpy integer; not bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(cast("SupportsIndex", value))
+    except TypeError:
+        return None
 
 
 class DataType(enum.IntEnum):
@@ -41,38 +60,58 @@ class DataType(enum.IntEnum):
 
     @property
     def is_float(self) -> bool:
-        return self >= DataType.FLOAT16
+        return self in FLOAT_DTYPES
+
+    @property
+    def label(self) -> str:
+        """The name numpy and torch use and messages show: ``"bfloat16"``."""
+        return DTYPE_NAMES[self]
 
     @classmethod
     def parse(cls, value: object) -> DataType:
-        """Accept a DataType, its name (``"bfloat16"``) or a numpy dtype (not bfloat16)."""
-        from ._errors import InvalidUsageError
-
+        """Accept a DataType, a name (``"bfloat16"``, ``"float"``...), a torch dtype, or a
+        numpy dtype (not bfloat16); InvalidUsageError naming the value otherwise."""
         if isinstance(value, DataType):
             return value
+        found = None
         if isinstance(value, str):
-            key = value.strip().upper()
-            aliases = {"FLOAT": "FLOAT32", "DOUBLE": "FLOAT64", "HALF": "FLOAT16",
-                       "BF16": "BFLOAT16", "F32": "FLOAT32", "F64": "FLOAT64", "F16": "FLOAT16"}
-            key = aliases.get(key, key)
-            if key in cls.__members__:
-                return cls[key]
-        try:
-            import numpy as np
+            found = _BY_NAME.get(value.strip().lower())
+        else:
+            torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+            if torch is not None and isinstance(value, torch.dtype):
+                found = _BY_NAME.get(str(value).removeprefix("torch."))
+            elif np is not None:  # a numpy dtype or scalar type implies numpy is loaded
+                try:
+                    found = _BY_NAME.get(np.dtype(value).name)
+                except TypeError:
+                    pass
+        if found is None:
+            raise InvalidUsageError(f"unsupported dtype {value!r}; supported: "
+                                    f"{', '.join(DTYPE_NAMES.values())}")
+        return found
 
-            name = np.dtype(value).name.upper()  # type: ignore[call-overload]
-            if name in cls.__members__:
-                return cls[name]
-        except TypeError:
-            pass
-        raise InvalidUsageError(f"unsupported dtype {value!r}")
 
-
-DTYPE_ITEMSIZE: dict[DataType, int] = {
-    DataType.UINT8: 1, DataType.INT8: 1, DataType.UINT16: 2, DataType.INT16: 2,
-    DataType.UINT32: 4, DataType.INT32: 4, DataType.UINT64: 8, DataType.INT64: 8,
-    DataType.FLOAT16: 2, DataType.BFLOAT16: 2, DataType.FLOAT32: 4, DataType.FLOAT64: 8,
+# The one dtype table: item size, float or not, and the numpy type holding the elements
+# (numpy has no bfloat16: its elements are raw uint16 words there).
+_TABLE: dict[DataType, tuple[int, bool, str]] = {
+    DataType.UINT8: (1, False, "uint8"), DataType.INT8: (1, False, "int8"),
+    DataType.UINT16: (2, False, "uint16"), DataType.INT16: (2, False, "int16"),
+    DataType.UINT32: (4, False, "uint32"), DataType.INT32: (4, False, "int32"),
+    DataType.UINT64: (8, False, "uint64"), DataType.INT64: (8, False, "int64"),
+    DataType.FLOAT16: (2, True, "float16"), DataType.BFLOAT16: (2, True, "uint16"),
+    DataType.FLOAT32: (4, True, "float32"), DataType.FLOAT64: (8, True, "float64"),
 }
+DTYPE_ITEMSIZE: dict[DataType, int] = {dt: row[0] for dt, row in _TABLE.items()}
+FLOAT_DTYPES: frozenset[DataType] = frozenset(dt for dt, row in _TABLE.items() if row[1])
+#: Lower-case names, as numpy and torch spell them.
+DTYPE_NAMES: dict[DataType, str] = {dt: dt.name.lower() for dt in _TABLE}
+NUMPY_STORAGE: dict[DataType, str] = {dt: row[2] for dt, row in _TABLE.items()}
+#: Codes of a quantized all-reduce.
+QUANTIZED_DTYPES: tuple[DataType, ...] = (DataType.UINT8, DataType.UINT16)
+_ALIASES = {"float": DataType.FLOAT32, "double": DataType.FLOAT64, "half": DataType.FLOAT16,
+            "bf16": DataType.BFLOAT16, "f32": DataType.FLOAT32, "f64": DataType.FLOAT64,
+            "f16": DataType.FLOAT16}
+_BY_NAME: dict[str, DataType] = {**{n: dt for dt, n in DTYPE_NAMES.items()}, **_ALIASES}
 
 
 class ReduceOp(enum.IntEnum):
@@ -84,6 +123,20 @@ class ReduceOp(enum.IntEnum):
     MAX = 3
     MIN = 4
 
+    @classmethod
+    def parse(cls, value: object) -> ReduceOp:
+        """``value`` (a ReduceOp or its int value) as a ReduceOp, else InvalidUsageError."""
+        i = as_index(value)
+        found = None if i is None else _OPS.get(i)
+        if found is None:
+            raise InvalidUsageError(
+                f"unknown reduce op {value!r}; expected one of {', '.join(_OPS_BY_NAME)}")
+        return found
+
+
+_OPS: dict[int, ReduceOp] = {int(op): op for op in ReduceOp}
+_OPS_BY_NAME = [op.name for op in ReduceOp]
+
 
 class QuantAlgo(enum.IntEnum):
     """Quantization algorithms for all-reduce payloads."""
@@ -91,6 +144,19 @@ class QuantAlgo(enum.IntEnum):
     NONE = 0
     MIN_MAX = 1
     ZERO_POINT_SCALE = 2
+
+    @classmethod
+    def parse(cls, value: object) -> QuantAlgo:
+        """``value`` (a QuantAlgo or its int value) as a QuantAlgo, else InvalidUsageError."""
+        i = as_index(value)
+        found = None if i is None else _ALGOS.get(i)
+        if found is None:
+            raise InvalidUsageError(f"unknown quantization algorithm {value!r}; expected one "
+                                    f"of {', '.join(a.name for a in QuantAlgo)}")
+        return found
+
+
+_ALGOS: dict[int, QuantAlgo] = {int(a): a for a in QuantAlgo}
 
 
 class SyncStrategy(enum.IntEnum):
@@ -101,20 +167,27 @@ class SyncStrategy(enum.IntEnum):
     SEND_ONLY = 2
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class Quantization:
-    """Quantization of an all-reduce: algorithm and quantized dtype ("uint8" or "uint16")."""
+    """Quantization of an all-reduce, keyword arguments only:
+    ``Quantization(algo=QuantAlgo.MIN_MAX, dtype="uint8")`` (dtype "uint8" or "uint16")."""
 
-    algo: QuantAlgo = QuantAlgo.MIN_MAX
-    dtype: DataType | str = DataType.UINT8
+    algo: QuantAlgo
+    dtype: DataType
 
-    def __post_init__(self) -> None:
-        from ._errors import InvalidUsageError
+    def __new__(cls, *args: object, **kwargs: object) -> Quantization:
+        if args:  # Quantization(DataType.UINT16) once meant algo=2: never guess
+            raise InvalidUsageError(
+                f"Quantization takes keyword arguments only, not {args!r}: "
+                "Quantization(algo=QuantAlgo.MIN_MAX, dtype='uint8')")
+        return object.__new__(cls)
 
-        object.__setattr__(self, "algo", QuantAlgo(self.algo))
-        qd = DataType.parse(self.dtype)
-        if qd not in (DataType.UINT8, DataType.UINT16):
-            raise InvalidUsageError(f"quantized dtype must be uint8 or uint16, not {self.dtype!r}")
+    def __init__(self, *, algo: QuantAlgo = QuantAlgo.MIN_MAX,
+                 dtype: DataType | str = DataType.UINT8) -> None:
+        qd = DataType.parse(dtype)
+        if qd not in QUANTIZED_DTYPES:
+            raise InvalidUsageError(f"quantized dtype must be uint8 or uint16, not {qd.label}")
+        object.__setattr__(self, "algo", QuantAlgo.parse(algo))
         object.__setattr__(self, "dtype", qd)
 
 

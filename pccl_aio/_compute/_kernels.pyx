@@ -1,12 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Cython kernels, byte-identical to the numpy reference ``_kernels_py`` (the specification).
+"""Cython kernels, byte-identical to the numpy reference ``reference.py`` (the specification).
 
 Seams, in file order: the AVX2+F16C loops of the hot paths (C, chosen at run time, in
 ``_kernels_simd.h``); 16-bit float conversions; reduce loops (integers, f32/f64,
 f16/bf16) and divide (``_kernels_reduce.pxi``); minmax, quantize and dequantize
 (``_kernels_quant.pxi``); the Python entry points.
 The portable Cython loops do everything the AVX2 loops do not (tails, other dtypes and
-ops, CPUs without AVX2, non-x86 builds). Arguments are validated by ``_ops``; the entry
+ops, CPUs without AVX2, non-x86 builds). Arguments are validated by ``front``; the entry
 points only keep wrong direct calls in bounds. The loops run without the GIL and never
 allocate (``dequantize_accumulate`` goes through a 16 KiB stack block when it is not
 fused). All arithmetic is IEEE in the reference's order: setup.py disables FMA
@@ -54,7 +54,23 @@ cdef double QUANT_MIN_SPAN = 2.0 ** -1000  # narrower ranges quantize to a const
 # (t + 1.5 * 2**52) - 1.5 * 2**52 == rint(t) (round half to even) for |t| <= 2**51.
 cdef double RINT_MAGIC = 6755399441055744.0
 cdef int ITEMSIZE[12]
-ITEMSIZE[:] = [1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8]
+
+
+def _load_table():
+    """Fill ITEMSIZE from the dtype table of ``_types`` and check the C constants against
+    its enums (they are compile-time constants here)."""
+    from pccl_aio._types import DTYPE_ITEMSIZE, DataType, QuantAlgo, ReduceOp
+
+    for dt, size in DTYPE_ITEMSIZE.items():
+        ITEMSIZE[dt] = size
+    mine = (SUM, AVG, PROD, MAX, MIN, MIN_MAX, ZERO_POINT_SCALE, F16, BF16, F32, F64)
+    theirs = (*ReduceOp, QuantAlgo.MIN_MAX, QuantAlgo.ZERO_POINT_SCALE, DataType.FLOAT16,
+              DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
+    if len(DTYPE_ITEMSIZE) != 12 or mine != tuple(int(v) for v in theirs):
+        raise ImportError("pccl_aio._compute._kernels disagrees with pccl_aio._types; rebuild")
+
+
+_load_table()
 
 ctypedef fused uint_t:
     uint8_t
@@ -145,8 +161,8 @@ include "_kernels_reduce.pxi"
 include "_kernels_quant.pxi"
 
 
-# ---- Python entry points (see _kernels_py for the contract) ---------------------------
-# _ops validates arguments with proper messages; the O(1) checks here only keep a wrong
+# ---- Python entry points (see reference.py for the contract) --------------------------
+# front validates arguments with proper messages; the O(1) checks here only keep a wrong
 # direct call from reading or writing out of bounds (bounds checking is off).
 
 cdef Py_ssize_t _count(Py_ssize_t nbytes, int dtype, bint floats) except -1:

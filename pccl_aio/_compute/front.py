@@ -1,8 +1,9 @@
 """Front door of the kernels: checks arguments, then calls the Cython or numpy implementation.
 
-The kernels themselves (``_kernels.pyx``, and ``_kernels_py.py`` which is the specification)
+The kernels themselves (``_kernels.pyx``, and ``reference.py`` which is the specification)
 trust their arguments; every check lives here and raises ``InvalidUsageError`` before any
 byte is touched. The checks are O(1) because they run once per segment on the hot path.
+Dtypes, ops and algorithms are the int values of ``_types``' enums; messages name them.
 
 ``PCCL_AIO_NO_EXTENSIONS=1`` (any value but "" or "0") forces the numpy reference;
 otherwise the Cython module is used when it imports, else numpy (logged once at DEBUG).
@@ -16,14 +17,23 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, SupportsIndex, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
 from .._errors import InvalidUsageError
+from .._types import (
+    DTYPE_ITEMSIZE,
+    DTYPE_NAMES,
+    FLOAT_DTYPES,
+    QUANTIZED_DTYPES,
+    DataType,
+    QuantAlgo,
+    ReduceOp,
+    as_index,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -62,14 +72,9 @@ IMPLEMENTATION: Literal["cython", "numpy"] = (
     "cython" if _impl.__name__.endswith("._kernels") else "numpy"
 )
 
-# DataType value -> itemsize; ReduceOp and QuantAlgo values (see _types.py).
-_ITEMSIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 8, 7: 8, 8: 2, 9: 2, 10: 4, 11: 8}
-_DTYPE_NAMES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
-                "float16", "bfloat16", "float32", "float64")
-_FLOATS = frozenset((8, 9, 10, 11))
-_QDTYPES = {0: 1, 2: 2}  # uint8, uint16 -> itemsize
-_OPS = {op: op for op in range(5)}  # SUM AVG PROD MAX MIN
-_ALGOS = {1: 1, 2: 2}  # MIN_MAX, ZERO_POINT_SCALE (NONE is not a quantizer)
+# int value -> itemsize, derived from the dtype table of _types.py.
+_ITEMSIZE: dict[int, int] = {int(dt): size for dt, size in DTYPE_ITEMSIZE.items()}
+_QDTYPES: dict[int, int] = {int(dt): DTYPE_ITEMSIZE[dt] for dt in QUANTIZED_DTYPES}
 _MAX_DIVISOR = 2**31 - 1  # a world size
 #: Largest magnitude accepted for dequantization metadata (twice the quantizer's limit).
 _META_LIMIT = 2.0**1001
@@ -134,12 +139,8 @@ def _buffer_problem(buf: BufferLike, name: str) -> str:
 
 def _lookup(table: dict[int, int], value: object) -> int | None:
     """table[value] for an integer (int, IntEnum, numpy integer; not bool), else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return table.get(operator.index(cast("SupportsIndex", value)))
-    except TypeError:
-        return None
+    i = as_index(value)
+    return None if i is None else table.get(i)
 
 
 def _itemsize(dtype: int, name: str = "dtype") -> int:
@@ -151,28 +152,37 @@ def _itemsize(dtype: int, name: str = "dtype") -> int:
 
 def _float_itemsize(dtype: int, name: str) -> int:
     size = _itemsize(dtype, name)
-    if dtype not in _FLOATS:
-        raise InvalidUsageError(
-            f"{name} must be float16, bfloat16, float32 or float64, not {_DTYPE_NAMES[dtype]}"
-        )
+    if dtype not in FLOAT_DTYPES:
+        raise InvalidUsageError(f"{name} must be {_names(FLOAT_DTYPES)}, "
+                                f"not {DTYPE_NAMES[DataType(int(dtype))]}")
     return size
+
+
+def _names(dtypes: Collection[DataType]) -> str:
+    names = [DTYPE_NAMES[dt] for dt in sorted(dtypes)]
+    return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _q_itemsize(q_dtype: int) -> int:
     size = _lookup(_QDTYPES, q_dtype)
     if size is None:
-        raise InvalidUsageError(f"quantized dtype must be uint8 (0) or uint16 (2), not {q_dtype!r}")
+        known = _lookup(_ITEMSIZE, q_dtype) is not None
+        shown = DTYPE_NAMES[DataType(int(q_dtype))] if known else repr(q_dtype)
+        raise InvalidUsageError(f"quantized dtype must be {_names(QUANTIZED_DTYPES)}, not {shown}")
     return size
 
 
-def _check_op(op: int) -> None:
-    if _lookup(_OPS, op) is None:
-        raise InvalidUsageError(f"unknown reduce op {op!r}")
+def _op(op: int) -> int:
+    """The int value of a reduce op (the one check of ``ReduceOp.parse``)."""
+    return int(ReduceOp.parse(op))
 
 
-def _check_algo(algo: int) -> None:
-    if _lookup(_ALGOS, algo) is None:
-        raise InvalidUsageError(f"unknown quantization algorithm {algo!r} (NONE does not quantize)")
+def _algo(algo: int) -> int:
+    """The int value of a quantizing algorithm (not NONE)."""
+    a = QuantAlgo.parse(algo)
+    if a == QuantAlgo.NONE:
+        raise InvalidUsageError("quantization algorithm NONE does not quantize")
+    return int(a)
 
 
 def _check_elements(nbytes: int, size: int, name: str) -> int:
@@ -205,11 +215,11 @@ def reduce_into(dst: BufferLike, src: BufferLike, op: int, dtype: int) -> None:
     """``dst[i] = op(dst[i], src[i])`` element-wise (AVG adds; see :func:`divide`)."""
     d, s = _bytes(dst, "dst", True), _bytes(src, "src", False)
     size = _itemsize(dtype)
-    _check_op(op)
+    op = _op(op)
     if d.nbytes != s.nbytes:
         raise InvalidUsageError(f"length mismatch: dst has {d.nbytes} bytes, src {s.nbytes}")
     _check_elements(d.nbytes, size, "dst")
-    op, dtype = int(op), int(dtype)
+    dtype = int(dtype)
     _run(d.nbytes, size, lambda a, b: _impl.reduce_into(d[a:b], s[a:b], op, dtype))
 
 
@@ -220,12 +230,12 @@ def reduce_from(dst: BufferLike, a: BufferLike, b: BufferLike, op: int, dtype: i
     d = _bytes(dst, "dst", True)
     x, y = _bytes(a, "a", False), _bytes(b, "b", False)
     size = _itemsize(dtype)
-    _check_op(op)
+    op = _op(op)
     if not d.nbytes == x.nbytes == y.nbytes:
         raise InvalidUsageError(
             f"length mismatch: dst has {d.nbytes} bytes, a {x.nbytes}, b {y.nbytes}")
     _check_elements(d.nbytes, size, "dst")
-    op, dtype = int(op), int(dtype)
+    dtype = int(dtype)
     _run(d.nbytes, size,
          lambda lo, hi: _impl.reduce_from(d[lo:hi], x[lo:hi], y[lo:hi], op, dtype))
 
@@ -234,11 +244,8 @@ def divide(dst: BufferLike, divisor: int, dtype: int) -> None:
     """AVG finalisation ``dst[i] /= divisor``; integers truncate toward zero."""
     d = _bytes(dst, "dst", True)
     size = _itemsize(dtype)
-    try:
-        div = -1 if isinstance(divisor, bool) else operator.index(divisor)
-    except TypeError:
-        div = -1
-    if not 1 <= div <= _MAX_DIVISOR:
+    div = as_index(divisor)
+    if div is None or not 1 <= div <= _MAX_DIVISOR:
         raise InvalidUsageError(f"divisor must be an int in [1, 2**31 - 1], not {divisor!r}")
     _check_elements(d.nbytes, size, "dst")
     dtype = int(dtype)
@@ -275,12 +282,12 @@ def quantize(dst_q: BufferLike, src: BufferLike, src_dtype: int, q_dtype: int, a
     d, s = _bytes(dst_q, "dst_q", True), _bytes(src, "src", False)
     n = _check_elements(s.nbytes, _float_itemsize(src_dtype, "src_dtype"), "src")
     qsize = _q_itemsize(q_dtype)
-    _check_algo(algo)
+    algo = _algo(algo)
     if d.nbytes != n * qsize:
         raise InvalidUsageError(
             f"length mismatch: dst_q has {d.nbytes} bytes, {n} codes need {n * qsize}"
         )
-    return _impl.quantize(d, s, int(src_dtype), int(q_dtype), int(algo))
+    return _impl.quantize(d, s, int(src_dtype), int(q_dtype), algo)
 
 
 def _check_dequantize(dst: BufferLike, src_q: BufferLike, p0: float, p1: float, dst_dtype: int,
@@ -288,7 +295,7 @@ def _check_dequantize(dst: BufferLike, src_q: BufferLike, p0: float, p1: float, 
     d, s = _bytes(dst, "dst", True), _bytes(src_q, "src_q", False)
     n = _check_elements(d.nbytes, _float_itemsize(dst_dtype, "dst_dtype"), "dst")
     qsize = _q_itemsize(q_dtype)
-    _check_algo(algo)
+    _algo(algo)
     _check_meta(p0, p1)
     if s.nbytes != n * qsize:
         raise InvalidUsageError(
@@ -309,9 +316,9 @@ def dequantize_accumulate(dst: BufferLike, src_q: BufferLike, p0: float, p1: flo
                           dst_dtype: int, q_dtype: int, algo: int) -> None:
     """``dst[i] = op(dst[i], D(q[i]))`` in one pass (bit-identical to dequantize + reduce)."""
     d, s = _check_dequantize(dst, src_q, p0, p1, dst_dtype, q_dtype, algo)
-    _check_op(op)
+    op = _op(op)
     _run_decoding(_impl.dequantize_accumulate, d, s, int(dst_dtype), int(q_dtype),
-                  (float(p0), float(p1), int(op), int(dst_dtype), int(q_dtype), int(algo)))
+                  (float(p0), float(p1), op, int(dst_dtype), int(q_dtype), int(algo)))
 
 
 def _run_decoding(kernel: Callable[..., None], d: memoryview, s: memoryview, dst_dtype: int,

@@ -1,7 +1,7 @@
 """Numpy reference kernels: the specification of pccl_aio's element-wise arithmetic.
 
 ``_kernels.pyx`` implements the same functions and must produce byte-identical results;
-``_ops.py`` validates arguments and then calls one of the two. These functions do not check
+``front.py`` validates arguments and then calls one of the two. These functions do not check
 their arguments. Buffers are C-contiguous byte buffers that hold elements of ``dtype`` (an
 int ``DataType`` value); bfloat16 elements are raw ``uint16`` words. A ``dst`` may be the
 same buffer as its ``src`` but must not partially overlap it.
@@ -30,7 +30,9 @@ from typing import Any, TypeAlias
 import numpy as np
 from numpy.typing import NDArray
 
-#: What the kernels accept: C-contiguous buffers (``_ops`` passes byte memoryviews).
+from .._types import NUMPY_STORAGE, DataType, QuantAlgo, ReduceOp
+
+#: What the kernels accept: C-contiguous buffers (``front`` passes byte memoryviews).
 Buffer: TypeAlias = "bytes | bytearray | memoryview | NDArray[Any]"
 
 __all__ = [
@@ -45,18 +47,16 @@ __all__ = [
     "reduce_into",
 ]
 
-# DataType values (pccl_aio._types.DataType) used by the arithmetic below.
-F16, BF16, F32, F64 = 8, 9, 10, 11
-U8, U16 = 0, 2
-# ReduceOp and QuantAlgo values.
-SUM, AVG, PROD, MAX, MIN = 0, 1, 2, 3, 4
-MIN_MAX, ZERO_POINT_SCALE = 1, 2
+# The int values of DataType, ReduceOp and QuantAlgo used by the arithmetic below.
+F16, BF16, F32, F64 = (int(d) for d in (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32,
+                                        DataType.FLOAT64))
+U8, U16, U64 = int(DataType.UINT8), int(DataType.UINT16), int(DataType.UINT64)
+SUM, AVG, PROD, MAX, MIN = (int(op) for op in ReduceOp)
+MIN_MAX, ZERO_POINT_SCALE = int(QuantAlgo.MIN_MAX), int(QuantAlgo.ZERO_POINT_SCALE)
 
 #: Element type of each DataType value as numpy sees it (bfloat16 as its raw bits).
 NP_DTYPES: dict[int, type[np.generic]] = {
-    0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
-    6: np.uint64, 7: np.int64, 8: np.float16, 9: np.uint16, 10: np.float32, 11: np.float64,
-}
+    int(dt): np.dtype(name).type for dt, name in NUMPY_STORAGE.items()}
 #: Canonical quiet NaN written by SUM, PROD and divide.
 CANONICAL_NAN_BITS = {F16: 0x7E00, BF16: 0x7FC0, F32: 0x7FC00000, F64: 0x7FF8000000000000}
 #: Quantization ranges are clamped to [-QUANT_LIMIT, QUANT_LIMIT] so that no intermediate
@@ -162,7 +162,7 @@ def divide(dst: Buffer, divisor: int, dtype: int) -> None:
     """AVG finalisation ``dst[i] /= divisor`` (divisor >= 1); integers truncate toward zero."""
     d = _view(dst, dtype)
     if dtype < F16:
-        wide = np.uint64 if dtype == 6 else np.int64
+        wide = np.uint64 if dtype == U64 else np.int64
         w = d.astype(wide)
         div = wide(divisor)
         q = w // div  # floor; the remainder w - q * div lies in [0, div)

@@ -320,7 +320,7 @@ async def test_restore_on_abort_false_takes_no_backup_and_gives_the_same_bytes(p
     backup (the default takes one), and the result bytes equal the default path's."""
     comms = await peers(3)
     n = 3 * (1 << 19) + 5  # several segments per chunk, uneven chunks
-    quant = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8") if quantized else None
+    quant = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8") if quantized else None
     taken: list[int] = []
     for c in comms:
         take = c._scratch.take

@@ -51,7 +51,7 @@ async def test_every_algo_qdtype_and_source_is_bit_identical_and_bounded(peers, 
                     if op == pccl.ReduceOp.AVG:
                         exact /= ws
                     outs = [x.clone() if hasattr(x, "clone") else x.copy() for x in xs]
-                    q = pccl.Quantization(algo, qd)
+                    q = pccl.Quantization(algo=algo, dtype=qd)
                     await asyncio.gather(*(c.all_reduce(o, op=op, quantization=q)
                                            for c, o in zip(comms, outs)))
                     for o in outs:  # the owner keeps D(Q(chunk)), forwarders never re-quantize
@@ -69,7 +69,7 @@ async def test_every_algo_qdtype_and_source_is_bit_identical_and_bounded(peers, 
 async def test_pccl_scenario_21_zero_point_scale_42_plus_43_is_exactly_85(peers, dtype):
     comms = await peers(2)
     xs = [np.full(1024, 42, dtype), np.full(1024, 43, dtype)]
-    q = pccl.Quantization(pccl.QuantAlgo.ZERO_POINT_SCALE, "uint8")
+    q = pccl.Quantization(algo=pccl.QuantAlgo.ZERO_POINT_SCALE, dtype="uint8")
     await asyncio.gather(*(c.all_reduce(x, quantization=q) for c, x in zip(comms, xs)))
     assert (xs[0] == 85).all() and (xs[1] == 85).all()
 
@@ -78,7 +78,7 @@ async def test_uint8_payload_is_under_three_tenths_of_float32(peers):
     comms = await peers(3)
     xs = [np.random.default_rng(i).random(1 << 18, dtype=np.float32) for i in range(3)]
     plain = await asyncio.gather(*(c.all_reduce(x.copy()) for c, x in zip(comms, xs)))
-    q = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8")
+    q = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8")
     quant = await asyncio.gather(*(c.all_reduce(x, quantization=q) for c, x in zip(comms, xs)))
     for p, r in zip(plain, quant):
         assert r.tx_bytes <= 0.3 * p.tx_bytes and r.rx_bytes <= 0.3 * p.rx_bytes
@@ -87,11 +87,11 @@ async def test_uint8_payload_is_under_three_tenths_of_float32(peers):
 
 async def test_quantization_arguments_are_checked(peers):
     comms = await peers(2)
-    q = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8")
+    q = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8")
     with pytest.raises(pccl.InvalidUsageError, match="float"):
         await comms[0].all_reduce(np.zeros(8, np.int32), quantization=q)
     with pytest.raises(pccl.InvalidUsageError):
-        pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "int8")
+        pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="int8")
     with pytest.raises(pccl.InvalidUsageError):
         await comms[0].all_reduce(np.zeros(8, np.float32), quantization="uint8")
     # peers that disagree on the quantization get a clear error, not garbage
@@ -103,7 +103,7 @@ async def test_quantization_arguments_are_checked(peers):
 
 async def test_constant_and_non_finite_inputs(peers):
     comms = await peers(3)
-    q = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8")
+    q = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8")
     xs = [np.full(1000, 1.5, np.float32) for _ in comms]
     await asyncio.gather(*(c.all_reduce(x, quantization=q) for c, x in zip(comms, xs)))
     assert (xs[0] == 4.5).all()  # a constant survives quantization exactly
@@ -118,7 +118,7 @@ async def test_out_of_place_quantized_matches_in_place_and_leaves_src(peers):
     comms = await peers(3)
     xs = _inputs("float32", 3 * (1 << 18) + 7, 3, seed=11)
     keep = [x.copy() for x in xs]
-    q = pccl.Quantization(pccl.QuantAlgo.MIN_MAX, "uint8")
+    q = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8")
     outs = [np.empty_like(x) for x in xs]
     await asyncio.gather(*(c.all_reduce(x, o, quantization=q, tag=1)
                            for c, x, o in zip(comms, xs, outs)))

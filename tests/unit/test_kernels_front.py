@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from pccl_aio._compute import front as _ops
+from pccl_aio._compute import reference as ref
 from pccl_aio._errors import InvalidUsageError
+from pccl_aio._types import DataType
 from tests.unit.kernel_harness import (
     BF16,
     F32,
@@ -121,6 +123,37 @@ def test_ops_accepts_buffers_of_any_layout_and_dtype() -> None:
 def test_ops_rejects_bad_arguments(call: Any) -> None:
     with pytest.raises(InvalidUsageError):
         call()
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: _ops.minmax(np.zeros(4, np.int32), 5),
+     "dtype must be float16, bfloat16, float32 or float64, not int32"),
+    (lambda: _ops.quantize(np.zeros(4, np.uint8), np.zeros(4, np.float32), F32, 4, MIN_MAX),
+     "quantized dtype must be uint8 or uint16, not uint32"),
+    (lambda: _ops.quantize(np.zeros(4, np.uint8), np.zeros(4, np.float32), F32, 17, MIN_MAX),
+     "quantized dtype must be uint8 or uint16, not 17"),
+    (lambda: _ops.quantize(np.zeros(4, np.uint8), np.zeros(4, np.float32), F32, U8, 0),
+     "algorithm NONE does not quantize"),
+    (lambda: _ops.quantize(np.zeros(4, np.uint8), np.zeros(4, np.float32), F32, U8, 3),
+     "unknown quantization algorithm 3; expected one of NONE, MIN_MAX, ZERO_POINT_SCALE"),
+    (lambda: _ops.dequantize(np.zeros(4, np.int32), np.zeros(4, np.uint8), 0.0, 1.0, 5, U8, 1),
+     "dst_dtype must be float16, bfloat16, float32 or float64, not int32"),
+    (lambda: _ops.dequantize_accumulate(np.zeros(4, np.float32), np.zeros(4, np.uint8), 0.0,
+                                        1.0, 7, F32, U8, 1),
+     "unknown reduce op 7; expected one of SUM, AVG, PROD, MAX, MIN"),
+    (lambda: _ops.reduce_into(np.zeros(4, np.float32), np.zeros(4, np.float32), SUM, 12),
+     "unknown dtype 12"),
+])
+def test_ops_errors_name_dtypes_and_ops(call: Any, message: str) -> None:
+    with pytest.raises(InvalidUsageError) as err:
+        call()
+    assert message in str(err.value)
+
+
+def test_tables_derive_from_the_dtype_table() -> None:
+    assert {int(dt): dt.itemsize for dt in DataType} == _ops._ITEMSIZE
+    assert {d: np.dtype(t).itemsize for d, t in ref.NP_DTYPES.items()} == _ops._ITEMSIZE
+    assert ref.NP_DTYPES[BF16] is np.uint16 and ref.NP_DTYPES[F32] is np.float32
 
 
 # ---- large jobs split over two threads -----------------------------------------------------

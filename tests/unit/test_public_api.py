@@ -1,11 +1,15 @@
-"""The public surface of ``pccl_aio``: exported names, exception tree, version."""
+"""The public surface of ``pccl_aio``: exported names, exception tree, version, the
+argument habits of ``Quantization``, and the one dtype table and op check of ``_types``."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 import pccl_aio
-from pccl_aio import _errors, _version
+import pccl_aio as pccl
+from pccl_aio import _errors, _types, _version
 
 EXPECTED_ALL = {
     "AllReduceHandle", "Communicator", "DataType", "InvalidUsageError", "KickedError", "Master",
@@ -88,3 +92,95 @@ def test_exception_tree_inside_pccl() -> None:
         raise pccl_aio.PeerLostError("peer 3 left")
     with pytest.raises(pccl_aio.PcclError):
         raise pccl_aio.PcclTimeoutError("deadline")
+
+
+# ---- Quantization: keyword arguments only, every bad value an InvalidUsageError -------------
+
+def test_quantization_takes_keywords_and_normalises() -> None:
+    q = pccl.Quantization(algo=pccl.QuantAlgo.ZERO_POINT_SCALE, dtype="uint16")
+    assert q.algo is pccl.QuantAlgo.ZERO_POINT_SCALE and q.dtype is pccl.DataType.UINT16
+    assert q == pccl.Quantization(algo=2, dtype=pccl.DataType.UINT16)  # type: ignore[arg-type]
+    assert hash(q) == hash(pccl.Quantization(algo=2, dtype="UINT16"))  # type: ignore[arg-type]
+    assert pccl.Quantization() == pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8")
+    assert dataclasses.replace(q, dtype="uint8").dtype is pccl.DataType.UINT8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        q.algo = pccl.QuantAlgo.MIN_MAX  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("args", [
+    (pccl.DataType.UINT16,),  # once silently meant algo=ZERO_POINT_SCALE
+    (pccl.QuantAlgo.MIN_MAX, "uint8"),
+    (pccl.QuantAlgo.MIN_MAX,),
+])
+def test_quantization_rejects_positional_arguments(args: tuple[object, ...]) -> None:
+    with pytest.raises(pccl.InvalidUsageError, match="keyword arguments only"):
+        pccl.Quantization(*args)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("algo", [3, -1, "MIN_MAX", 1.0, True, None, pccl.DataType.FLOAT32])
+def test_quantization_rejects_bad_algorithms(algo: object) -> None:
+    with pytest.raises(pccl.InvalidUsageError, match="unknown quantization algorithm"):
+        pccl.Quantization(algo=algo, dtype="uint8")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("dtype", "message"), [
+    ("int8", "uint8 or uint16, not int8"),
+    (pccl.DataType.FLOAT32, "uint8 or uint16, not float32"),
+    ("f4", "unsupported dtype 'f4'"),
+    (0, "unsupported dtype 0"),
+])
+def test_quantization_rejects_bad_dtypes(dtype: object, message: str) -> None:
+    with pytest.raises(pccl.InvalidUsageError, match=message):
+        pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype=dtype)  # type: ignore[arg-type]
+
+
+# ---- the one dtype table and the one op check ---------------------------------------------
+
+def test_dtype_table_and_names() -> None:
+    import numpy as np
+
+    for dt in pccl.DataType:
+        assert dt.label == dt.name.lower() == _types.DTYPE_NAMES[dt]
+        assert dt.itemsize == np.dtype(_types.NUMPY_STORAGE[dt]).itemsize
+        assert dt.is_float == (dt.label in ("float16", "bfloat16", "float32", "float64"))
+        assert pccl.DataType.parse(dt.label) is dt and pccl.DataType.parse(dt) is dt
+        if dt is not pccl.DataType.BFLOAT16:
+            assert pccl.DataType.parse(np.dtype(dt.label)) is dt
+    assert _types.NUMPY_STORAGE[pccl.DataType.BFLOAT16] == "uint16"
+    assert pccl.DataType.parse(" Float ") is pccl.DataType.FLOAT32
+    assert pccl.DataType.parse("bf16") is pccl.DataType.BFLOAT16
+
+
+def test_dtype_parse_takes_torch_dtypes_by_name() -> None:
+    torch = pytest.importorskip("torch")
+    assert pccl.DataType.parse(torch.bfloat16) is pccl.DataType.BFLOAT16
+    assert pccl.DataType.parse(torch.int16) is pccl.DataType.INT16
+    with pytest.raises(pccl.InvalidUsageError, match="float8_e4m3fn"):
+        pccl.DataType.parse(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("bad", [5, -1, True, "SUM", 1.5, None])
+def test_reduce_op_check_is_one_definition(bad: object) -> None:
+    """The communicator's op check and the kernels' front raise the same error, naming the
+    ops by name."""
+    from pccl_aio._compute import front
+    from pccl_aio._peer.core import args
+
+    assert args.op(pccl.ReduceOp.MAX) is pccl.ReduceOp.MAX and args.op(2) is pccl.ReduceOp.PROD
+    with pytest.raises(pccl.InvalidUsageError, match="SUM, AVG, PROD, MAX, MIN") as mine:
+        args.op(bad)
+    with pytest.raises(pccl.InvalidUsageError) as theirs:
+        front.reduce_into(bytearray(4), bytes(4), bad, pccl.DataType.FLOAT32)  # type: ignore[arg-type]
+    assert str(mine.value) == str(theirs.value)
+
+
+def test_argument_errors_name_dtypes() -> None:
+    import numpy as np
+
+    from pccl_aio._peer.core import args
+
+    with pytest.raises(pccl.InvalidUsageError, match=r"src \(4 x float32\) and dst \(5 x float32\)"):
+        args.buffers(np.zeros(4, np.float32), np.zeros(5, np.float32))
+    with pytest.raises(pccl.InvalidUsageError, match="float64 tensor, not int32"):
+        args.quantization(pccl.Quantization(), pccl.DataType.INT32)
+    assert args.quantization(pccl.Quantization(algo=pccl.QuantAlgo.NONE), pccl.DataType.INT32) is None

@@ -24,7 +24,7 @@ def buffers(src: Any, dst: Any) -> tuple[Buffer, Buffer, bool]:
     d = as_buffer(dst, writable=True, what="dst")
     if s.dtype != d.dtype or s.count != d.count:
         raise InvalidUsageError(
-            f"src ({s.count} x {s.dtype.name}) and dst ({d.count} x {d.dtype.name}) differ")
+            f"src ({s.count} x {s.dtype.label}) and dst ({d.count} x {d.dtype.label}) differ")
     if s.count and np.shares_memory(np.frombuffer(s.view, np.uint8),
                                     np.frombuffer(d.view, np.uint8)):
         same = (np.frombuffer(s.view, np.uint8).ctypes.data
@@ -35,14 +35,8 @@ def buffers(src: Any, dst: Any) -> tuple[Buffer, Buffer, bool]:
     return s, d, False
 
 
-def op(op: Any) -> ReduceOp:
-    try:
-        return ReduceOp(op)
-    except ValueError:
-        raise InvalidUsageError(f"unknown reduce op {op!r}") from None
-
-
-_QUANTIZABLE = (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
+#: The reduce-op check, shared with the kernels' front (``_compute/front.py``).
+op = ReduceOp.parse
 
 
 def quantization(q: Any, dtype: DataType) -> Quantization | None:
@@ -52,9 +46,9 @@ def quantization(q: Any, dtype: DataType) -> Quantization | None:
         raise InvalidUsageError(f"quantization must be a Quantization, not {type(q).__name__}")
     if q.algo == QuantAlgo.NONE:
         return None
-    if dtype not in _QUANTIZABLE:
+    if not dtype.is_float:
         raise InvalidUsageError(f"quantization needs a float16/bfloat16/float32/float64 "
-                                f"tensor, not {dtype.name}")
+                                f"tensor, not {dtype.label}")
     return q
 
 
