@@ -59,20 +59,7 @@ async def peers(master: pccl.Master) -> AsyncIterator[Callable[..., Awaitable[li
 
 def crash(comm: pccl.Communicator) -> None:
     """Make a communicator vanish like a killed process: abort every socket, no goodbye."""
-    if comm._writer is not None:
-        comm._writer.transport.abort()
-    for t in comm._tasks:
-        t.cancel()
-    for link in comm._links.values():
-        link.close()
-    if comm._listener is not None:
-        for r in list(comm._listener.conns):
-            r.close()
-        if comm._listener._server is not None:
-            comm._listener._server.close()
-    server = comm._state_server
-    server.lookup = None  # a dead process serves nothing
-    if server._server is not None:
-        server._server.close()
-    for w in list(server._writers):
-        w.transport.abort()
+    comm._control.abort()
+    comm._data.abort()
+    comm._sync.server.lookup = None  # a dead process serves nothing
+    comm._sync.server.abort()

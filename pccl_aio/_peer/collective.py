@@ -10,7 +10,10 @@ The data path: received segments are written by the receiver straight into a reu
 slot (reduce-scatter; the quantized path uses a full-size scratch) or ``dst`` (all-gather);
 the receive callback reduces each reduce-scatter segment with the Cython kernel and forwards
 it at once when the link has room (else the run task does, once it has), so receive, reduce
-and send overlap.
+and send overlap. In place, ``core.backup.InputBackup`` keeps what an abort must put back.
+
+Dependencies are narrow: the collective sees its communicator only as a ``CollectiveEnv``
+(buffers, the receive registry, links, a task set and the report to the master).
 """
 
 from __future__ import annotations
@@ -19,33 +22,64 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from .._compute import front as _ops
 from .._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
 from .._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
+from .._wire.data import MAGIC, pack_header
 from .core import ring
+from .core.backup import InputBackup
 from .core.buffers import Buffer
 from .core.slots import SLOTS_BASE, Slots
-from .dataplane import HEADER, MAGIC, Link
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
+from .env import CollectiveEnv
+from .link import Link
 
 log = logging.getLogger("pccl_aio.collective")
 
 SEGMENT_BYTES = 1 << 20  # pipeline segment, in bytes on the wire
-_pack = HEADER.pack
 _EMPTY = memoryview(b"")
+
+
+class Step(NamedTuple):
+    """A segment's work, cut once at the start: final reduce of our chunk?, the phase to
+    forward it in (None: not forwarded), its slices of dst, of the quantized scratch and of
+    the input."""
+
+    owned: bool
+    forward: int | None
+    dst: memoryview
+    codes: memoryview
+    src: memoryview
+
+
+class Arrival(NamedTuple):
+    """A quantized segment waiting unprocessed for room on the link."""
+
+    phase: int
+    offset: int
+    p0: float
+    p1: float
+
+
+class Forward(NamedTuple):
+    """A processed segment waiting for room on the link; ``slot`` is freed once it is sent."""
+
+    phase: int
+    offset: int
+    payload: memoryview
+    p0: float
+    p1: float
+    slot: memoryview | None
 
 
 class Collective:
     """One attempt of one tagged all-reduce on this peer."""
 
-    def __init__(self, comm: Communicator, tag: int, src: Buffer, dst: Buffer,
+    def __init__(self, env: CollectiveEnv, tag: int, src: Buffer, dst: Buffer,
                  op: ReduceOp, in_place: bool, quant: Quantization | None = None,
                  restore: bool = True) -> None:
-        self.comm, self.tag, self.op = comm, tag, op
+        self.env, self.tag, self.op = env, tag, op
         self.quant = quant if quant is not None and quant.algo != QuantAlgo.NONE else None
         self._b = dst.dtype.itemsize
         self._qb = DataType.parse(self.quant.dtype).itemsize if self.quant else self._b
@@ -66,84 +100,50 @@ class Collective:
         # arrival (cheap, and it frees the receive slot of our own chunk's segments) and
         # wait in ``_outbox`` as sends; quantized ones wait in ``_inbox`` unprocessed, so
         # their heavier decode/encode interleaves with the sends instead of stalling them.
-        self._outbox: collections.deque[
-            tuple[int, int, memoryview, float, float, memoryview | None]] = collections.deque()
-        self._inbox: collections.deque[tuple[int, int, float, float]] = collections.deque()
+        self._outbox: collections.deque[Forward] = collections.deque()
+        self._inbox: collections.deque[Arrival] = collections.deque()
         self._link: Link | None = None  # set once the run task has the link open
         self._remaining = 0  # segments still to receive and process
         self._last_rx = 0.0  # loop time of the last arrival (the data deadline counts from it)
-        self._failure: Exception | None = None  # a local failure while processing inline
+        self._local_failure: Exception | None = None  # raised while processing inline
+        self._stream_error: str | None = None  # the predecessor's frames broke the protocol
         self._qdt, self._algo = ((int(DataType.parse(self.quant.dtype)), int(self.quant.algo))
                                  if self.quant else (0, 0))
-        # (phase, offset) -> (final reduce of our chunk?, phase to forward in or None,
-        # dst slice, scratch slice, input slice): set at the start, read per segment
-        self._steps: dict[tuple[int, int],
-                          tuple[bool, int | None, memoryview, memoryview, memoryview]] = {}
+        self.plan: ring.RingPlan | None = None  # set at the start
+        self._steps: dict[tuple[int, int], Step] = {}  # (phase, offset) -> work, set at start
         self._k = _ops.kernels()  # per-segment jobs: views cut here, arguments checked once
         self._op, self._dt = int(op), int(dst.dtype)
         self._wake: asyncio.Future[None] | None = None
         self._expected: dict[tuple[int, int], int] = {}
-        self._error: str | None = None
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
         self._slots: Slots | None = None  # unquantized: reduce-scatter receive slots
         self.cancelled = False
-        # Unquantized, ``dst`` is written once per segment: the reduce-scatter leaves its
-        # partial sums in the receive slot (op(input, slot) into the slot, forwarded from
-        # there), the owner writes each final segment of its chunk, and the all-gather lands
-        # the others. The input is only read until then, so in place a segment is copied
-        # aside into a pooled buffer before its first write:
-        # by the reduce-scatter kernel that reads it anyway (``_save_into``; a chunk's
-        # all-gather frames arrive only after our partial of it left), or just before an
-        # all-gather frame lands on a segment not saved yet (``_save``: our own chunk, sent
-        # unreduced). An abort puts back what was saved, bit-exactly; out of place ``src``
-        # is never written and an abort has nothing to undo. The quantized path
-        # accumulates into ``dst``: in place it saves the whole input first, out of place it
-        # starts from a copy of ``src``.
-        self._backup: memoryview | None = None
-        self._backup_owner: bytearray | None = None
-        self._saved: dict[int, int] | None = None  # in place: offset -> length saved
-        # restore_on_abort=False: nothing is saved and an abort leaves dst unspecified
+        # In place (unless restore_on_abort=False) an abort must put the input back: the
+        # backup is taken in ``save_input``. Out of place ``src`` is never written.
+        self._backup: InputBackup | None = None
         self._backs_up, self._unrestored = in_place and restore, in_place and not restore
+        # The quantized path accumulates into ``dst``; out of place it starts from ``src``.
         if not in_place and self.quant is not None:
             _ops.copy(dst.view, src.view)
 
     def save_input(self) -> None:
-        """In place (unless restore_on_abort=False): take the backup buffer (called right
-        after the vote went out). The quantized path copies the whole input into it here
-        (one memcpy, overlapping the master's round trip); otherwise segments are copied as
-        they are first written."""
+        """In place (unless restore_on_abort=False): take the backup (called right after the
+        vote went out, so the quantized path's whole copy overlaps the master's round trip;
+        otherwise segments are copied as they are first written)."""
         if self._backs_up and self._backup is None:
-            self._backup_owner, self._backup = self.comm._scratch.take(self.dst.view.nbytes)
-            if self.quant is not None:
-                _ops.copy(self._backup, self.dst.view)
-            else:
-                self._saved = {}
+            self._backup = InputBackup(self.env.scratch, self.dst.view,
+                                       whole=self.quant is not None)
 
-    def _save_into(self, off: int, n: int) -> memoryview | None:
-        """In place, unquantized, ``dst[off:off+n]`` not saved yet: where the kernel about
-        to read it copies it (recorded as saved); else None."""
-        saved, backup = self._saved, self._backup
-        if saved is None or backup is None or off in saved:
-            return None
-        saved[off] = n
-        return backup[off : off + n]
-
-    def _save(self, off: int, n: int) -> None:
-        """In place, unquantized: copy ``dst[off:off+n]`` aside before it is first written."""
-        into = self._save_into(off, n)
-        if into is not None:
-            self._k.stream_copy(into, self.dst.view[off : off + n])
-
-    def _restore(self) -> None:
-        """An aborted attempt: put the saved input back (in place; nothing to do otherwise)."""
-        if self._backup is None:
-            return
-        if self._saved is None:
-            _ops.copy(self.dst.view, self._backup)
-            return
-        for off, n in self._saved.items():
-            _ops.copy(self.dst.view[off : off + n], self._backup[off : off + n])
+    def cancel(self) -> None:
+        """The caller stopped waiting: fail the attempt for the group; the tag stays taken
+        until the master's verdict."""
+        self.cancelled = True
+        if not self.seq:  # still voting: withdraw, the master aborts it for the group
+            self.env.report(self.tag, 0, False, "cancelled by the caller")
+        elif self.active:
+            self.active = False
+            self.env.report(self.tag, self.seq, False, "cancelled by the caller")
 
     # ---- driven by the control reader -------------------------------------------------------
     def on_start(self, seq: int, ring_ids: list[int], me: int) -> None:
@@ -152,42 +152,44 @@ class Collective:
         if not self.started.done():
             self.started.set_result(None)
         if self.cancelled:  # the caller gave up before the start: tell the master at once
-            self.comm._registry.skip(seq)
-            self.comm._send_done(self.tag, seq, False, "cancelled")
+            self.env.registry.skip(seq)
+            self.env.report(self.tag, seq, False, "cancelled")
             return
         self.world = len(ring_ids)
         rank = ring_ids.index(me)
         b, qb = self._b, self._qb
         # segments are sized on the wire: a quantized one covers more elements
-        self.plan = ring.RingPlan(rank, self.world, self.dst.count, b,
-                                  max(1, SEGMENT_BYTES // qb))
-        self._expected = {k: v // b * qb for k, v in self.plan.expected().items()}
+        self.plan = plan = ring.RingPlan(rank, self.world, self.dst.count, b,
+                                         max(1, SEGMENT_BYTES // qb))
+        self._expected = {k: v // b * qb for k, v in plan.expected().items()}
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
         self._last_rx = self._loop.time()
-        dst, src, plan = self.dst.view, self.src.view, self.plan
+        dst, src = self.dst.view, self.src.view
         if self.quant is not None:  # codes are received and sent from their place in it
-            self._scratch_owner, self._scratch = self.comm._scratch.take(self.dst.count * qb)
+            self._scratch_owner, self._scratch = self.env.scratch.take(self.dst.count * qb)
         else:
             rs = [n for (phase, _), n in self._expected.items() if phase == ring.RS]
             if rs:
-                self._slots = Slots(self.comm._scratch, max(rs), min(
-                    len(rs), SLOTS_BASE + 2 * self.comm.p2p_connections))
+                self._slots = Slots(self.env.scratch, max(rs), min(
+                    len(rs), SLOTS_BASE + 2 * self.env.p2p_connections))
         scratch = self._scratch
         for (phase, off), qlen in self._expected.items():  # each segment's work, cut once
             n, q = qlen // qb * b, off // b * qb
             owned, fwd = plan.after_receive(phase, off)
             qs = scratch[q : q + qlen] if scratch is not None else _EMPTY
-            self._steps[(phase, off)] = (owned, fwd, dst[off : off + n], qs, src[off : off + n])
+            self._steps[(phase, off)] = Step(owned, fwd, dst[off : off + n], qs,
+                                             src[off : off + n])
         self.active = True
-        self.comm._registry.add(seq, self)
+        self.env.registry.add(seq, self)
         succ = ring_ids[(rank + 1) % self.world]
-        self._run = asyncio.ensure_future(self._run_data(succ))
+        self._run = self.env.tasks.spawn(self._run_data(succ), name=f"pccl_aio all-reduce {seq}")
 
     def on_complete(self) -> None:
         self._finish(None)
 
     def on_abort(self, reason: str) -> None:
-        self._restore()
+        if self._backup is not None:
+            self._backup.restore()
         lost = ("; the in-place input was not restored (restore_on_abort=False)"
                 if self._unrestored else "")
         self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}{lost}"))
@@ -197,22 +199,24 @@ class Collective:
 
     def on_lost(self, exc: BaseException) -> None:
         """The control connection is gone: no verdict will come."""
-        self._restore()
+        if self._backup is not None:
+            self._backup.restore()
         self._finish(exc)
 
     def _finish(self, exc: BaseException | None) -> None:
         self.active = False
         if self.seq:
-            self.comm._registry.remove(self.seq)
+            self.env.registry.remove(self.seq)
         if self._run is not None and not self._run.done():
             self._run.cancel()
-        for owner in (self._scratch_owner, self._backup_owner):
-            if owner is not None:
-                self.comm._scratch.give(owner)
-        self._scratch_owner = self._scratch = self._backup_owner = self._backup = None
+        if self._scratch_owner is not None:
+            self.env.scratch.give(self._scratch_owner)
+        self._scratch_owner = self._scratch = None
+        if self._backup is not None:
+            self._backup.release(self.env.scratch)
+            self._backup = None
         if self._slots is not None:
             self._slots.release()
-        self._saved = None
         self._steps = {}
         if not self.started.done():
             self.started.cancel()
@@ -232,7 +236,8 @@ class Collective:
         if self.quant is not None:
             return qs
         if phase == ring.AG:
-            self._save(offset, length)
+            if self._backup is not None:
+                self._backup.save(offset, length)
             return seg  # the final bytes land in place
         assert self._slots is not None
         return self._slots.land(offset, length)
@@ -245,12 +250,12 @@ class Collective:
         sent keeps its receive slot."""
         self.rx += length
         self._last_rx = self._loop.time()
-        if self._failure is None:
+        if self._local_failure is None:
             try:
                 link = self._link
                 wait = link is None or self._inbox or self._outbox or not link.has_room()
                 if wait and self.quant is not None:
-                    self._inbox.append((phase, offset, p0, p1))
+                    self._inbox.append(Arrival(phase, offset, p0, p1))
                     return self._poke()
                 out = self._process(phase, offset, p0, p1)
                 if out is not None:
@@ -259,12 +264,12 @@ class Collective:
                         return self._poke()
                     self._send_now(link, *out)
             except Exception as exc:  # a local failure: the run task reports it
-                self._failure = exc
-        if self._remaining == 0 or self._failure is not None:
+                self._local_failure = exc
+        if self._remaining == 0 or self._local_failure is not None:
             self._poke()
 
     def on_error(self, reason: str) -> None:
-        self._error = reason
+        self._stream_error = reason
         self._poke()
 
     def _poke(self) -> None:
@@ -275,18 +280,19 @@ class Collective:
     # ---- the run task -----------------------------------------------------------------------
     async def _run_data(self, succ: int) -> None:
         try:
-            link = await self.comm._link(succ)
+            link = await self.env.link(succ)
             await self._pipeline(link)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # report, then wait for the master's abort
             log.debug("collective tag=%d seq=%d failed locally: %r", self.tag, self.seq, exc)
-            self.comm._send_done(self.tag, self.seq, False, repr(exc))
+            self.env.report(self.tag, self.seq, False, repr(exc))
             return
-        self.comm._send_done(self.tag, self.seq, True, "")
+        self.env.report(self.tag, self.seq, True, "")
 
     async def _pipeline(self, link: Link) -> None:
         plan, dst, b, qb = self.plan, self.dst.view, self._b, self._qb
+        assert plan is not None
         scratch, quant = self._scratch, self.quant
         # From here on segments are forwarded from the receive callback when the link has
         # room, interleaved with our own chunk's sends (a backlog would hold receive slots).
@@ -300,13 +306,13 @@ class Collective:
                 await self._send(link, ring.RS, off, qs, p0, p1)
             else:  # our own chunk: read from the input (dst itself when in place)
                 await self._send(link, ring.RS, off, self.src.view[off : off + n])
-        loop, timeout = self._loop, self.comm.data_timeout
+        loop, timeout = self._loop, self.env.data_timeout
         while True:
             await self._drain(link)
-            if self._failure is not None:
-                raise self._failure
-            if self._error is not None:
-                raise PeerLostError(self._error)
+            if self._local_failure is not None:
+                raise self._local_failure
+            if self._stream_error is not None:
+                raise PeerLostError(self._stream_error)
             if self._remaining == 0:
                 return
             left = self._last_rx + timeout - loop.time()
@@ -328,8 +334,7 @@ class Collective:
             if out is not None:
                 await self._send(link, *out)
 
-    def _process(self, phase: int, off: int, p0: float, p1: float
-                 ) -> tuple[int, int, memoryview, float, float, memoryview | None] | None:
+    def _process(self, phase: int, off: int, p0: float, p1: float) -> Forward | None:
         """Reduce (or decode) one received segment; what to forward, if anything (and the
         slot to free once it is sent). Blocks for the kernels only (1 MiB at most)."""
         self._remaining -= 1
@@ -337,19 +342,21 @@ class Collective:
         owned, fwd, seg, qs, src = self._steps[(phase, off)]  # src: dst itself in place
         out, hold = qs, None
         if phase == ring.RS and not quant:
-            # in place, the kernel saves the input segment in the same pass (``_save_into``)
-            slots = self._slots
+            # in place, the kernel saves the input segment in the same pass (``into``)
+            slots, backup = self._slots, self._backup
             assert slots is not None
             slot = slots.landed.pop(off)
             got = slot[: len(seg)]
             if owned:  # the final value of our chunk: dst is written here, once
-                self._k.reduce_from(seg, src, got, op, dt, self._save_into(off, len(seg)))
+                self._k.reduce_from(seg, src, got, op, dt,
+                                    backup.into(off, len(seg)) if backup else None)
                 slots.free(slot)
                 if op == ReduceOp.AVG:
                     self._k.divide(seg, self.world, dt)
                 out = seg
             else:  # a partial sum: into the receive slot, forwarded from there
-                self._k.reduce_from(got, src, got, op, dt, self._save_into(off, len(seg)))
+                self._k.reduce_from(got, src, got, op, dt,
+                                    backup.into(off, len(seg)) if backup else None)
                 out, hold = got, slot
         elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
             _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
@@ -362,13 +369,14 @@ class Collective:
             _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
         else:  # all-gather: the bytes landed in dst
             out = seg
-        return None if fwd is None else (fwd, off, out, p0, p1, hold)
+        return None if fwd is None else Forward(fwd, off, out, p0, p1, hold)
 
     def _send_now(self, link: Link, phase: int, off: int, payload: memoryview,
                   p0: float = 0.0, p1: float = 0.0, slot: memoryview | None = None) -> None:
         """Queue one frame; ``slot`` (holding ``payload``) is free again once it was sent."""
         n = len(payload)
-        sender, end = link.send_now(_pack(MAGIC, phase, self.tag, self.seq, off, n, p0, p1), payload)
+        sender, end = link.send_now(pack_header(MAGIC, phase, self.tag, self.seq, off, n, p0, p1),
+                                    payload)
         self.tx += n
         if slot is not None and self._slots is not None:
             self._slots.free_when_written(sender, end, slot)

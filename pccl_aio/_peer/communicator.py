@@ -1,50 +1,56 @@
 """The peer: ``Communicator``, the public API of a run's participant.
 
-Seams: the master connection and its message dispatch live in ``_control.py``; one all-reduce
-attempt lives in ``_collective.py``; links and the receiver in ``_dataplane.py``; the retry
-scheduler in ``_multi.py``. This module holds the public calls and their argument checks.
+A communicator is composed of three parts, each owning its sockets and tasks: the master
+session (``control.ControlPlane``: votes, verdicts, membership), the data plane
+(``dataplane.DataPlane``: listener, links, buffers, collective tasks) and shared-state sync
+(``sync.SharedStateSync``: its state server). This module checks arguments and wires them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Generator, Sequence
 from types import TracebackType
 from typing import Any
 
-from .._errors import InvalidUsageError, TooFewPeersError
-from .._types import (
-    Quantization,
-    ReduceInfo,
-    ReduceOp,
-    SyncInfo,
-    SyncStrategy,
-)
+from .._errors import InvalidUsageError, PeerLostError, TooFewPeersError
+from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 from .._wire import messages as m
 from .collective import Collective
 from .control import ControlPlane
 from .core import args
+from .core.buffers import Buffer
+from .core.config import PeerConfig
 from .core.shared_state import SharedState
+from .dataplane import DataPlane
+from .retry import MultiReduce
+from .sync import SharedStateSync
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
+log = logging.getLogger("pccl_aio.communicator")
 
 
 class AllReduceHandle(Awaitable[ReduceInfo]):
-    """An all-reduce in flight; ``await handle`` gives its ``ReduceInfo`` or raises.
+    """An all-reduce in flight; ``await handle`` (or ``await handle.wait()``) gives its
+    ``ReduceInfo`` or raises.
 
-    Cancelling the awaiting task aborts the collective for the whole group (the others get
-    ``PeerLostError``); the communicator stays usable.
+    Cancelling the awaiting task, or ``cancel()``, aborts the collective for the whole group
+    (the others get ``PeerLostError``); the communicator stays usable.
     """
 
-    def __init__(self, coll: Collective) -> None:
+    def __init__(self, coll: Collective, owner: Communicator) -> None:
         self._coll = coll
+        self._owner = owner
+        self._cancelled = False
 
     @property
     def tag(self) -> int:
         return self._coll.tag
 
     def done(self) -> bool:
+        """The collective ended (completed, aborted or rejected)."""
         return self._coll.future.done()
 
     async def started(self) -> bool:
@@ -53,6 +59,7 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
         Returns False if it ended without starting (rejected, aborted while voting).
         Cancelling this wait does not affect the collective.
         """
+        self._owner._check_loop()
         try:
             await asyncio.shield(self._coll.started)
         except asyncio.CancelledError:
@@ -61,19 +68,43 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
             raise
         return True
 
+    async def wait(self) -> ReduceInfo:
+        """Block until the collective ended; same as ``await handle``."""
+        return await self._wait()
+
+    def cancel(self) -> bool:
+        """Abort the collective for the group; False if it already ended.
+
+        Awaiting the handle then raises ``asyncio.CancelledError`` once the master's verdict
+        arrived (an in-place input is restored by then), or returns the result if the
+        collective completed before the abort reached the others.
+        """
+        self._owner._check_loop()
+        if self._coll.future.done():
+            return False
+        if not self._coll.cancelled:
+            self._coll.cancel()
+        self._cancelled = True
+        return True
+
     def __await__(self) -> Generator[Any, None, ReduceInfo]:
         return self._wait().__await__()
 
     async def _wait(self) -> ReduceInfo:
+        self._owner._check_loop()
         try:
             return await asyncio.shield(self._coll.future)
         except asyncio.CancelledError:
-            if not self._coll.future.done():
-                self._coll.comm._cancel(self._coll)
+            if not self._coll.future.done() and not self._coll.cancelled:
+                self._coll.cancel()
+            raise
+        except PeerLostError as exc:
+            if self._cancelled:
+                raise asyncio.CancelledError(f"all-reduce tag {self.tag} cancelled") from exc
             raise
 
 
-class Communicator(ControlPlane):
+class Communicator:
     """One peer of a run.
 
     Args:
@@ -89,26 +120,26 @@ class Communicator(ControlPlane):
             master silent for ``heartbeat_timeout`` is treated as gone (defaults 0.5 s, 5 s).
             The event loop must not be blocked for longer than that.
         data_timeout: an all-reduce that receives nothing for this long reports a failure
-            and is aborted for the group (default 10 s).
+            and is aborted for the group (default 10 s); also bounds connecting a data link.
 
-    Use as ``async with Communicator(...) as comm: await comm.connect()``.
+    A communicator belongs to the event loop it connected on: a call from another loop or
+    thread raises ``InvalidUsageError`` before anything is sent. Use as
+    ``async with Communicator(...) as comm: await comm.connect()``.
     """
 
     def __init__(self, master: str, *, peer_group: int = 0, p2p_connections: int = 1,
                  listen_host: str = "0.0.0.0", advertise_host: str = "",
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
                  data_timeout: float = 10.0) -> None:
-        host, sep, port = master.rpartition(":")
-        if not sep or not port.isdigit() or not host:
-            raise InvalidUsageError(f"master address must be 'host:port', not {master!r}")
-        if not 0 <= peer_group < 2**32:
-            raise InvalidUsageError(f"peer_group must be a u32, not {peer_group}")
-        if not 1 <= p2p_connections <= 256:
-            raise InvalidUsageError(f"p2p_connections must be in 1..256, not {p2p_connections}")
-        if min(heartbeat_interval, heartbeat_timeout, data_timeout) <= 0:
-            raise InvalidUsageError("timeouts must be positive")
-        super().__init__(host.strip("[]"), int(port), peer_group, p2p_connections, listen_host,
-                         advertise_host, heartbeat_interval, heartbeat_timeout, data_timeout)
+        self.config = PeerConfig.parse(
+            master, peer_group=peer_group, p2p_connections=p2p_connections,
+            listen_host=listen_host, advertise_host=advertise_host,
+            heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+            data_timeout=data_timeout)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._control = ControlPlane(self.config, self._on_membership)
+        self._data = DataPlane(self.config, self._control.report)
+        self._sync = SharedStateSync(self._control, data_timeout)
 
     async def __aenter__(self) -> Communicator:
         return self
@@ -117,47 +148,129 @@ class Communicator(ControlPlane):
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    # ---- attributes ---------------------------------------------------------------------------
+    # ---- attributes -------------------------------------------------------------------------
+    @property
+    def peer_id(self) -> int:
+        """This peer's id in the run (0 before ``connect``)."""
+        return self._control.peer_id
+
+    @property
+    def peer_group(self) -> int:
+        return self.config.peer_group
+
     @property
     def world_size(self) -> int:
-        """Accepted peers of the whole run (all groups), as of the last membership update."""
-        return self._membership.global_world_size if self._membership else 0
+        """Accepted peers of the whole run, all groups together, as of the last membership
+        update this peer received (0 before ``connect``)."""
+        ms = self._control.membership
+        return ms.global_world_size if ms else 0
 
     @property
     def peer_group_world_size(self) -> int:
-        """Accepted peers of this peer's group."""
-        return len(self._membership.ring) if self._membership else 0
+        """Accepted peers of this peer's group, itself included: the ring an all-reduce runs
+        on, and what AVG divides by."""
+        ms = self._control.membership
+        return len(ms.ring) if ms else 0
 
     @property
     def num_peer_groups(self) -> int:
-        return self._membership.num_groups if self._membership else 0
+        """Peer groups with at least one accepted peer."""
+        ms = self._control.membership
+        return ms.num_groups if ms else 0
 
     @property
     def largest_peer_group_world_size(self) -> int:
-        return self._membership.largest_group_world_size if self._membership else 0
+        ms = self._control.membership
+        return ms.largest_group_world_size if ms else 0
 
-    # ---- votes --------------------------------------------------------------------------------
+    # ---- session ----------------------------------------------------------------------------
+    async def connect(self, attempts: int = 5, *, backoff: float = 0.2) -> None:
+        """Register with the master and wait until this peer is accepted into the run.
+
+        The first peer is accepted at once; later ones wait until the accepted peers call
+        ``update_topology()``. Retries ``attempts`` times with exponential back-off while no
+        master answers. Raises ``MasterConnectionError`` (``VersionMismatchError`` for a
+        master of another protocol version), ``PcclTimeoutError`` (a master that accepts and
+        does not answer), ``InvalidUsageError`` if already connected. Cancelling closes
+        everything opened so far.
+        """
+        self._check_loop(binding=True)
+        if self._control.connected:
+            raise InvalidUsageError("connect() called twice")
+        if not isinstance(attempts, int) or attempts < 1:
+            raise InvalidUsageError(f"attempts must be an int >= 1, not {attempts!r}")
+        self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        try:
+            await self._data.start()
+            await self._sync.server.start(cfg.listen_host)
+            hello = m.Hello(m.PROTOCOL_VERSION, cfg.peer_group, self._data.listener.port,
+                            cfg.advertise_host, self._sync.server.port)
+            await self._control.connect(hello, attempts, backoff)
+        except BaseException:
+            await self._shutdown()
+            raise
+        log.info("peer %d joined: world size %d", self.peer_id, self.world_size)
+
+    async def close(self) -> None:
+        """Leave the run gracefully and release every socket and task.
+
+        Collectives still in flight fail with ``MasterConnectionError``. Blocks until every
+        task of the communicator ended. Idempotent.
+        """
+        self._check_loop()
+        self._control.leave()
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        await self._control.close()
+        await self._data.close()
+        await self._sync.server.close()
+
+    def _check_loop(self, *, binding: bool = False) -> None:
+        """InvalidUsageError unless called on the event loop this communicator belongs to."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise InvalidUsageError(
+                "a Communicator must be used from a coroutine on its event loop") from None
+        if self._loop is not None and loop is not self._loop and not (
+                binding and not self._control.connected):
+            raise InvalidUsageError(
+                "this Communicator belongs to another event loop (the one it connected on); "
+                "calls from other loops or threads would corrupt its state")
+
+    def _check_usable(self) -> None:
+        self._check_loop()
+        self._control.check_usable()
+
+    def _on_membership(self, msg: m.Membership) -> None:
+        self._data.on_membership(msg, self._control.peer_id)
+
+    # ---- votes ------------------------------------------------------------------------------
     async def update_topology(self) -> None:
         """Joint vote of all accepted peers (all groups): admit the peers waiting in ``connect``.
 
         Blocks until every accepted peer voted. Raises ``InvalidUsageError`` if collectives
-        are in flight (nothing is sent), ``MasterConnectionError``/``KickedError`` if the
-        session ended. Peers that die meanwhile are dropped from the vote.
+        are in flight (nothing is sent) or if other peers are in another vote (the master
+        withdraws it), ``MasterConnectionError``/``KickedError`` if the session ended. Peers
+        that die meanwhile are dropped from the vote. Cancelling takes the vote back.
         """
         self._check_usable()
-        if self._colls:
+        if self._control.colls:
             raise InvalidUsageError("update_topology() while collectives are in flight")
-        await self._vote("topology", m.VoteUpdateTopology())
+        await self._control.vote("topology", m.VoteUpdateTopology())
 
     async def are_peers_pending(self) -> bool:
         """Joint vote of all accepted peers: is any peer waiting to be admitted?
 
         Allowed while collectives are in flight. Blocks until every accepted peer asked.
+        Cancelling takes the vote back.
         """
         self._check_usable()
-        return bool(await self._vote("pending", m.VotePeersPending()))
+        return bool(await self._control.vote("pending", m.VotePeersPending()))
 
-    # ---- all-reduce ---------------------------------------------------------------------------
+    # ---- all-reduce -------------------------------------------------------------------------
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None,
                          restore_on_abort: bool = True) -> AllReduceHandle:
@@ -177,14 +290,12 @@ class Communicator(ControlPlane):
         op = args.op(op)
         tag = args.tag(tag)
         quant = args.quantization(quantization, d.dtype)
-        if tag in self._colls:
+        if tag in self._control.colls:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
-        if self.peer_group_world_size < 2:
-            raise TooFewPeersError(
-                f"peer group {self.peer_group} has {self.peer_group_world_size} peer(s)")
-        coll = Collective(self, tag, s, d, op, in_place, quant, restore=restore_on_abort)
-        self._launch(coll)
-        return AllReduceHandle(coll)
+        self._check_group()
+        coll = Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort)
+        self._control.launch(coll)
+        return AllReduceHandle(coll, self)
 
     async def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None,
@@ -208,33 +319,51 @@ class Communicator(ControlPlane):
 
     async def all_reduce_multiple_with_retry(
             self, tensors: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM, max_in_flight: int = 8,
-            first_tag: int = 0, max_attempts: int = 32) -> list[ReduceInfo]:
+            first_tag: int = 0, max_attempts: int = 32, quantization: Quantization | None = None,
+            restore_on_abort: bool = True) -> list[ReduceInfo]:
         """All-reduce every tensor in place (tags ``first_tag + i``), ``max_in_flight`` at once.
 
         A collective aborted by a lost peer is relaunched at once while the group keeps two
         peers; decisions follow the master's verdicts in order, so all peers stay in step.
-        Raises ``TooFewPeersError`` when fewer than two peers remain (after every in-flight
-        collective ended), ``InvalidUsageError`` for bad arguments.
+        With ``restore_on_abort=False`` nothing is saved, so nothing is relaunched: the first
+        abort raises ``PeerLostError`` (after the collectives in flight ended) and the
+        aborted tensors hold unspecified bytes. Raises ``TooFewPeersError`` when fewer than
+        two peers remain, ``InvalidUsageError`` for bad arguments (before anything is sent).
+        Cancelling aborts what is in flight.
         """
-        from .retry import MultiReduce
-
         self._check_usable()
-        if max_in_flight <= 0:
-            raise InvalidUsageError(f"max_in_flight must be positive, not {max_in_flight}")
+        if not isinstance(max_in_flight, int) or max_in_flight <= 0:
+            raise InvalidUsageError(f"max_in_flight must be a positive int, not {max_in_flight!r}")
+        if not isinstance(max_attempts, int) or max_attempts <= 0:
+            raise InvalidUsageError(f"max_attempts must be a positive int, not {max_attempts!r}")
+        if not isinstance(restore_on_abort, bool):
+            raise InvalidUsageError(
+                f"restore_on_abort must be True or False, not {restore_on_abort!r}")
         if not tensors:
             raise InvalidUsageError("no tensors given")
         bufs = [args.buffers(t, None)[0] for t in tensors]
+        quants = [args.quantization(quantization, b.dtype) for b in bufs]
         tags = [args.tag(first_tag + i) for i in range(len(bufs))]
-        busy = set(tags) & set(self._colls)
+        reduce_op = args.op(op)
+        busy = set(tags) & set(self._control.colls)
         if busy:
             raise InvalidUsageError(f"tags {sorted(busy)} are already in flight")
+        self._check_group()
+        quant_of = dict(zip(tags, quants))
+
+        def make(tag: int, buf: Buffer) -> Collective:
+            return Collective(self._data, tag, buf, buf, reduce_op, True, quant_of[tag],
+                              restore=restore_on_abort)
+
+        return await MultiReduce(self._control, make, bufs, tags, max_in_flight,
+                                 max_attempts if restore_on_abort else 1).run()
+
+    def _check_group(self) -> None:
         if self.peer_group_world_size < 2:
             raise TooFewPeersError(
                 f"peer group {self.peer_group} has {self.peer_group_world_size} peer(s)")
-        return await MultiReduce(self, bufs, tags, args.op(op), max_in_flight,
-                                 max_attempts).run()
 
-    # ---- shared state -------------------------------------------------------------------------
+    # ---- shared state -----------------------------------------------------------------------
     async def sync_shared_state(self, state: SharedState,
                                 strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> SyncInfo:
         """Make ``state`` identical on every peer of the group (a vote of the whole group).
@@ -248,7 +377,5 @@ class Communicator(ControlPlane):
         retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
         rules). Cancelling leaves the peer in the sync; close the communicator then.
         """
-        from .sync import sync_shared_state
-
-        return await sync_shared_state(self, state, strategy)
-
+        self._check_loop()
+        return await self._sync.run(state, strategy)

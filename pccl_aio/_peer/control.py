@@ -1,4 +1,4 @@
-"""The peer's side of the control plane: master connection, heartbeats, message dispatch.
+"""The peer's side of the control plane: master connection, heartbeats, votes, dispatch.
 
 One reader task dispatches master messages *synchronously and in order* (votes' answers,
 membership, collective verdicts); one heartbeat task keeps both sides' liveness. When the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from .._errors import (
@@ -18,126 +19,89 @@ from .._errors import (
     KickedError,
     MasterConnectionError,
     PcclError,
+    PcclTimeoutError,
     RemoteProtocolError,
     SharedStateError,
     VersionMismatchError,
 )
 from .._net.stream import read_frame, set_nodelay
+from .._net.tasks import TaskSet
 from .._types import DataType
 from .._wire import messages as m
 from .._wire.framing import frame
 from .collective import Collective
-from .core.shared_state import SharedState
-from .dataplane import Link, Listener, Registry
-from .transfer import StateServer
+from .core.config import PeerConfig
 
 log = logging.getLogger("pccl_aio.communicator")
 
-
-class ScratchPool:
-    """Reusable receive buffers, so a 64 MiB all-reduce does not page-fault a new one each time.
-
-    Plain ``bytearray``s, on purpose: ``np.empty`` (which asks for transparent huge pages) made
-    the P = 3 64 MiB loopback all-reduce ~25 % slower on the 2-core reference VM (paired runs,
-    see bench/RESULTS.md).
-    """
-
-    def __init__(self, keep: int = 16) -> None:
-        self._free: list[bytearray] = []
-        self._keep = keep
-
-    def take(self, nbytes: int) -> tuple[bytearray, memoryview]:
-        """A buffer of at least ``nbytes`` and a view of its first ``nbytes`` (contents stale)."""
-        for i, b in enumerate(self._free):
-            if len(b) >= nbytes:
-                del self._free[i]
-                return b, memoryview(b)[:nbytes]
-        b = bytearray(nbytes)
-        return b, memoryview(b)
-
-    def give(self, b: bytearray) -> None:
-        self._free.append(b)
-        self._free.sort(key=len)
-        del self._free[: max(0, len(self._free) - self._keep)]
+_WITHDRAWABLE = ("topology", "pending")  # votes a cancelled caller takes back
 
 
 class ControlPlane:
-    """State and plumbing shared by the public ``Communicator`` methods."""
+    """The master session of one communicator.
 
-    def __init__(self, host: str, port: int, peer_group: int, p2p_connections: int,
-                 listen_host: str, advertise_host: str, heartbeat_interval: float,
-                 heartbeat_timeout: float, data_timeout: float) -> None:
-        self.master_host, self.master_port = host, port
-        self.peer_group = peer_group
-        self.p2p_connections = p2p_connections
-        self.listen_host, self.advertise_host = listen_host, advertise_host
-        self.heartbeat_interval = heartbeat_interval
-        self.heartbeat_timeout = heartbeat_timeout
-        self.data_timeout = data_timeout
+    Owns the master connection, its two tasks, the votes waiting for an answer and the
+    collectives in flight by tag (whose verdicts it delivers in the master's order).
+    ``on_membership`` is called with each new ``Membership`` before anything that follows it.
+    """
+
+    def __init__(self, config: PeerConfig,
+                 on_membership: Callable[[m.Membership], None]) -> None:
+        self.config = config
         self.peer_id = 0
-        self._membership: m.Membership | None = None
-        self._colls: dict[int, Collective] = {}
+        self.membership: m.Membership | None = None
+        self.colls: dict[int, Collective] = {}  # tag -> collective in flight
+        self.failure: PcclError | None = None  # why the session ended; raised by later calls
+        self.connected = False
+        self._on_membership = on_membership
         self._votes: dict[str, asyncio.Future[Any]] = {}
-        self._registry = Registry()
-        self._scratch = ScratchPool()
-        self._links: dict[int, Link] = {}
-        self._listener: Listener | None = None
-        self._state_server = StateServer()
-        self._serving: SharedState | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         self._joined: asyncio.Future[None] | None = None
-        self._error: PcclError | None = None
-        self._connected = False
         self._last_master = 0.0
+        self._tasks = TaskSet("pccl_aio control plane")
 
-    # ---- session --------------------------------------------------------------------------------
-    async def connect(self, attempts: int = 5, *, backoff: float = 0.2) -> None:
-        """Register with the master and wait until this peer is accepted into the run.
+    @property
+    def peer_group_world_size(self) -> int:
+        """Peers of this peer's ring as of the last membership update."""
+        return len(self.membership.ring) if self.membership else 0
 
-        The first peer is accepted at once; later ones wait until the accepted peers call
-        ``update_topology()``. Retries ``attempts`` times with exponential back-off while no
-        master answers. Raises ``MasterConnectionError`` (``VersionMismatchError`` for a
-        master of another protocol version), ``InvalidUsageError`` if already connected.
-        Cancelling closes everything opened so far.
+    # ---- session --------------------------------------------------------------------------
+    async def connect(self, hello: m.Hello, attempts: int, backoff: float) -> None:
+        """Open the master connection, say ``hello`` and wait until accepted into the run.
+
+        Retries ``attempts`` times with exponential back-off while no master answers; the
+        handshake (connect and ``Welcome``) of each attempt is bounded by the heartbeat
+        timeout. Raises ``MasterConnectionError`` (``VersionMismatchError``),
+        ``PcclTimeoutError`` for a master that accepts and never answers. Cancelling leaves
+        the connection for ``close`` to release.
         """
-        if self._connected or self._writer is not None:
-            raise InvalidUsageError("connect() called twice")
-        if attempts < 1:
-            raise InvalidUsageError(f"attempts must be >= 1, not {attempts}")
-        self._error = None
-        try:
-            await self._connect(attempts, backoff)
-        except BaseException:
-            await self._teardown()
-            raise
-
-    async def _connect(self, attempts: int, backoff: float) -> None:
-        loop = asyncio.get_running_loop()
-        self._listener = Listener(self._registry)
-        await self._listener.start(self.listen_host)
-        self._state_server.lookup = lambda key, rev: self._lookup_state(key, rev)
-        await self._state_server.start(self.listen_host)
+        self.failure = None
         last: Exception | None = None
+        cfg = self.config
         for i in range(attempts):
             try:
-                reader, writer = await asyncio.open_connection(self.master_host, self.master_port)
+                async with asyncio.timeout(cfg.heartbeat_timeout):
+                    reader, writer = await asyncio.open_connection(cfg.master_host,
+                                                                   cfg.master_port)
                 break
-            except OSError as exc:
+            except (OSError, TimeoutError) as exc:
                 last = exc
                 if i + 1 < attempts:
-                    await asyncio.sleep(min(backoff * 2**i, 2.0))
+                    await asyncio.sleep(min(backoff * 2**i, 2.0))  # back-off, not a sync
         else:
             raise MasterConnectionError(
-                f"no master at {self.master_host}:{self.master_port} after {attempts} "
-                f"attempt(s): {last}") from last
+                f"no master at {cfg.master_host}:{cfg.master_port} after {attempts} "
+                f"attempt(s): {last!r}") from last
         set_nodelay(writer.transport)
         self._writer = writer
-        writer.write(frame(m.encode(m.Hello(m.PROTOCOL_VERSION, self.peer_group,
-                                            self._listener.port, self.advertise_host,
-                                            self._state_server.port))))
+        writer.write(frame(m.encode(hello)))
         try:
-            reply = m.decode_master_to_peer(await read_frame(reader))
+            async with asyncio.timeout(cfg.heartbeat_timeout):
+                reply = m.decode_master_to_peer(await read_frame(reader))
+        except TimeoutError:
+            raise PcclTimeoutError(
+                f"the master at {cfg.master_host}:{cfg.master_port} accepted the connection "
+                f"but did not answer within {cfg.heartbeat_timeout:.1f} s") from None
         except (asyncio.IncompleteReadError, OSError, RemoteProtocolError) as exc:
             raise MasterConnectionError(f"master closed the connection: {exc!r}") from exc
         if isinstance(reply, m.Rejected):
@@ -145,153 +109,121 @@ class ControlPlane:
             raise cls(f"master refused this peer: {reply.reason}")
         if not isinstance(reply, m.Welcome):
             raise MasterConnectionError(f"unexpected first message {reply!r}")
+        loop = asyncio.get_running_loop()
         self.peer_id = reply.peer_id
         self._joined = loop.create_future()
         self._last_master = loop.time()
-        self._tasks = [asyncio.ensure_future(self._read_loop(reader)),
-                       asyncio.ensure_future(self._heartbeat_loop())]
+        self._tasks.spawn(self._read_loop(reader), name="pccl_aio master reader")
+        self._tasks.spawn(self._heartbeat_loop(), name="pccl_aio heartbeat")
         await self._joined  # first Membership: accepted into the run
-        self._connected = True
-        log.info("peer %d joined: world size %d", self.peer_id, self._membership_ws())
+        self.connected = True
 
-    def _membership_ws(self) -> int:
-        return self._membership.global_world_size if self._membership else 0
-
-    async def close(self) -> None:
-        """Leave the run gracefully and release every socket and task.
-
-        Collectives still in flight fail with ``MasterConnectionError``. Idempotent.
-        """
+    def leave(self) -> None:
+        """Say goodbye to the master (best effort) and fail everything still waiting."""
         if self._writer is not None and not self._writer.is_closing():
             with contextlib.suppress(Exception):
                 self._writer.write(frame(m.encode(m.Leave())))
-        self._fail_all(MasterConnectionError("communicator closed"))
-        await self._teardown()
+        self.fail_all(MasterConnectionError("communicator closed"))
 
-    async def _teardown(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        current = asyncio.current_task()
-        others = [t for t in self._tasks if t is not current]
-        if others:
-            await asyncio.gather(*others, return_exceptions=True)
-        self._tasks = []
+    def abort(self) -> None:
+        """Drop the master connection at once (no goodbye)."""
+        if self._writer is not None:
+            self._writer.transport.abort()
+
+    async def close(self) -> None:
+        """Stop both tasks and close the master connection. Idempotent."""
+        await self._tasks.close()
         if self._writer is not None:
             self._writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._writer.wait_closed(), 1.0)
             self._writer = None
-        for link in self._links.values():
-            link.close()
-        self._links.clear()
-        if self._listener is not None:
-            await self._listener.close()
-            self._listener = None
-        await self._state_server.close()
-        self._connected = False
+        self.connected = False
 
-    def _check_usable(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if not self._connected:
+    def check_usable(self) -> None:
+        """Raise why the session ended, or InvalidUsageError before ``connect``."""
+        if self.failure is not None:
+            raise self.failure
+        if not self.connected:
             raise InvalidUsageError("not connected: call connect() first")
 
-    def _send(self, msg: Any) -> None:
+    def send(self, msg: m.PeerToMaster) -> None:
         if self._writer is None or self._writer.is_closing():
-            raise self._error or MasterConnectionError("master connection closed")
+            raise self.failure or MasterConnectionError("master connection closed")
         self._writer.write(frame(m.encode(msg)))
 
-    def _fail_all(self, exc: PcclError) -> None:
-        if self._error is None:
-            self._error = exc
+    def fail_all(self, exc: PcclError) -> None:
+        """The session ended: every vote, the join and every collective fail with ``exc``."""
+        if self.failure is None:
+            self.failure = exc
         for fut in list(self._votes.values()):
             if not fut.done():
                 fut.set_exception(exc)
         self._votes.clear()
         if self._joined is not None and not self._joined.done():
             self._joined.set_exception(exc)
-        for coll in list(self._colls.values()):
+        for coll in list(self.colls.values()):
             coll.on_lost(exc)
-        self._colls.clear()
+        self.colls.clear()
 
-    # ---- votes and collectives ----------------------------------------------------------------
-    async def _vote(self, kind: str, msg: Any) -> Any:
+    # ---- votes and collectives ------------------------------------------------------------
+    async def vote(self, kind: str, msg: m.PeerToMaster) -> Any:
+        """Send a vote and wait for its answer. Cancelling a topology or pending vote takes
+        it back (``WithdrawVote``), so the master no longer counts it."""
         if kind in self._votes:
             raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._votes[kind] = fut
+        fut = self.expect(kind)
         try:
-            self._send(msg)
+            self.send(msg)
         except BaseException:
             self._votes.pop(kind, None)
             raise
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if self._votes.get(kind) is fut and kind in _WITHDRAWABLE:
+                del self._votes[kind]
+                with contextlib.suppress(PcclError):
+                    self.send(m.WithdrawVote(kind))  # type: ignore[arg-type]
+            raise
 
-    def _expect(self, kind: str) -> asyncio.Future[Any]:
-        """A future for the next master answer of ``kind`` that needs no vote from us."""
+    def expect(self, kind: str) -> asyncio.Future[Any]:
+        """A future for the next master answer of ``kind``."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._votes[kind] = fut
         return fut
 
-    def _lookup_state(self, key: str, revision: int) -> memoryview | None:
-        state = self._serving
-        if state is None or key not in state.keys:
-            return None
-        return state.view(key)
-
-    def _launch(self, coll: Collective) -> None:
-        self._colls[coll.tag] = coll
+    def launch(self, coll: Collective) -> None:
+        """Send the collective's vote (``CollectiveInit``) and track it until its verdict."""
+        self.colls[coll.tag] = coll
         coll.hooks.append(self._forget)
         d, q = coll.dst, coll.quant
-        self._send(m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
-                                    int(q.algo) if q else 0,
-                                    int(DataType.parse(q.dtype)) if q else 0))
+        self.send(m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
+                                   int(q.algo) if q else 0,
+                                   int(DataType.parse(q.dtype)) if q else 0))
         coll.save_input()  # after the vote left: the copy overlaps the master's round trip
 
     def _forget(self, coll: Collective) -> None:
-        if self._colls.get(coll.tag) is coll:
-            del self._colls[coll.tag]
+        if self.colls.get(coll.tag) is coll:
+            del self.colls[coll.tag]
 
-    def _cancel(self, coll: Collective) -> None:
-        """The caller stopped waiting: fail the attempt for the group, keep the tag until the verdict."""
-        coll.cancelled = True
-        if not coll.seq:  # still voting: withdraw, the master aborts it for the group
-            self._send_done(coll.tag, 0, False, "cancelled by the caller")
-        elif coll.active:
-            coll.active = False
-            self._send_done(coll.tag, coll.seq, False, "cancelled by the caller")
-
-    def _send_done(self, tag: int, seq: int, ok: bool, reason: str) -> None:
+    def report(self, tag: int, seq: int, ok: bool, reason: str) -> None:
+        """``CollectiveDone`` for (tag, seq); dropped if the session is over."""
         with contextlib.suppress(PcclError):
-            self._send(m.CollectiveDone(tag, seq, ok, reason[:200]))
+            self.send(m.CollectiveDone(tag, seq, ok, reason[:200]))
 
-    async def _link(self, peer_id: int) -> Link:
-        link = self._links.get(peer_id)
-        if link is None or link.broken:
-            if link is not None:
-                link.close()
-            addr = next((p for p in self._membership.ring if p.peer_id == peer_id), None) \
-                if self._membership else None
-            if addr is None:
-                raise ConnectionError(f"peer {peer_id} is not in the ring")
-            link = Link(peer_id, addr.host, addr.port, self.p2p_connections, self.peer_id)
-            self._links[peer_id] = link
-        await link.open()
-        return link
-
-    # ---- tasks ----------------------------------------------------------------------------------
+    # ---- tasks ----------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
-            if loop.time() - self._last_master > self.heartbeat_timeout:
-                self._fail_all(MasterConnectionError(
-                    f"master silent for more than {self.heartbeat_timeout:.1f} s"))
-                if self._writer is not None:
-                    self._writer.transport.abort()
+            await asyncio.sleep(self.config.heartbeat_interval)  # the beacon's period
+            if loop.time() - self._last_master > self.config.heartbeat_timeout:
+                self.fail_all(MasterConnectionError(
+                    f"master silent for more than {self.config.heartbeat_timeout:.1f} s"))
+                self.abort()
                 return
             with contextlib.suppress(PcclError):
-                self._send(m.Heartbeat())
+                self.send(m.Heartbeat())
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         loop = asyncio.get_running_loop()
@@ -309,41 +241,40 @@ class ControlPlane:
         except RemoteProtocolError as e:
             exc = MasterConnectionError(f"master broke the protocol: {e}")
         log.info("peer %d: %s", self.peer_id, exc)
-        self._fail_all(exc)
+        self.fail_all(exc)
         if self._writer is not None:
             self._writer.close()
 
     def _dispatch(self, msg: m.MasterToPeer) -> None:
         match msg:
             case m.Membership():
+                self.membership = msg
                 self._on_membership(msg)
+                if self._joined is not None and not self._joined.done():
+                    self._joined.set_result(None)
             case m.CollectiveStart(tag=tag, seq=seq):
-                coll = self._colls.get(tag)
-                if coll is not None and self._membership is not None:
-                    coll.on_start(seq, [p.peer_id for p in self._membership.ring], self.peer_id)
+                coll = self.colls.get(tag)
+                if coll is not None and self.membership is not None:
+                    coll.on_start(seq, [p.peer_id for p in self.membership.ring], self.peer_id)
             case m.CollectiveComplete(tag=tag):
-                if (coll := self._colls.get(tag)) is not None:
+                if (coll := self.colls.get(tag)) is not None:
                     coll.on_complete()
             case m.CollectiveAbort(tag=tag, reason=reason):
-                if (coll := self._colls.get(tag)) is not None:
+                if (coll := self.colls.get(tag)) is not None:
                     coll.on_abort(reason)
             case m.CollectiveRejected(tag=tag, reason=reason):
-                if (coll := self._colls.get(tag)) is not None:
+                if (coll := self.colls.get(tag)) is not None:
                     coll.on_rejected(reason)
             case m.TopologyUpdated():
                 self._resolve("topology", None)
             case m.SyncPlan():
                 self._resolve("sync", msg)
             case m.SyncFailed(reason=reason):
-                fut = self._votes.pop("sync", None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(SharedStateError(f"shared-state sync failed: {reason}"))
+                self._reject("sync", SharedStateError(f"shared-state sync failed: {reason}"))
             case m.SyncComplete():
                 self._resolve("sync_done", msg)
             case m.VoteRejected(kind=kind, reason=reason):
-                fut = self._votes.pop(kind, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(InvalidUsageError(f"{kind} vote withdrawn: {reason}"))
+                self._reject(kind, InvalidUsageError(f"{kind} vote withdrawn: {reason}"))
             case m.PeersPendingAnswer(pending=pending):
                 self._resolve("pending", pending)
             case _:
@@ -354,10 +285,7 @@ class ControlPlane:
         if fut is not None and not fut.done():
             fut.set_result(value)
 
-    def _on_membership(self, msg: m.Membership) -> None:
-        self._membership = msg
-        alive = {p.peer_id for p in msg.ring}
-        for pid in [p for p in self._links if p not in alive]:
-            self._links.pop(pid).close()
-        if self._joined is not None and not self._joined.done():
-            self._joined.set_result(None)
+    def _reject(self, kind: str, exc: PcclError) -> None:
+        fut = self._votes.pop(kind, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)

@@ -11,23 +11,23 @@ from __future__ import annotations
 import asyncio
 import bisect
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from .._errors import PcclError, PeerLostError, TooFewPeersError
-from .._types import ReduceInfo, ReduceOp
+from .._types import ReduceInfo
 from .collective import Collective
 from .core.buffers import Buffer
+from .env import Launcher
 
-if TYPE_CHECKING:
-    from .communicator import Communicator
+MakeCollective = Callable[[int, Buffer], Collective]  # (tag, in-place buffer) -> an attempt
 
 
 class MultiReduce:
     """One call of ``all_reduce_multiple_with_retry``."""
 
-    def __init__(self, comm: Communicator, bufs: list[Buffer], tags: list[int], op: ReduceOp,
-                 max_in_flight: int, max_attempts: int) -> None:
-        self.comm, self.bufs, self.tags, self.op = comm, bufs, tags, op
+    def __init__(self, launcher: Launcher, make: MakeCollective, bufs: list[Buffer],
+                 tags: list[int], max_in_flight: int, max_attempts: int) -> None:
+        self.launcher, self.make, self.bufs, self.tags = launcher, make, bufs, tags
         self.max_in_flight, self.max_attempts = max_in_flight, max_attempts
         self.todo = list(range(len(bufs)))
         self.inflight: dict[int, Collective] = {}
@@ -45,7 +45,7 @@ class MultiReduce:
         except asyncio.CancelledError:
             self.error = self.error or asyncio.CancelledError()
             for coll in list(self.inflight.values()):
-                self.comm._cancel(coll)
+                coll.cancel()
             raise
         if self.error is not None:
             raise self.error
@@ -54,9 +54,9 @@ class MultiReduce:
     def _fill(self) -> None:
         while self.todo and len(self.inflight) < self.max_in_flight and self.error is None:
             i = self.todo.pop(0)
-            coll = Collective(self.comm, self.tags[i], self.bufs[i], self.bufs[i], self.op, True)
+            coll = self.make(self.tags[i], self.bufs[i])
             try:
-                self.comm._launch(coll)
+                self.launcher.launch(coll)
             except PcclError as exc:
                 self.error = exc
                 return
@@ -70,9 +70,8 @@ class MultiReduce:
             self.infos[i] = coll.future.result()
         elif isinstance(exc, PeerLostError) and self.error is None:
             self.attempts[i] += 1
-            if self.comm.peer_group_world_size < 2:
-                self.error = TooFewPeersError(
-                    f"peer group has {self.comm.peer_group_world_size} peer(s) left")
+            if (size := self.launcher.peer_group_world_size) < 2:
+                self.error = TooFewPeersError(f"peer group has {size} peer(s) left")
             elif self.attempts[i] >= self.max_attempts:
                 self.error = exc
             else:

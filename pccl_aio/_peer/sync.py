@@ -1,4 +1,4 @@
-"""``Communicator.sync_shared_state``: the peer's half of shared-state synchronisation.
+"""``SharedStateSync``: the peer's half of shared-state synchronisation.
 
 Sequence: hash every entry (xxh3-128) -> serve the state and vote (``VoteSync``) -> the master
 answers with a ``SyncPlan`` -> fetch the dirty entries straight into the tensors, spreading
@@ -9,16 +9,13 @@ whole group is done (``SyncComplete``), serving others meanwhile.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from .._errors import InvalidUsageError, SharedStateError
 from .._types import SyncInfo, SyncStrategy
 from .._wire import messages as m
 from .core.shared_state import SharedState, hash_bytes
-from .transfer import fetch_ranges, split
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
+from .env import SyncControl
+from .transfer import StateServer, fetch_ranges, split
 
 _THREAD_HASH_BYTES = 32 << 20  # hash in a worker thread above this, so the loop keeps beating
 
@@ -29,60 +26,78 @@ async def _hashes(state: SharedState) -> dict[str, bytes]:
     return state.hashes()
 
 
-async def sync_shared_state(comm: Communicator, state: SharedState,
-                            strategy: SyncStrategy) -> SyncInfo:
-    """See ``Communicator.sync_shared_state``."""
-    comm._check_usable()
-    if not isinstance(state, SharedState):
-        raise InvalidUsageError(f"expected a SharedState, not {type(state).__name__}")
-    strategy = SyncStrategy(strategy)
-    if comm._colls:
-        raise InvalidUsageError("sync_shared_state() while collectives are in flight")
-    if comm._serving is not None:
-        raise InvalidUsageError("another sync_shared_state() is running on this peer")
-    comm._serving = state  # claimed before the first await: a second call is refused
-    tx0 = comm._state_server.tx
-    try:
-        hashes = await _hashes(state)
-        entries = [m.SyncEntry(k, dt, n, b"" if loose else hashes[k], loose)
-                   for k, dt, n, loose in state.entries()]
-        plan = await comm._vote("sync", m.VoteSync(state.revision, int(strategy), entries,
-                                                   state.fresh))
-        assert isinstance(plan, m.SyncPlan)
-        done = comm._expect("sync_done")
-        rx, error = 0, None
-        if plan.keys:
-            try:
-                rx = await _fetch(comm, state, plan)
-            except (ConnectionError, TimeoutError, OSError, SharedStateError) as exc:
-                error = exc
-        comm._send(m.SyncDone(error is None, repr(error) if error else ""))
-        await done
-        if error is not None:
-            if isinstance(error, SharedStateError):
-                raise error
-            raise SharedStateError(f"shared-state fetch failed: {error}; retry the sync") from error
-        state.revision = plan.revision
-        state.fresh = False
-        return SyncInfo(comm._state_server.tx - tx0, rx, plan.revision)
-    finally:
-        comm._serving = None
+class SharedStateSync:
+    """Shared-state sync of one communicator: its state server and the state it serves."""
 
+    def __init__(self, control: SyncControl, data_timeout: float) -> None:
+        self.control = control
+        self.data_timeout = data_timeout
+        self.server = StateServer(self._lookup)
+        self.serving: SharedState | None = None  # the state of the sync in progress
 
-async def _fetch(comm: Communicator, state: SharedState, plan: m.SyncPlan) -> int:
-    sources = [(s.host, s.state_port) for s in plan.sources if s.peer_id != comm.peer_id]
-    if not sources:
-        raise SharedStateError(f"no peer can serve revision {plan.revision}")
-    # Rotate so that requesters spread over the sources, then share ranges between them.
-    k = comm.peer_id % len(sources)
-    sources = sources[k:] + sources[:k]
-    pieces = []
-    for key in plan.keys:
-        pieces.extend(split(key, state.view(key)))
-    rx = await fetch_ranges(sources, plan.revision, pieces, comm.data_timeout)
-    for key, want in zip(plan.keys, plan.hashes):
-        if want and hash_bytes(state.view(key)) != want:
-            raise SharedStateError(
-                f"entry {key!r} received from a peer does not match the elected hash")
-    return rx
+    def _lookup(self, key: str, revision: int) -> memoryview | None:
+        state = self.serving
+        if state is None or key not in state.keys:
+            return None
+        return state.view(key)
 
+    async def run(self, state: SharedState, strategy: SyncStrategy) -> SyncInfo:
+        """See ``Communicator.sync_shared_state``."""
+        control = self.control
+        control.check_usable()
+        if not isinstance(state, SharedState):
+            raise InvalidUsageError(f"expected a SharedState, not {type(state).__name__}")
+        try:
+            strategy = SyncStrategy(strategy)
+        except ValueError:
+            raise InvalidUsageError(f"unknown sync strategy {strategy!r}") from None
+        if control.colls:
+            raise InvalidUsageError("sync_shared_state() while collectives are in flight")
+        if self.serving is not None:
+            raise InvalidUsageError("another sync_shared_state() is running on this peer")
+        self.serving = state  # claimed before the first await: a second call is refused
+        tx0 = self.server.tx
+        try:
+            hashes = await _hashes(state)
+            entries = [m.SyncEntry(k, dt, n, b"" if loose else hashes[k], loose)
+                       for k, dt, n, loose in state.entries()]
+            plan = await control.vote("sync", m.VoteSync(state.revision, int(strategy), entries,
+                                                         state.fresh))
+            assert isinstance(plan, m.SyncPlan)
+            done = control.expect("sync_done")
+            rx, error = 0, None
+            if plan.keys:
+                try:
+                    rx = await self._fetch(state, plan)
+                except (ConnectionError, TimeoutError, OSError, SharedStateError) as exc:
+                    error = exc
+            control.send(m.SyncDone(error is None, repr(error) if error else ""))
+            await done
+            if error is not None:
+                if isinstance(error, SharedStateError):
+                    raise error
+                raise SharedStateError(
+                    f"shared-state fetch failed: {error}; retry the sync") from error
+            state.revision = plan.revision
+            state.fresh = False
+            return SyncInfo(self.server.tx - tx0, rx, plan.revision)
+        finally:
+            self.serving = None
+
+    async def _fetch(self, state: SharedState, plan: m.SyncPlan) -> int:
+        me = self.control.peer_id
+        sources = [(s.host, s.state_port) for s in plan.sources if s.peer_id != me]
+        if not sources:
+            raise SharedStateError(f"no peer can serve revision {plan.revision}")
+        # Rotate so that requesters spread over the sources, then share ranges between them.
+        k = me % len(sources)
+        sources = sources[k:] + sources[:k]
+        pieces = []
+        for key in plan.keys:
+            pieces.extend(split(key, state.view(key)))
+        rx = await fetch_ranges(sources, plan.revision, pieces, self.data_timeout)
+        for key, want in zip(plan.keys, plan.hashes):
+            if want and hash_bytes(state.view(key)) != want:
+                raise SharedStateError(
+                    f"entry {key!r} received from a peer does not match the elected hash")
+        return rx

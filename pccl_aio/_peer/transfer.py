@@ -1,66 +1,84 @@
 """Shared-state transfer between peers: a server that serves byte ranges during a sync, and a
 fetcher that pulls dirty entries straight into the requester's tensors.
 
-Wire: a request is ``REQ`` (magic, revision, offset, length, key length) + key bytes; the answer
-is ``RESP`` (magic, status, length) + ``length`` raw bytes. Requests may be pipelined on one
-connection. The fetcher spreads byte ranges over all sources through a shared work queue; a
+The wire format is ``_wire/state.py``. The fetcher spreads byte ranges over all sources through a shared work queue; a
 source that fails hands its range back and the others finish the job.
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Callable
-from typing import Final, cast
+from typing import cast
 
 from .._net.stream import set_nodelay
+from .._net.tasks import TaskSet
+from .._wire.state import (
+    BAD_RANGE,
+    NOT_SERVING,
+    OK,
+    REQ,
+    RESP,
+    pack_request,
+    pack_response,
+    parse_request,
+    parse_response,
+)
 
-MAGIC: Final = 0x50435331  # "PCS1"
-REQ: Final = struct.Struct("<IIQQQ")  # magic, key length, revision, offset, length
-RESP: Final = struct.Struct("<IIQ")  # magic, status, length
-OK, NOT_SERVING, BAD_RANGE = 0, 1, 2
 PIECE = 8 << 20
 
 Lookup = Callable[[str, int], memoryview | None]
 
 
 class StateServer:
-    """Answers range requests while a sync is running (``serving`` set), counting bytes sent."""
+    """Answers range requests with what ``lookup`` serves (nothing outside a sync), counting
+    bytes sent. Connection handlers are tasks of its own ``TaskSet``, ended by ``close``."""
 
-    def __init__(self) -> None:
-        self.lookup: Lookup | None = None
+    def __init__(self, lookup: Lookup) -> None:
+        self.lookup: Lookup | None = lookup
         self.tx = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks = TaskSet("pccl_aio state server")
         self.port = 0
 
     async def start(self, host: str) -> None:
+        """Listen on an OS-chosen port of ``host`` (``port`` tells it)."""
         self._server = await asyncio.start_server(self._serve, host, 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def close(self) -> None:
+    def abort(self) -> None:
+        """Stop listening and drop every connection at once."""
         if self._server is not None:
             self._server.close()
         for w in list(self._writers):
-            w.close()
+            w.transport.abort()
+
+    async def close(self) -> None:
+        """``abort`` and wait until every connection handler ended."""
+        self.abort()
+        await self._tasks.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.adopt(task)
         set_nodelay(writer.transport)
         self._writers.add(writer)
         try:
             while True:
-                magic, klen, revision, off, length = REQ.unpack(await reader.readexactly(REQ.size))
-                if magic != MAGIC or klen > 4096:
+                req = parse_request(await reader.readexactly(REQ.size))
+                if req is None:
                     break
+                klen, revision, off, length = req
                 key = (await reader.readexactly(klen)).decode("utf-8", "replace")
                 view = self.lookup(key, revision) if self.lookup is not None else None
                 if view is None:
-                    writer.write(RESP.pack(MAGIC, NOT_SERVING, 0))
+                    writer.write(pack_response(NOT_SERVING))
                 elif off + length > view.nbytes:
-                    writer.write(RESP.pack(MAGIC, BAD_RANGE, 0))
+                    writer.write(pack_response(BAD_RANGE))
                 else:
-                    writer.write(RESP.pack(MAGIC, OK, length))
+                    writer.write(pack_response(OK, length))
                     writer.write(view[off : off + length])
                     self.tx += length
                 await writer.drain()
@@ -105,8 +123,8 @@ class _FetchProtocol(asyncio.BufferedProtocol):
         if self._got < self._want:
             return
         if self._in_header:
-            magic, status, length = RESP.unpack(self._hdr)
-            if magic != MAGIC or status != OK or self._target is None or length != len(self._target):
+            status, length = parse_response(self._hdr) or (-1, 0)
+            if status != OK or self._target is None or length != len(self._target):
                 self._finish(exc=ConnectionError(f"state source refused the range (status {status})"))
                 return
             self._in_header, self._got, self._want = False, 0, length
@@ -131,8 +149,7 @@ class _FetchProtocol(asyncio.BufferedProtocol):
             raise ConnectionResetError("state source connection closed")
         self._waiter = asyncio.get_running_loop().create_future()
         self._target = target
-        kb = key.encode()
-        self.transport.write(REQ.pack(MAGIC, len(kb), revision, offset, len(target)) + kb)
+        self.transport.write(pack_request(key, revision, offset, len(target)))
         await self._waiter
 
 

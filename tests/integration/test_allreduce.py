@@ -186,7 +186,7 @@ async def test_bad_arguments_raise_before_sending(peers):
         await c.all_reduce(np.zeros(4, np.float32), tag=-1)
     with pytest.raises(pccl.InvalidUsageError, match="restore_on_abort"):
         await c.all_reduce(np.zeros(4, np.float32), restore_on_abort="no")  # type: ignore[arg-type]
-    assert not c._colls and not comms[1]._colls  # nothing was launched
+    assert not c._control.colls and not comms[1]._control.colls  # nothing was launched
     xs = [np.ones(3, np.float32) for _ in comms]
     await asyncio.gather(*(p.all_reduce(x) for p, x in zip(comms, xs)))
     assert (xs[1] == 2).all()
@@ -205,15 +205,15 @@ async def test_single_peer_too_few(peers):
 def _tiny_send_buffers(monkeypatch) -> None:
     """Data connections get a 4 KiB kernel send buffer, so frames stay queued in the sender
     and links pause (back-pressure without a slow peer)."""
-    from pccl_aio._peer import dataplane as _dataplane
+    from pccl_aio._peer import link as _link
 
-    made = _dataplane._Sender.connection_made
+    made = _link._Sender.connection_made
 
     def small_socket_buffer(self, transport):
         transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         made(self, transport)
 
-    monkeypatch.setattr(_dataplane._Sender, "connection_made", small_socket_buffer)
+    monkeypatch.setattr(_link._Sender, "connection_made", small_socket_buffer)
 
 
 @pytest.mark.parametrize("saturated", [False, True])
@@ -224,10 +224,10 @@ async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
     for ``saturated``, a tiny kernel send buffer (so writes queue up and the link pauses)
     drive one path or the other; the bytes must be exact either way."""
     from pccl_aio._peer import collective as _collective
-    from pccl_aio._peer import dataplane as _dataplane
+    from pccl_aio._peer import link as _link
 
-    monkeypatch.setattr(_dataplane, "WRITE_HIGH", 32 << 10)
-    monkeypatch.setattr(_dataplane, "WRITE_LOW", 8 << 10)
+    monkeypatch.setattr(_link, "WRITE_HIGH", 32 << 10)
+    monkeypatch.setattr(_link, "WRITE_LOW", 8 << 10)
     monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
     if saturated:
         _tiny_send_buffers(monkeypatch)
@@ -269,7 +269,7 @@ async def test_reduce_scatter_slots_reused_and_grown(peers, monkeypatch, slots_b
     queued, so slots must wait for their sends and blocks must grow. Results are exact, in
     place and out of place, whichever way each frame went."""
     from pccl_aio._peer import collective as _collective
-    from pccl_aio._peer import dataplane as _dataplane
+    from pccl_aio._peer import link as _link
     from pccl_aio._peer.core import slots as _slots
 
     monkeypatch.setattr(_collective, "SLOTS_BASE", slots_base)
@@ -290,14 +290,14 @@ async def test_reduce_scatter_slots_reused_and_grown(peers, monkeypatch, slots_b
     monkeypatch.setattr(_collective.Collective, "on_start", counted_start)
     if saturated:
         _tiny_send_buffers(monkeypatch)
-        was_written = _dataplane._Sender.written
+        was_written = _link._Sender.written
 
         def counted_written(self, position):
             done = was_written(self, position)
             written[done] += 1
             return done
 
-        monkeypatch.setattr(_dataplane._Sender, "written", counted_written)
+        monkeypatch.setattr(_link._Sender, "written", counted_written)
     comms = await peers(3)
     rng = np.random.default_rng(5)
     for op in (pccl.ReduceOp.SUM, pccl.ReduceOp.AVG, pccl.ReduceOp.MAX):
@@ -323,13 +323,13 @@ async def test_restore_on_abort_false_takes_no_backup_and_gives_the_same_bytes(p
     quant = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8") if quantized else None
     taken: list[int] = []
     for c in comms:
-        take = c._scratch.take
+        take = c._data.scratch.take
 
         def spy(nbytes, take=take):
             taken.append(nbytes)
             return take(nbytes)
 
-        c._scratch.take = spy
+        c._data.scratch.take = spy
     results = {}
     for restore in (True, False):
         xs = [np.arange(n, dtype=np.float32) * (i + 1) - 7.25 for i in range(3)]

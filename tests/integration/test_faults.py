@@ -28,7 +28,7 @@ def _crash_after(watched, victim, phase: int, k: int) -> Iterator[list[int]]:
 
     def on_segment(self, ph, off, length, p0, p1):
         orig_on_segment(self, ph, off, length, p0, p1)
-        if self.comm is watched and ph == phase:
+        if self.env is watched._data and ph == phase:
             seen[0] += 1
             if seen[0] == k:
                 crash(victim)
@@ -131,7 +131,7 @@ async def test_multiple_with_retry_survives_a_crash(peers):
     tasks = [asyncio.ensure_future(c.all_reduce_multiple_with_retry(ts, max_in_flight=4))
              for c, ts in zip(comms, tensors)]
     # crash once the first collective started on the victim
-    while not comms[2]._colls or not any(c.seq for c in comms[2]._colls.values()):
+    while not comms[2]._control.colls or not any(c.seq for c in comms[2]._control.colls.values()):
         await asyncio.sleep(0)
     crash(comms[2])
     tasks[2].cancel()
@@ -148,7 +148,7 @@ async def test_too_few_peers_after_crash(peers):
     y = np.ones(1 << 18, np.float32)
     ta = asyncio.ensure_future(a.all_reduce_multiple_with_retry([x]))
     hb = asyncio.ensure_future(b.all_reduce_multiple_with_retry([y]))
-    while not a._colls or not any(c.seq for c in a._colls.values()):
+    while not a._control.colls or not any(c.seq for c in a._control.colls.values()):
         await asyncio.sleep(0)
     crash(b)
     hb.cancel()
@@ -233,7 +233,7 @@ async def test_illegal_vote_kicks_that_peer_only(peers):
     a, b, c = await peers(3)
     pending = asyncio.ensure_future(a.are_peers_pending())
     await asyncio.sleep(0)
-    a._send(m.VotePeersPending())  # a duplicate vote breaks the protocol
+    a._control.send(m.VotePeersPending())  # a duplicate vote breaks the protocol
     with pytest.raises(pccl.KickedError):
         await pending
     with pytest.raises(pccl.KickedError):
@@ -278,7 +278,7 @@ async def test_cancelling_an_allreduce_aborts_it_for_the_group(peers, when):
                 await h
     for x, o in zip(xs, originals):
         assert x.tobytes() == o.tobytes()  # nothing half-reduced is left behind
-    while comms[0]._colls:  # the cancelled attempt ends with the master's verdict
+    while comms[0]._control.colls:  # the cancelled attempt ends with the master's verdict
         await asyncio.sleep(0)
     assert not await _tasks_of(comms)  # no task leaked
     infos = await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import socket
 
-from pccl_aio._peer import dataplane as dp
+from pccl_aio._peer import receiver as dp
 from pccl_aio._peer.core import ring
+from pccl_aio._wire import data as wire
 
 
 class FakeTransport:
@@ -76,7 +77,7 @@ def _feed(r: dp._Receiver, data: bytes, chunk: int, t: FakeTransport, owed: list
 
 
 def _frame(seq: int, off: int, payload: bytes) -> bytes:
-    return dp.HEADER.pack(dp.MAGIC, ring.RS, 0, seq, off, len(payload), 0.0, 0.0) + payload
+    return wire.pack_header(wire.MAGIC, ring.RS, 0, seq, off, len(payload), 0.0, 0.0) + payload
 
 
 def test_lowat_follows_each_frame_and_never_exceeds_what_is_owed() -> None:
@@ -87,7 +88,7 @@ def test_lowat_follows_each_frame_and_never_exceeds_what_is_owed() -> None:
     size = 3 * (1 << 20) + 123  # more than the 1 MiB cap, not a multiple of the read size
     sink = Sink(size)
     reg.add(5, sink)
-    hello = dp.HELLO.pack(dp.MAGIC, dp.DATA_VERSION, 0, 1, 0)
+    hello = wire.pack_hello(1, 0)
     frames = hello + _frame(5, 0, bytes(size)) + _frame(5, size, b"x" * 10)
     owed = [len(frames)]
     _feed(r, frames, 200_000, t, owed)
@@ -107,7 +108,7 @@ def test_lowat_shrinks_for_a_frame_discarded_mid_payload() -> None:
     size = 2 * (1 << 20)
     sink = Sink(size)
     reg.add(7, sink)
-    data = dp.HELLO.pack(dp.MAGIC, dp.DATA_VERSION, 0, 1, 0) + _frame(7, 0, bytes(size))
+    data = wire.pack_hello(1, 0) + _frame(7, 0, bytes(size))
     owed = [len(data)]
     half = len(data) - size // 2
     _feed(r, data[:half], 300_000, t, owed)

@@ -15,7 +15,9 @@ from typing import Protocol
 SLOTS_BASE = 4  # slots per block: this many plus two per connection
 
 
-class _Pool(Protocol):
+class Pool(Protocol):
+    """Where blocks of slots come from (the communicator's ``ScratchPool``)."""
+
     def take(self, nbytes: int) -> tuple[bytearray, memoryview]: ...
 
     def give(self, b: bytearray) -> None: ...
@@ -30,7 +32,7 @@ class Slots:
 
     __slots__ = ("_block", "_free", "_owners", "_pool", "_sending", "_size", "landed")
 
-    def __init__(self, pool: _Pool, size: int, block: int) -> None:
+    def __init__(self, pool: Pool, size: int, block: int) -> None:
         self._pool, self._size, self._block = pool, size, max(1, block)
         self._free: list[memoryview] = []
         self._owners: list[bytearray] = []

@@ -1,0 +1,43 @@
+"""``PeerConfig``: a communicator's options, validated once (sans-IO)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..._errors import InvalidUsageError
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PeerConfig:
+    """Every option of one ``Communicator`` (see its docstring for their meaning)."""
+
+    master_host: str
+    master_port: int
+    peer_group: int = 0
+    p2p_connections: int = 1
+    listen_host: str = "0.0.0.0"
+    advertise_host: str = ""
+    heartbeat_interval: float = 0.5
+    heartbeat_timeout: float = 5.0
+    data_timeout: float = 10.0
+
+    @classmethod
+    def parse(cls, master: str, **options: object) -> PeerConfig:
+        """Split ``"host:port"`` and check every option; InvalidUsageError if one is wrong."""
+        if not isinstance(master, str):
+            raise InvalidUsageError(f"master address must be a 'host:port' str, not {master!r}")
+        host, sep, port = master.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise InvalidUsageError(f"master address must be 'host:port', not {master!r}")
+        config = cls(master_host=host.strip("[]"), master_port=int(port), **options)  # type: ignore[arg-type]
+        config.check()
+        return config
+
+    def check(self) -> None:
+        if not 0 <= self.peer_group < 2**32:
+            raise InvalidUsageError(f"peer_group must be a u32, not {self.peer_group}")
+        if not 1 <= self.p2p_connections <= 256:
+            raise InvalidUsageError(
+                f"p2p_connections must be in 1..256, not {self.p2p_connections}")
+        if min(self.heartbeat_interval, self.heartbeat_timeout, self.data_timeout) <= 0:
+            raise InvalidUsageError("timeouts must be positive")

@@ -1,0 +1,81 @@
+"""``DataPlane``: one communicator's data-plane resources, and the ``CollectiveEnv`` its
+collectives run in.
+
+It owns the listener (receive side, ``receiver.py``), one ``Link`` per ring successor
+(``link.py``), the pooled scratch buffers and the tasks of running collectives. Addresses
+come from the master's latest ``Membership``; reports go to the master through ``report``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._net.tasks import TaskSet
+from .._wire import messages as m
+from .core.config import PeerConfig
+from .core.scratch import ScratchPool
+from .link import Link
+from .receiver import Listener, Registry
+
+
+class DataPlane:
+    """Listener, links, buffers and collective tasks of one communicator."""
+
+    def __init__(self, config: PeerConfig, report: Callable[[int, int, bool, str], None]) -> None:
+        self.config = config
+        self.report = report  # CollectiveDone to the master
+        self.registry = Registry()
+        self.scratch = ScratchPool()
+        self.tasks = TaskSet("pccl_aio data plane")
+        self.listener = Listener(self.registry)
+        self._links: dict[int, Link] = {}
+        self._ring: list[m.PeerAddr] = []
+        self.peer_id = 0
+
+    @property
+    def p2p_connections(self) -> int:
+        return self.config.p2p_connections
+
+    @property
+    def data_timeout(self) -> float:
+        return self.config.data_timeout
+
+    async def start(self) -> None:
+        """Open the listener; ``listener.port`` tells where."""
+        await self.listener.start(self.config.listen_host)
+
+    def on_membership(self, msg: m.Membership, peer_id: int) -> None:
+        """A new ring: close the links to peers that left it."""
+        self._ring, self.peer_id = list(msg.ring), peer_id
+        alive = {p.peer_id for p in msg.ring}
+        for pid in [p for p in self._links if p not in alive]:
+            self._links.pop(pid).close()
+
+    async def link(self, peer_id: int) -> Link:
+        """The open link to ``peer_id``, replacing a broken one. Raises ConnectionError if
+        the peer is not in the ring or cannot be reached. Cancelling stops waiting only."""
+        link = self._links.get(peer_id)
+        if link is None or link.broken:
+            if link is not None:
+                link.close()
+            addr = next((p for p in self._ring if p.peer_id == peer_id), None)
+            if addr is None:
+                raise ConnectionError(f"peer {peer_id} is not in the ring")
+            link = Link(peer_id, addr.host, addr.port, self.config.p2p_connections,
+                        self.peer_id, self.tasks, self.config.data_timeout)
+            self._links[peer_id] = link
+        await link.open()
+        return link
+
+    def abort(self) -> None:
+        """Drop every connection at once (no goodbye); tasks end through ``close``."""
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+        self.listener.abort()
+
+    async def close(self) -> None:
+        """Close every link and the listener, and wait for every collective task to end."""
+        self.abort()
+        await self.listener.close()
+        await self.tasks.close()
