@@ -239,6 +239,19 @@ def test_sync_failed_goes_to_the_survivors_before_the_election_kicks() -> None:
     assert h.st.accepted() == [a]
 
 
+def test_vote_with_an_unknown_strategy_is_a_kick_not_a_crash() -> None:
+    """Regression: the election names the strategy of a voter it kicks for mixing strategies,
+    so an unknown value raised ValueError out of handle() once the group's votes were in."""
+    h = Harness()
+    a, b, c = h.run(0, 0, 0)
+    h.send(b, sync_vote())
+    h.send(c, sync_vote())
+    acts = h.send(a, m.VoteSync(0, 7, sync_vote().entries))
+    assert_kicked(acts, a)
+    assert "strategy 7" in sent_to(acts, a, m.Kicked)[0].reason
+    assert sorted(plans(acts)) == [b, c]  # a's departure lets the others' sync start
+
+
 # ---- illegal sync messages --------------------------------------------------------------------
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..._errors import RemoteProtocolError
+from ..._types import SyncStrategy
 from ..._wire import messages as m
 from .election import elect
 from .events import Action, Send
 
 __all__ = ["Roster", "SyncBarrier"]
+
+_STRATEGIES = frozenset(int(s) for s in SyncStrategy)
 
 
 class Roster(Protocol):
@@ -49,6 +52,8 @@ class SyncBarrier:
         """Count ``conn``'s vote; starts the group's sync once every member voted."""
         if self.busy(conn):
             raise RemoteProtocolError("sync vote while another operation is running")
+        if vote.strategy not in _STRATEGIES:  # the election could not even name it
+            raise RemoteProtocolError(f"unknown shared-state sync strategy {vote.strategy}")
         self._votes[conn] = vote
         self._check_start(group, out)
 
