@@ -18,6 +18,7 @@ from tests.integration.state_harness import (
     first_of,
     random_bits,
     reap,
+    state_server,
     sync,
     sync_settled,
     tx_rx,
@@ -34,21 +35,21 @@ async def test_received_bytes_not_matching_the_elected_hash_fail_the_requester(p
     a, b = await peers(2)
     xa, xb = u8(42), u8(0)
     sa, sb = pccl.SharedState({"key1": xa}), pccl.SharedState({"key1": xb})
-    # The state server holds the lookup it was given at connect(): patch that one.
-    honest = a._state_server.lookup
+    # The state server holds the lookup it was built with: patch that one.
+    honest = state_server(a).lookup
     served = []
 
     def liar(key, revision):
         served.append(key)
         return memoryview(bytearray(b"x" * 1024))
 
-    a._state_server.lookup = liar
+    state_server(a).lookup = liar
     ra, rb = await sync_settled([a, b], [sa, sb])
     assert served == ["key1"]
     assert isinstance(rb, pccl.SharedStateError) and "hash" in str(rb), rb
     assert isinstance(ra, pccl.SyncInfo) and ra.tx_bytes == 1024, ra
     assert sb.revision == 0
-    a._state_server.lookup = honest
+    state_server(a).lookup = honest
     sa.revision = 1
     infos = await sync([a, b], [sa, sb])
     assert infos[1].rx_bytes == 1024 and (xb == 42).all() and sb.revision == 1
@@ -68,7 +69,7 @@ async def test_a_bad_source_among_honest_ones_is_caught_by_the_hash(peers):
         lied.append(key)
         return memoryview(bytearray(n))
 
-    comms[1]._state_server.lookup = liar
+    state_server(comms[1]).lookup = liar
     res = await sync_settled(comms, states)
     if lied:
         assert isinstance(res[2], pccl.SharedStateError), res
@@ -86,7 +87,7 @@ async def test_a_crashed_requester_does_not_block_the_others(peers):
     tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
     served = []
     for src in comms[:2]:
-        real = src._state_server.lookup
+        real = state_server(src).lookup
 
         def lookup(key, rev, real=real):
             if not served:
@@ -94,7 +95,7 @@ async def test_a_crashed_requester_does_not_block_the_others(peers):
             served.append(key)
             return real(key, rev)
 
-        src._state_server.lookup = lookup
+        state_server(src).lookup = lookup
     infos = await asyncio.gather(tasks[0], tasks[1])
     assert served and [i.revision for i in infos] == [1, 1]
     assert comms[0].peer_group_world_size == 2
@@ -152,7 +153,7 @@ async def test_distributor_crash_mid_transfer_fails_over_to_another_source(peers
         vanish(comms[0], tasks[0])
         return None
 
-    comms[0]._state_server.lookup = crash_on_first_request
+    state_server(comms[0]).lookup = crash_on_first_request
     infos = await asyncio.gather(tasks[1], tasks[2])
     assert calls, "the crashing source was never asked for a range"
     assert infos[1].rx_bytes == good.nbytes and infos[0].tx_bytes == good.nbytes
@@ -185,7 +186,7 @@ async def test_distributor_crash_after_the_other_source_finished(peers, monkeypa
         stalled.add(key)
         return _Stalled(good.nbytes)
 
-    comms[0]._state_server.lookup = stall
+    state_server(comms[0]).lookup = stall
     real_fetch = transfer._FetchProtocol.fetch
 
     async def counted_fetch(self, key, revision, offset, target):
@@ -226,7 +227,7 @@ async def test_only_distributor_crash_fails_cleanly_and_a_later_sync_recovers(pe
         vanish(comms[0], tasks[0])
         return None
 
-    comms[0]._state_server.lookup = crash_on_first_request
+    state_server(comms[0]).lookup = crash_on_first_request
     res = await asyncio.gather(tasks[1], tasks[2], return_exceptions=True)
     assert all(isinstance(r, pccl.SharedStateError) for r in res), res
     assert states[1].revision == states[2].revision == 0
