@@ -98,17 +98,20 @@ async def big(comm: pccl.Communicator, mib: int) -> None:
             a[:] = np.arange(a.size, dtype=np.float32) * (i + 1)
     state = pccl.SharedState(entries, revision=0 if joiner else 5)
     if not joiner:
-        orig = comm._lookup_state
+        server = comm._sync.server  # private: no public hook tells "a range was requested"
+        orig = server.lookup
+        assert orig is not None
         told = False
 
         def spy(key: str, rev: int) -> memoryview | None:
             nonlocal told
-            if not told and comm._serving is not None:
+            view = orig(key, rev)
+            if not told and view is not None:  # a range of this sync is being served
                 told = True
                 emit(event="serving", key=key)
-            return orig(key, rev)
+            return view
 
-        comm._lookup_state = spy  # type: ignore[method-assign]
+        server.lookup = spy
     emit(event="ready")
     info = await comm.sync_shared_state(state)
     emit(event="synced", revision=state.revision, hash=state_hash(state), rx=info.rx_bytes,

@@ -38,11 +38,12 @@ def launched(comm: pccl.Communicator, n: int) -> asyncio.Future[None]:
     """A future set once ``comm`` has launched ``n`` collectives (sent their votes).
 
     all_reduce_multiple_with_retry has no public "window launched" signal, so this wraps the
-    communicator's private launch; what the process test asserts is reported from the
-    equally private ``_colls`` anyway.
+    private launch of the communicator's control plane; what the process test asserts (the
+    window size) is read from its equally private ``colls`` anyway.
     """
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    launch, count = comm._launch, 0
+    control = comm._control
+    launch, count = control.launch, 0
 
     def counting(coll: Any) -> None:
         nonlocal count
@@ -51,7 +52,7 @@ def launched(comm: pccl.Communicator, n: int) -> asyncio.Future[None]:
         if count >= n and not done.done():
             done.set_result(None)
 
-    comm._launch = counting  # type: ignore[method-assign]
+    control.launch = counting  # type: ignore[method-assign]
     return done
 
 
@@ -89,7 +90,7 @@ async def main() -> None:
                 comm.all_reduce_multiple_with_retry(ts, max_in_flight=in_flight))
             await asyncio.wait([task, window], return_when=asyncio.FIRST_COMPLETED)
             window.cancel()
-            emit(event="started", in_flight=len(comm._colls))
+            emit(event="started", in_flight=len(comm._control.colls))
             infos = await task
             emit(event="done", ws=[i.world_size for i in infos],
                  hash=digest(np.concatenate(ts)), firsts=[float(t[0]) for t in ts])
