@@ -1,8 +1,11 @@
 """The sans-IO master against a client-side model, randomized (seeded and hypothesis).
 
 Every action batch is checked: one terminal message per collective init, increasing seqs,
-fresh membership before aborts, no kick of a legal message, no send after close; and
-``handle`` never raises. Harness: ``master_harness``.
+fresh membership before aborts, no kick of a legal message, no send after close; a withdrawn
+vote gets no answer and a withdrawal no reply; a group's sync starts exactly when every
+member voted (with the plans and kicks its election decides), and every participant that
+stays gets exactly one ``SyncComplete`` per plan, only after all reported ``SyncDone``. And
+``handle`` never raises, also on arbitrary event sequences. Harness: ``master_harness``.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pccl_aio._master.core import state as ms
+from pccl_aio._master.core.election import Election, elect
+from pccl_aio._types import SyncStrategy
 from pccl_aio._wire import messages as m
-from tests.unit.master_harness import PV, Harness, ring_ids
+from tests.unit.master_harness import PV, Harness, ring_ids, sync_vote
 
 # ---- randomized invariant: one terminal message per init, increasing seqs, never raises --------
 
@@ -31,6 +36,14 @@ class _P:
     voted_pending: bool = False
     outstanding: dict[int, int] = dataclasses.field(default_factory=dict)  # tag -> seq (0: voting)
     done_sent: set[int] = dataclasses.field(default_factory=set)
+    revision: int = 0  # of its shared state
+    fresh: bool = True  # never synced
+    sync_vote: m.VoteSync | None = None  # counted by the master
+    plan: m.SyncPlan | None = None  # its running sync: no SyncComplete yet
+    sync_done: bool | None = None  # the ok of its SyncDone for ``plan``; None: not sent
+
+    def in_sync(self) -> bool:
+        return self.sync_vote is not None or self.plan is not None
 
 
 class Model:
@@ -48,6 +61,12 @@ class Model:
         self.seq_members: dict[int, set[int]] = {}
         self.ok_done: dict[int, set[int]] = {}
         self.last_epoch = 0
+        self.revisions: dict[int, int] = {}  # group -> last elected revision
+        self.elections: dict[int, Election] = {}  # group -> sync started in this batch
+        self.sync_parts: dict[int, set[int]] = {}  # group -> participants of its running sync
+        self.awaiting_plan: set[int] = set()  # must get a SyncPlan or SyncFailed in this batch
+        self.sync_kicks: set[int] = set()  # must be kicked by the election in this batch
+        self.completing: dict[int, set[int]] = {}  # group -> still to get this SyncComplete
         for i in range(n_peers):
             self.new_peer(None if groups is None else groups[i])
         self.apply_legal_topology_round()
@@ -57,12 +76,13 @@ class Model:
         return sorted(c for c, p in self.peers.items()
                       if accepted is None or (p.accepted == accepted and p.registered))
 
-    def event(self, ev: ms.Event, offender: int | None = None) -> None:
+    def event(self, ev: ms.Event, offender: int | None = None) -> list[ms.Action]:
         acts = self.h.handle(ev)
         self.check(acts, offender)
+        return acts
 
-    def send(self, conn: int, msg: m.PeerToMaster, legal: bool) -> None:
-        self.event(ms.Received(conn, msg, self.h.now), None if legal else conn)
+    def send(self, conn: int, msg: m.PeerToMaster, legal: bool) -> list[ms.Action]:
+        return self.event(ms.Received(conn, msg, self.h.now), None if legal else conn)
 
     def new_peer(self, group: int | None = None) -> None:
         conn = self.h.connect()
@@ -81,8 +101,9 @@ class Model:
         rng = self.rng
         kind = rng.choices(
             ["init", "done", "topology", "pending", "disconnect", "leave", "tick", "join",
-             "malformed", "echo", "stale", "group init", "group topology", "withdraw"],
-            weights=[30, 25, 12, 4, 3, 2, 8, 4, 1, 2, 3, 6, 2, 2])[0]
+             "malformed", "echo", "stale", "group init", "group topology", "withdraw",
+             "sync", "group sync", "sync done", "stray sync done", "withdraw vote"],
+            weights=[30, 25, 12, 4, 3, 2, 8, 4, 1, 2, 3, 6, 2, 2, 6, 4, 10, 1, 3])[0]
         live = self.live()
         accepted = self.live(accepted=True)
         if kind == "join" and len(self.peers) < 6:
@@ -90,6 +111,8 @@ class Model:
         elif kind == "init" and accepted:
             c = rng.choice(accepted)
             p = self.peers[c]
+            if p.in_sync():
+                return
             if sum(self.peers[x].group == p.group for x in accepted) < 2 and rng.random() < 0.8:
                 return  # mostly skip the TOO_FEW_PEERS case, it is cheap to reach
             tag = rng.choice(self.TAGS)
@@ -127,7 +150,7 @@ class Model:
                 c = rng.choice(accepted)  # prefer peers that may legally vote
             p = self.peers[c]
             legal = not p.voted_topology and not p.outstanding
-            if not legal and rng.random() < 0.9:
+            if p.in_sync() or (not legal and rng.random() < 0.9):
                 return
             p.voted_topology = True
             self.send(c, m.VoteUpdateTopology(), legal)
@@ -140,10 +163,7 @@ class Model:
             p.voted_pending = True
             self.send(c, m.VotePeersPending(), legal)
         elif kind == "disconnect" and live:
-            c = rng.choice(live)
-            del self.peers[c]
-            self.event(ms.Disconnected(c, self.h.now))
-            self.h.closed.add(c)
+            self.disconnect(rng.choice(live))
         elif kind == "leave" and live:
             self.send(rng.choice(live), m.Leave(), legal=True)
         elif kind == "malformed" and live:
@@ -158,13 +178,14 @@ class Model:
             tag = rng.choice(self.TAGS)
             for c in accepted:
                 p = self.peers.get(c)
-                if p and p.group == group and tag not in p.outstanding and not p.voted_topology:
+                if (p and p.group == group and tag not in p.outstanding and not p.voted_topology
+                        and not p.in_sync()):
                     p.outstanding[tag] = 0
                     self.send(c, m.CollectiveInit(tag, 8, 10, 0), legal=True)
         elif kind == "group topology":
             for c in accepted:
                 p = self.peers.get(c)
-                if p and not p.voted_topology and not p.outstanding:
+                if p and not p.voted_topology and not p.outstanding and not p.in_sync():
                     p.voted_topology = True
                     self.send(c, m.VoteUpdateTopology(), legal=True)
         elif kind == "tick":
@@ -173,6 +194,64 @@ class Model:
                 if rng.random() < 0.85:
                     self.send(c, m.Heartbeat(), legal=True)
             self.event(ms.Tick(self.h.now))
+        elif kind == "sync" and accepted:
+            self.vote_sync(rng.choice(accepted), strict=False)
+        elif kind == "group sync" and accepted:
+            group = self.peers[rng.choice(accepted)].group
+            for c in accepted:
+                p = self.peers.get(c)
+                if p and p.group == group:
+                    self.vote_sync(c, strict=True)
+        elif kind == "sync done":
+            cands = [c for c in accepted if self.peers[c].plan and self.peers[c].sync_done is None]
+            if cands:
+                c = rng.choice(cands)
+                ok = rng.random() < 0.9
+                self.peers[c].sync_done = ok
+                self.send(c, m.SyncDone(ok, "" if ok else "fetch failed"), legal=True)
+        elif kind == "stray sync done" and live:
+            c = rng.choice(live)
+            p = self.peers[c]
+            if not (p.plan and p.sync_done is None) and rng.random() < 0.3:
+                self.send(c, m.SyncDone(True), legal=False)
+        elif kind == "withdraw vote" and live:
+            c = rng.choice(live)
+            vote = rng.choice(("topology", "pending"))
+            if vote == "topology":
+                self.peers[c].voted_topology = False
+            else:
+                self.peers[c].voted_pending = False
+            assert self.send(c, m.WithdrawVote(vote), legal=True) == [], "a withdrawal has no reply"
+
+    def vote_sync(self, c: int, strict: bool) -> None:
+        """``c`` votes; mostly legal votes (``strict``: only), sometimes ones the election kicks."""
+        rng, p = self.rng, self.peers[c]
+        if p.plan is not None and p.sync_done is not None:
+            return  # waits for SyncComplete: makes no call meanwhile
+        legal = not p.outstanding and not p.voted_topology and not p.in_sync()
+        if not legal and (strict or rng.random() < 0.9):
+            return
+        revision = p.revision + rng.choices((0, 1, 2), (70, 28, 2))[0]
+        strategy = rng.choices([*SyncStrategy, 3], (36, 1, 1, 0 if strict else 1))[0]
+        legal = legal and isinstance(strategy, SyncStrategy)  # 3: unknown, a kick
+        vote = sync_vote(revision, rng.choice((1, 1, 2)), nbytes=64 if rng.random() < 0.97 else 65,
+                         strategy=strategy, fresh=p.fresh)
+        if legal:
+            p.sync_vote, p.revision = vote, revision
+        self.send(c, vote, legal)
+
+    def disconnect(self, c: int) -> None:
+        self.gone(c, self.peers.pop(c))
+        self.event(ms.Disconnected(c, self.h.now))
+        self.h.closed.add(c)
+
+    def gone(self, c: int, p: _P) -> None:
+        """``c`` left: it no longer takes part in its group's sync."""
+        parts = self.sync_parts.get(p.group)
+        if parts is not None:
+            parts.discard(c)
+            if not parts:
+                del self.sync_parts[p.group]
 
     def finish(self) -> None:
         """Everyone but one accepted peer leaves: the survivor must have no vote outstanding."""
@@ -181,13 +260,18 @@ class Model:
             return
         survivor = self.rng.choice(accepted)
         for c in self.live():
-            if c != survivor:
-                del self.peers[c]
-                self.event(ms.Disconnected(c, self.h.now))
-                self.h.closed.add(c)
+            if c != survivor and c in self.peers:
+                self.disconnect(c)
+        if survivor not in self.peers:
+            return  # kicked by the election of the sync its vote started alone (a revision skip)
         p = self.peers[survivor]
         assert p.outstanding == {}, f"survivor {survivor} still waits for {p.outstanding}"
         assert not p.voted_topology and not p.voted_pending
+        assert p.sync_vote is None, "a lone voter's sync did not start"
+        if p.plan is not None and p.sync_done is None:
+            p.sync_done = True
+            self.send(survivor, m.SyncDone(True), legal=True)
+        assert p.plan is None, "the survivor never got its SyncComplete"
 
     # -- checking --
     def check(self, acts: list[ms.Action], offender: int | None) -> None:
@@ -198,13 +282,19 @@ class Model:
                 p = self.peers.pop(a.conn, None)
                 if p is not None:
                     self.dead.append(a.conn)
+                    self.gone(a.conn, p)
                 i += 1
                 continue
             p = self.peers[a.conn]
             msg = a.msg
+            if (isinstance(msg, m.SyncPlan | m.SyncFailed) or (isinstance(msg, m.Kicked)
+                    and a.conn != offender and p.sync_vote is not None)):
+                self.sync_started(p.group)
             match msg:
                 case m.Kicked():
-                    assert a.conn == offender, f"legal behaviour of {a.conn} was kicked: {msg}"
+                    assert a.conn == offender or a.conn in self.sync_kicks, \
+                        f"legal behaviour of {a.conn} was kicked: {msg}"
+                    self.sync_kicks.discard(a.conn)
                     assert acts[i + 1] == ms.Close(a.conn, acts[i + 1].reason)
                 case m.Rejected():
                     raise AssertionError(f"unexpected {msg}")
@@ -236,6 +326,10 @@ class Model:
                 case m.CollectiveRejected(tag=tag):
                     assert p.outstanding.get(tag) == 0, (a, p)
                     self.terminal(p, tag)
+                case m.SyncPlan() | m.SyncFailed():
+                    self.check_plan(a.conn, p, msg)
+                case m.SyncComplete():
+                    self.check_complete(a.conn, p, msg)
                 case m.MasterHeartbeat():
                     pass
                 case _:
@@ -244,6 +338,67 @@ class Model:
         if offender is not None:
             assert offender in self.dead or offender not in self.peers, \
                 f"illegal message of {offender} not punished: {acts}"
+        self.check_sync_batch()
+
+    def sync_started(self, group: int) -> None:
+        """The master started ``group``'s sync in this batch: the model's election."""
+        if group in self.elections:
+            return
+        members = sorted(c for c, p in self.peers.items() if p.accepted and p.group == group)
+        votes = {c: self.peers[c].sync_vote for c in members}
+        assert all(votes.values()), f"group {group}'s sync started before all voted: {votes}"
+        assert group not in self.sync_parts, "a sync started while the last one runs"
+        e = elect({c: v for c, v in votes.items() if v}, self.revisions.get(group))
+        self.elections[group] = e
+        for c in members:
+            self.peers[c].sync_vote = None
+        self.awaiting_plan |= set(members) - set(e.kicks)
+        self.sync_kicks |= set(e.kicks)
+        if not e.failed:
+            self.revisions[group] = e.revision
+            self.sync_parts[group] = set(members) - set(e.kicks)
+
+    def check_plan(self, c: int, p: _P, msg: m.SyncPlan | m.SyncFailed) -> None:
+        assert c in self.awaiting_plan, f"{msg} to {c}: no vote of it started a sync"
+        self.awaiting_plan.discard(c)
+        e = self.elections[p.group]
+        if isinstance(msg, m.SyncFailed):
+            assert e.failed and msg.reason == e.failed
+            return
+        assert not e.failed and msg.revision == e.revision
+        plan = e.plans.get(c)
+        assert (msg.keys, msg.hashes) == ((plan.keys, plan.hashes) if plan else ([], []))
+        assert [s.peer_id for s in msg.sources] == e.sources
+        p.plan, p.sync_done = msg, None
+
+    def check_complete(self, c: int, p: _P, msg: m.SyncComplete) -> None:
+        group = p.group
+        if group not in self.completing:  # the first of this sync's SyncComplete messages
+            parts = self.sync_parts.pop(group)
+            assert all(self.peers[x].sync_done is not None for x in parts), "early SyncComplete"
+            self.completing[group] = parts
+        assert c in self.completing[group], f"{c}: not a participant, or a second SyncComplete"
+        self.completing[group].discard(c)
+        assert p.plan is not None and msg.revision == p.plan.revision
+        if p.sync_done:
+            p.revision, p.fresh = msg.revision, False
+        p.plan, p.sync_done = None, None
+
+    def check_sync_batch(self) -> None:
+        """After a batch: every started sync answered everyone; nothing left undone."""
+        assert not self.awaiting_plan, f"no SyncPlan/SyncFailed for {self.awaiting_plan}"
+        assert not self.sync_kicks, f"the election's kicks of {self.sync_kicks} did not happen"
+        for group, left in self.completing.items():
+            assert not left, f"group {group}: {left} got no SyncComplete"
+        self.completing.clear()
+        self.elections.clear()
+        for group in {p.group for p in self.peers.values()}:
+            members = [p for p in self.peers.values() if p.accepted and p.group == group]
+            assert not members or not all(p.sync_vote for p in members), \
+                f"group {group}: every member voted, the sync did not start"
+            parts = self.sync_parts.get(group, set())
+            assert not parts or not all(self.peers[c].sync_done is not None for c in parts), \
+                f"group {group}: everyone reported SyncDone, the sync did not complete"
 
     @staticmethod
     def terminal(p: _P, tag: int) -> None:
@@ -331,3 +486,77 @@ def test_model_detects_a_second_terminal_message() -> None:
     dup = [ms.Send(a, m.CollectiveAbort(1, seq, "x")), ms.Send(a, m.CollectiveAbort(1, seq, "y"))]
     with pytest.raises((AssertionError, KeyError)):
         model.check(dup, None)
+
+
+@pytest.mark.parametrize("done", [True, False], ids=["second", "early"])
+def test_model_detects_a_wrong_sync_complete(done: bool) -> None:
+    """The sync invariants can fail too: a second SyncComplete, or one before all were done."""
+    model = Model(random.Random(0), 2, groups=[0, 0])
+    a, b = model.live(accepted=True)
+    for c in (a, b):
+        model.peers[c].sync_vote = sync_vote()
+        model.send(c, sync_vote(), legal=True)
+    assert model.peers[a].plan and model.peers[b].plan
+    if done:
+        for c in (a, b):
+            model.peers[c].sync_done = True
+            model.send(c, m.SyncDone(True), legal=True)
+        assert model.peers[a].plan is None
+    wrong = [ms.Send(a, m.SyncComplete(0)), ms.Send(b, m.SyncComplete(0))]
+    with pytest.raises((AssertionError, KeyError)):
+        model.check(wrong, None)
+
+
+# ---- handle never raises, whatever arrives in whatever order ----------------------------------
+
+def _weighted(*branches: tuple[int, st.SearchStrategy]) -> st.SearchStrategy:
+    """One of ``branches``: a branch of weight w is drawn about w times as often as one of 1."""
+    table = [branch for weight, branch in branches for _ in range(weight)]
+    return st.integers(0, len(table) - 1).flatmap(lambda i: table[i])
+
+
+_small = st.integers(-1, 3)
+_entries = st.lists(st.builds(  # few layouts, so that votes often agree on one
+    m.SyncEntry, st.just("w"), st.just(1), st.just(64),
+    st.sampled_from([b"", b"\x01" * 16, b"\x02" * 16]), st.booleans()), max_size=1)
+_messages = _weighted(  # mostly votes; few Hellos (a second one is a kick)
+    (4, st.builds(m.VoteSync, _small, _small, _entries, st.booleans())),
+    (1, st.builds(m.SyncDone, st.booleans())),
+    (1, st.builds(m.CollectiveInit, _small, st.integers(1, 2), _small, _small)),
+    (1, st.builds(m.CollectiveDone, _small, _small, st.booleans())),
+    (2, st.sampled_from([m.Heartbeat(), m.VoteUpdateTopology(), m.VotePeersPending(), m.Leave(),
+                         m.WithdrawVote("topology"), m.WithdrawVote("pending")])),
+    (1, st.builds(m.Hello, st.sampled_from([PV, PV + 1]), st.integers(-1, 1),
+                  st.sampled_from([0, 5000, 70000]), st.sampled_from(["", "10.0.0.1"]),
+                  st.integers(0, 1))),
+)
+_conns = st.integers(1, 6)
+_events = st.lists(_weighted(
+    (7, st.tuples(st.just("recv"), _conns, _messages)),
+    (1, st.tuples(st.just("connect"), _conns)),
+    (1, st.tuples(st.just("malformed"), _conns, st.sampled_from([b"", b"\xc1"]))),
+    (1, st.tuples(st.just("disconnect"), _conns)),
+    (1, st.tuples(st.just("tick"), st.floats(0.0, 4.0))),
+), min_size=10, max_size=60)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_events)
+def test_handle_never_raises_on_any_event_sequence(events: list[tuple]) -> None:
+    """Any message from any connection in any state, votes on any terms: actions, never an
+    exception (the Harness also checks that nothing is sent after a Close)."""
+    h = Harness(heartbeat_timeout=5.0)
+    seen = set(h.run(0, 0, 0, 1))  # the transport never reuses a connection id
+    for ev in events:
+        match ev:
+            case ("connect", conn) if conn not in seen:
+                seen.add(conn)
+                h.handle(ms.Connected(conn, "127.0.0.1", h.now))
+            case ("recv", conn, msg) if conn in seen and conn not in h.closed:
+                h.send(conn, msg)
+            case ("malformed", conn, body) if conn in seen and conn not in h.closed:
+                h.malformed(conn, "garbage", body)
+            case ("disconnect", conn) if conn in seen:
+                h.disconnect(conn)
+            case ("tick", dt):
+                h.tick(h.now + dt)
