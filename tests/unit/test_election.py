@@ -1,7 +1,7 @@
-"""The shared-state election (``_election.elect``), sans-IO: votes in, revision/kicks/plan out.
+"""The shared-state election (``election.elect``), sans-IO: votes in, revision/kicks/plan out.
 
-The rules are the docstring of ``pccl_aio/_election.py``. Peer ids are the dict keys; the
-outcome must never depend on the order in which votes arrived (dict insertion order).
+The rules are the docstring of ``pccl_aio/_master/core/election.py``. Peer ids are the dict
+keys; the outcome must never depend on the order in which votes arrived (dict insertion order).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Events into and actions out of the sans-IO master (see ``_master_state``)."""
+"""Events into and actions out of the sans-IO master (``state.MasterState``)."""
 
 from __future__ import annotations
 
