@@ -125,14 +125,29 @@ async def test_crash_without_restore_on_abort_leaves_input_unrestored_and_retry_
     np.testing.assert_array_equal(xs[0], originals[0] + originals[2])
 
 
-async def test_multiple_with_retry_survives_a_crash(peers):
+def _first_start(comm: pccl.Communicator, monkeypatch) -> asyncio.Event:
+    """Set when a collective of ``comm`` is started by the master (data begins to flow)."""
+    from pccl_aio._peer import collective as _collective
+
+    started = asyncio.Event()
+    on_start = _collective.Collective.on_start
+
+    def spy(self, seq, ring_ids, me):
+        on_start(self, seq, ring_ids, me)
+        if self.env is comm._data:
+            started.set()
+
+    monkeypatch.setattr(_collective.Collective, "on_start", spy)
+    return started
+
+
+async def test_multiple_with_retry_survives_a_crash(peers, monkeypatch):
     comms = await peers(3, p2p_connections=2)
+    started = _first_start(comms[2], monkeypatch)
     tensors = [[np.full(40_000, t + 1 + 100 * i, np.float64) for t in range(10)] for i in range(3)]
     tasks = [asyncio.ensure_future(c.all_reduce_multiple_with_retry(ts, max_in_flight=4))
              for c, ts in zip(comms, tensors)]
-    # crash once the first collective started on the victim
-    while not comms[2]._control.colls or not any(c.seq for c in comms[2]._control.colls.values()):
-        await asyncio.sleep(0)
+    await started.wait()  # crash once the first collective started on the victim
     crash(comms[2])
     tasks[2].cancel()
     infos = await asyncio.gather(tasks[0], tasks[1])
@@ -142,14 +157,14 @@ async def test_multiple_with_retry_survives_a_crash(peers):
         assert tensors[0][t][0] in (2 * (t + 1) + 100, 3 * (t + 1) + 300)
 
 
-async def test_too_few_peers_after_crash(peers):
+async def test_too_few_peers_after_crash(peers, monkeypatch):
     a, b = await peers(2)
+    started = _first_start(a, monkeypatch)
     x = np.ones(1 << 18, np.float32)
     y = np.ones(1 << 18, np.float32)
     ta = asyncio.ensure_future(a.all_reduce_multiple_with_retry([x]))
     hb = asyncio.ensure_future(b.all_reduce_multiple_with_retry([y]))
-    while not a._control.colls or not any(c.seq for c in a._control.colls.values()):
-        await asyncio.sleep(0)
+    await started.wait()
     crash(b)
     hb.cancel()
     with pytest.raises(pccl.TooFewPeersError):
@@ -231,8 +246,8 @@ async def test_peer_refuses_master_of_other_version():
 
 async def test_illegal_vote_kicks_that_peer_only(peers):
     a, b, c = await peers(3)
-    pending = asyncio.ensure_future(a.are_peers_pending())
-    await asyncio.sleep(0)
+    pending = a._control.expect("pending")  # what are_peers_pending() waits on
+    a._control.send(m.VotePeersPending())
     a._control.send(m.VotePeersPending())  # a duplicate vote breaks the protocol
     with pytest.raises(pccl.KickedError):
         await pending
@@ -250,22 +265,25 @@ async def _tasks_of(comms):
     return {t for t in asyncio.all_tasks() if "Collective" in repr(t.get_coro())}
 
 
-@pytest.mark.parametrize("when", ["voting", "running"])
+@pytest.mark.parametrize("when", ["voting", "voting-cancel-method", "running"])
 async def test_cancelling_an_allreduce_aborts_it_for_the_group(peers, when):
     comms = await peers(3)
     xs = [np.full(1 << 20, i + 1, np.float32) for i in range(3)]
     originals = [x.copy() for x in xs]
-    if when == "voting":  # peer 2 never launches; peer 0 gives up while the vote waits
+    if when.startswith("voting"):  # peer 2 never launches; peer 0 gives up while voting
         hs = [c.all_reduce_async(x) for c, x in zip(comms[:2], xs)]
         # joint vote as a barrier: both collective votes reached the master before it
         await asyncio.gather(*(c.are_peers_pending() for c in comms))
-        tasks = [asyncio.ensure_future(_wait(h)) for h in hs]
-        await asyncio.sleep(0)  # let the awaiting tasks start waiting
-        tasks[0].cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await tasks[0]
+        if when == "voting":  # the awaiting task is cancelled (here by wait_for's deadline)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(_wait(hs[0]), 0.2)
+        else:
+            assert hs[0].cancel() and hs[0].cancel()  # idempotent while it runs
+            with pytest.raises(asyncio.CancelledError):
+                await hs[0]
+            assert not hs[0].cancel()  # it ended
         with pytest.raises(pccl.PeerLostError, match="cancelled"):
-            await tasks[1]
+            await hs[1]
     else:
         hs = [c.all_reduce_async(x) for c, x in zip(comms, xs)]
         task = asyncio.ensure_future(hs[0])
@@ -278,8 +296,9 @@ async def test_cancelling_an_allreduce_aborts_it_for_the_group(peers, when):
                 await h
     for x, o in zip(xs, originals):
         assert x.tobytes() == o.tobytes()  # nothing half-reduced is left behind
-    while comms[0]._control.colls:  # the cancelled attempt ends with the master's verdict
-        await asyncio.sleep(0)
+    with contextlib.suppress(pccl.PeerLostError, asyncio.CancelledError):
+        await hs[0].wait()  # the cancelled attempt ends with the master's verdict
+    assert hs[0].done()
     assert not await _tasks_of(comms)  # no task leaked
     infos = await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
     assert all(i.world_size == 3 for i in infos) and (xs[0] == 6).all()
