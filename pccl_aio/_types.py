@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import operator
 import sys
-from typing import SupportsIndex, cast
+from typing import SupportsIndex, TypeVar, cast
 
 import msgspec
 
@@ -36,6 +36,19 @@ def as_index(value: object) -> int | None:
         return operator.index(cast("SupportsIndex", value))
     except TypeError:
         return None
+
+
+_E = TypeVar("_E", bound=enum.IntEnum)
+
+
+def _member(cls: type[_E], table: dict[int, _E], value: object) -> _E | None:
+    """The member of ``cls`` for a member or an integer value, else None (runs per segment)."""
+    if type(value) is int or type(value) is cls:  # a member hashes as its value
+        return table.get(value)  # type: ignore[call-overload]
+    if isinstance(value, enum.Enum):  # another enum's member: DataType.UINT16 is no algorithm
+        return None
+    i = as_index(value)
+    return None if i is None else table.get(i)
 
 
 class DataType(enum.IntEnum):
@@ -126,8 +139,7 @@ class ReduceOp(enum.IntEnum):
     @classmethod
     def parse(cls, value: object) -> ReduceOp:
         """``value`` (a ReduceOp or its int value) as a ReduceOp, else InvalidUsageError."""
-        i = as_index(value)
-        found = None if i is None else _OPS.get(i)
+        found = _member(cls, _OPS, value)
         if found is None:
             raise InvalidUsageError(
                 f"unknown reduce op {value!r}; expected one of {', '.join(_OPS_BY_NAME)}")
@@ -148,8 +160,7 @@ class QuantAlgo(enum.IntEnum):
     @classmethod
     def parse(cls, value: object) -> QuantAlgo:
         """``value`` (a QuantAlgo or its int value) as a QuantAlgo, else InvalidUsageError."""
-        i = as_index(value)
-        found = None if i is None else _ALGOS.get(i)
+        found = _member(cls, _ALGOS, value)
         if found is None:
             raise InvalidUsageError(f"unknown quantization algorithm {value!r}; expected one "
                                     f"of {', '.join(a.name for a in QuantAlgo)}")

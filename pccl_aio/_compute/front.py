@@ -75,6 +75,10 @@ IMPLEMENTATION: Literal["cython", "numpy"] = (
 # int value -> itemsize, derived from the dtype table of _types.py.
 _ITEMSIZE: dict[int, int] = {int(dt): size for dt, size in DTYPE_ITEMSIZE.items()}
 _QDTYPES: dict[int, int] = {int(dt): DTYPE_ITEMSIZE[dt] for dt in QUANTIZED_DTYPES}
+_FLOATS: frozenset[int] = frozenset(int(dt) for dt in FLOAT_DTYPES)
+# The kernels take plain ints (an IntEnum argument costs a conversion per call).
+_OP_INT: dict[ReduceOp, int] = {op: int(op) for op in ReduceOp}
+_ALGO_INT: dict[QuantAlgo, int] = {a: int(a) for a in QuantAlgo if a is not QuantAlgo.NONE}
 _MAX_DIVISOR = 2**31 - 1  # a world size
 #: Largest magnitude accepted for dequantization metadata (twice the quantizer's limit).
 _META_LIMIT = 2.0**1001
@@ -139,6 +143,8 @@ def _buffer_problem(buf: BufferLike, name: str) -> str:
 
 def _lookup(table: dict[int, int], value: object) -> int | None:
     """table[value] for an integer (int, IntEnum, numpy integer; not bool), else None."""
+    if type(value) is int:  # the hot path's case, without a call
+        return table.get(value)
     i = as_index(value)
     return None if i is None else table.get(i)
 
@@ -152,7 +158,7 @@ def _itemsize(dtype: int, name: str = "dtype") -> int:
 
 def _float_itemsize(dtype: int, name: str) -> int:
     size = _itemsize(dtype, name)
-    if dtype not in FLOAT_DTYPES:
+    if dtype not in _FLOATS:
         raise InvalidUsageError(f"{name} must be {_names(FLOAT_DTYPES)}, "
                                 f"not {DTYPE_NAMES[DataType(int(dtype))]}")
     return size
@@ -173,16 +179,21 @@ def _q_itemsize(q_dtype: int) -> int:
 
 
 def _op(op: int) -> int:
-    """The int value of a reduce op (the one check of ``ReduceOp.parse``)."""
-    return int(ReduceOp.parse(op))
+    """The reduce op's value. The check is ``ReduceOp.parse`` (shared with the peer's
+    arguments); the per-segment calls' plain ints skip the call."""
+    if type(op) is int and op in _OP_INT:
+        return op
+    return _OP_INT[ReduceOp.parse(op)]
 
 
 def _algo(algo: int) -> int:
-    """The int value of a quantizing algorithm (not NONE)."""
-    a = QuantAlgo.parse(algo)
-    if a == QuantAlgo.NONE:
+    """The value of a quantizing algorithm (not NONE), checked as :func:`_op`."""
+    if type(algo) is int and algo in _ALGO_INT:
+        return algo
+    a = _ALGO_INT.get(QuantAlgo.parse(algo))
+    if a is None:
         raise InvalidUsageError("quantization algorithm NONE does not quantize")
-    return int(a)
+    return a
 
 
 def _check_elements(nbytes: int, size: int, name: str) -> int:
@@ -244,7 +255,7 @@ def divide(dst: BufferLike, divisor: int, dtype: int) -> None:
     """AVG finalisation ``dst[i] /= divisor``; integers truncate toward zero."""
     d = _bytes(dst, "dst", True)
     size = _itemsize(dtype)
-    div = as_index(divisor)
+    div = divisor if type(divisor) is int else as_index(divisor)
     if div is None or not 1 <= div <= _MAX_DIVISOR:
         raise InvalidUsageError(f"divisor must be an int in [1, 2**31 - 1], not {divisor!r}")
     _check_elements(d.nbytes, size, "dst")

@@ -117,7 +117,8 @@ def test_quantization_rejects_positional_arguments(args: tuple[object, ...]) -> 
         pccl.Quantization(*args)  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("algo", [3, -1, "MIN_MAX", 1.0, True, None, pccl.DataType.FLOAT32])
+@pytest.mark.parametrize("algo", [3, -1, "MIN_MAX", 1.0, True, None, pccl.DataType.UINT16,
+                                  pccl.ReduceOp.AVG])
 def test_quantization_rejects_bad_algorithms(algo: object) -> None:
     with pytest.raises(pccl.InvalidUsageError, match="unknown quantization algorithm"):
         pccl.Quantization(algo=algo, dtype="uint8")  # type: ignore[arg-type]
@@ -159,7 +160,7 @@ def test_dtype_parse_takes_torch_dtypes_by_name() -> None:
         pccl.DataType.parse(torch.float8_e4m3fn)
 
 
-@pytest.mark.parametrize("bad", [5, -1, True, "SUM", 1.5, None])
+@pytest.mark.parametrize("bad", [5, -1, True, "SUM", 1.5, None, pccl.QuantAlgo.MIN_MAX])
 def test_reduce_op_check_is_one_definition(bad: object) -> None:
     """The communicator's op check and the kernels' front raise the same error, naming the
     ops by name."""
