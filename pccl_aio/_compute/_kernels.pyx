@@ -16,7 +16,7 @@ contraction and no FMA target is enabled.
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport (int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t,
                           uint64_t)
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memmove
 
 cdef extern from "_kernels_simd.h" nogil:
     int pccl_simd
@@ -241,6 +241,17 @@ def reduce_from(unsigned char[::1] dst, const unsigned char[::1] a,
                 _stream_copy(&sv[off * size], &x[off * size], m * size)
                 _reduce_from(&d[off * size], &x[off * size], &y[off * size], m, op, dtype)
                 off += m
+
+
+def copy(unsigned char[::1] dst, const unsigned char[::1] src):
+    """``dst[:] = src[:len(dst)]``, a memmove without the GIL."""
+    cdef Py_ssize_t n = dst.shape[0]
+    if src.shape[0] < n:
+        raise ValueError("src is shorter than dst")
+    if n == 0:
+        return
+    with nogil:
+        memmove(&dst[0], &src[0], n)
 
 
 def stream_copy(unsigned char[::1] dst, const unsigned char[::1] src):

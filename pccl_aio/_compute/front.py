@@ -7,10 +7,10 @@ Dtypes, ops and algorithms are the int values of ``_types``' enums; messages nam
 
 ``PCCL_AIO_NO_EXTENSIONS=1`` (any value but "" or "0") forces the numpy reference;
 otherwise the Cython module is used when it imports, else numpy (logged once at DEBUG).
-Buffers: anything exposing a C-contiguous buffer (numpy arrays, memoryview, bytearray,
-``tensor.numpy()``); a ``dst`` must be writable. bfloat16 data is passed as its raw 16-bit
-words (e.g. a torch bf16 tensor viewed as int16). A ``dst`` must not partially overlap its
-``src`` (the same buffer is fine).
+Only the reference imports numpy. Buffers: anything exposing a C-contiguous buffer (numpy
+arrays, memoryview, bytearray, a ``Buffer.view``); a ``dst`` must be writable. bfloat16
+data is passed as its raw 16-bit words. A ``dst`` must not partially overlap its ``src``
+(the same buffer is fine).
 """
 
 from __future__ import annotations
@@ -57,14 +57,24 @@ _log = logging.getLogger(__name__)
 
 NO_EXTENSIONS = os.environ.get("PCCL_AIO_NO_EXTENSIONS", "") not in ("", "0")
 
-if TYPE_CHECKING or NO_EXTENSIONS:
+_NEEDS_NUMPY = ("pccl_aio needs its compiled kernels or numpy: install numpy "
+                "(pip install 'pccl_aio[numpy]') or build the extension")
+
+if TYPE_CHECKING:
     from . import reference as _impl
+elif NO_EXTENSIONS:
+    try:
+        from . import reference as _impl
+    except ModuleNotFoundError as exc:  # pragma: no cover - numpy missing
+        raise ImportError(f"PCCL_AIO_NO_EXTENSIONS is set: {_NEEDS_NUMPY}") from exc
 else:
     try:
         from . import _kernels as _impl
     except ImportError as exc:  # pragma: no cover - depends on the build
-        from . import reference as _impl
-
+        try:
+            from . import reference as _impl
+        except ModuleNotFoundError as exc2:
+            raise ImportError(f"{_NEEDS_NUMPY} ({exc})") from exc2
         _log.debug("pccl_aio._kernels unavailable (%s); using the numpy kernels", exc)
 
 #: Which kernels run: "cython" (compiled extension) or "numpy" (the reference).
@@ -268,16 +278,10 @@ def copy(dst: memoryview, src: memoryview) -> None:
     if dst.nbytes != src.nbytes:
         raise InvalidUsageError(f"length mismatch: dst has {dst.nbytes} bytes, src {src.nbytes}")
     cut = _split(dst.nbytes, 1)
-    if cut:
-        _in_two(cut, lambda a, b: _copyto(dst[a:b], src[a:b]), dst.nbytes)
+    if cut:  # the kernels' copy releases the GIL, unlike memoryview slice assignment
+        _in_two(cut, lambda a, b: _impl.copy(dst[a:b], src[a:b]), dst.nbytes)
     else:
         dst[:] = src
-
-
-def _copyto(dst: memoryview, src: memoryview) -> None:
-    import numpy as np  # releases the GIL for the copy, unlike memoryview slice assignment
-
-    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
 
 
 def minmax(src: BufferLike, dtype: int) -> tuple[float, float]:

@@ -38,6 +38,7 @@ Buffer: TypeAlias = "bytes | bytearray | memoryview | NDArray[Any]"
 __all__ = [
     "QUANT_LIMIT",
     "QUANT_MIN_SPAN",
+    "copy",
     "dequantize",
     "dequantize_accumulate",
     "divide",
@@ -150,6 +151,12 @@ def reduce_from(dst: Buffer, a: Buffer, b: Buffer, op: int, dtype: int,
     if d.ctypes.data != av.ctypes.data:
         d[...] = av
     reduce_into(dst, bv, op, dtype)
+
+
+def copy(dst: Buffer, src: Buffer) -> None:
+    """``dst[:] = src[:len(dst)]`` (Cython: a memmove without the GIL)."""
+    d = np.frombuffer(dst, np.uint8)
+    np.copyto(d, np.frombuffer(src, np.uint8)[: d.size])
 
 
 def stream_copy(dst: Buffer, src: Buffer) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..._errors import InvalidUsageError
 from ..._types import DataType, QuantAlgo, Quantization, ReduceOp
 from .buffers import Buffer, as_buffer
@@ -25,11 +23,8 @@ def buffers(src: Any, dst: Any) -> tuple[Buffer, Buffer, bool]:
     if s.dtype != d.dtype or s.count != d.count:
         raise InvalidUsageError(
             f"src ({s.count} x {s.dtype.label}) and dst ({d.count} x {d.dtype.label}) differ")
-    if s.count and np.shares_memory(np.frombuffer(s.view, np.uint8),
-                                    np.frombuffer(d.view, np.uint8)):
-        same = (np.frombuffer(s.view, np.uint8).ctypes.data
-                == np.frombuffer(d.view, np.uint8).ctypes.data)
-        if not same:
+    if s.overlaps(d):
+        if s.address != d.address:
             raise InvalidUsageError("src and dst overlap partially")
         return s, d, True
     return s, d, False

@@ -1,62 +1,101 @@
-"""Turn user tensors (numpy arrays, torch CPU tensors, buffer objects) into byte views.
+"""Turn user tensors (torch CPU tensors, numpy arrays, buffer objects) into byte views.
 
-The data plane works on flat ``memoryview``s of bytes plus a ``DataType``; bfloat16 torch
-tensors are viewed as raw 16-bit words because numpy has no bfloat16.
+The data plane works on flat ``memoryview``s of bytes plus a ``DataType``. A torch tensor is
+viewed through its memory (``data_ptr()``; bfloat16 as raw 16-bit words), so torch users
+need no numpy; numpy is imported only by :meth:`Buffer.numpy`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import sys
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import InvalidUsageError
-from ..._types import DataType
+from ..._types import DTYPE_NAMES, NUMPY_STORAGE, DataType
 
-_NP_TO_DT: dict[str, DataType] = {
-    "uint8": DataType.UINT8, "int8": DataType.INT8, "uint16": DataType.UINT16,
-    "int16": DataType.INT16, "uint32": DataType.UINT32, "int32": DataType.INT32,
-    "uint64": DataType.UINT64, "int64": DataType.INT64, "float16": DataType.FLOAT16,
-    "float32": DataType.FLOAT32, "float64": DataType.FLOAT64,
-}
-_DT_TO_NP: dict[DataType, str] = {v: k for k, v in _NP_TO_DT.items()}
-_DT_TO_NP[DataType.BFLOAT16] = "uint16"
+if TYPE_CHECKING:
+    import numpy as np
+
+_BY_NAME: dict[str, DataType] = {name: dt for dt, name in DTYPE_NAMES.items()}
+_SUPPORTED = ", ".join(DTYPE_NAMES.values())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Buffer:
-    """A contiguous tensor seen as bytes: ``view`` (format 'B'), element type and count."""
+    """A contiguous tensor seen as bytes: ``view`` (format 'B'), element type and count,
+    the object whose memory it is (kept alive here) and the address of its first byte."""
 
     view: memoryview
     dtype: DataType
     count: int
     owner: Any
+    address: int
 
     def numpy(self) -> np.ndarray[Any, Any]:
-        """The same memory as a numpy array (bfloat16 as uint16)."""
-        return np.frombuffer(self.view, dtype=_DT_TO_NP[self.dtype])
+        """The same memory as a numpy array (bfloat16 as uint16); imports numpy."""
+        import numpy as np
+
+        return np.frombuffer(self.view, dtype=NUMPY_STORAGE[self.dtype])
+
+    def overlaps(self, other: Buffer) -> bool:
+        """Whether the two byte ranges share a byte."""
+        a, b = self.view.nbytes, other.view.nbytes
+        return bool(a and b and self.address < other.address + b
+                    and other.address < self.address + a)
 
 
-def _torch_view(t: Any) -> tuple[np.ndarray[Any, Any], DataType]:
-    torch = sys.modules["torch"]
-    if t.device.type != "cpu":
-        raise InvalidUsageError(f"tensor on device {t.device} is not supported; move it to the CPU")
-    if not t.is_contiguous():
-        raise InvalidUsageError("tensor is not contiguous")
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), DataType.BFLOAT16
-    arr = t.numpy()
-    return arr, _numpy_dtype(arr)
-
-
-def _numpy_dtype(arr: np.ndarray[Any, Any]) -> DataType:
+def _dtype(name: str, what: str) -> DataType:
     try:
-        return _NP_TO_DT[arr.dtype.name]
+        return _BY_NAME[name]
     except KeyError:
-        raise InvalidUsageError(f"unsupported dtype {arr.dtype}") from None
+        raise InvalidUsageError(
+            f"{what} has unsupported dtype {name}; supported: {_SUPPORTED}") from None
+
+
+def _torch_view(t: Any, what: str) -> tuple[memoryview, DataType, int]:
+    """(bytes, dtype, address) of a torch CPU tensor, without numpy."""
+    dt = _dtype(str(t.dtype).removeprefix("torch."), what)
+    if t.device.type != "cpu":
+        raise InvalidUsageError(f"{what} on device {t.device} is not supported; move it to the CPU")
+    if t.layout is not sys.modules["torch"].strided or not t.is_contiguous():
+        raise InvalidUsageError(f"{what} is not contiguous")
+    if t.is_neg():
+        raise InvalidUsageError(f"{what} is a lazily negated view; call .resolve_neg() first")
+    nbytes, address = t.numel() * t.element_size(), t.data_ptr()
+    if not nbytes:
+        return memoryview(bytearray(0)), dt, address
+    raw = (ctypes.c_ubyte * nbytes).from_address(address)
+    raw._tensor = t  # type: ignore[attr-defined]  # the view keeps the tensor alive
+    return memoryview(raw).cast("B"), dt, address
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                ("internal", ctypes.c_void_p)]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+def _address(view: memoryview) -> int:
+    """Address of the first byte of a contiguous buffer (read-only ones too)."""
+    info = _PyBuffer()
+    _get_buffer(view, ctypes.byref(info), 0)  # PyBUF_SIMPLE; raises if it fails
+    try:
+        return info.buf or 0
+    finally:
+        _release_buffer(ctypes.byref(info))
 
 
 def as_buffer(x: Any, *, writable: bool, dtype: DataType | None = None, what: str = "tensor") -> Buffer:
@@ -64,28 +103,29 @@ def as_buffer(x: Any, *, writable: bool, dtype: DataType | None = None, what: st
 
     ``dtype`` overrides the element type of a raw buffer (bytearray, memoryview).
     """
-    torch = sys.modules.get("torch")
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
     if torch is not None and isinstance(x, torch.Tensor):
-        arr, dt = _torch_view(x)
-    elif isinstance(x, np.ndarray):
-        arr = x
-        if not arr.flags.c_contiguous:
-            raise InvalidUsageError(f"{what} is not C-contiguous")
-        dt = _numpy_dtype(arr)
+        view, dt, address = _torch_view(x, what)
     else:
+        if np is not None and isinstance(x, np.ndarray):
+            dt = _dtype(x.dtype.name, what)
+            if not x.dtype.isnative:
+                raise InvalidUsageError(f"{what} is not in native byte order")
+        else:
+            dt = DataType.UINT8
         try:
             mv = memoryview(x)
         except TypeError:
             raise InvalidUsageError(f"{what} of type {type(x).__name__} is not a tensor") from None
         if not mv.c_contiguous:
             raise InvalidUsageError(f"{what} is not C-contiguous")
-        arr = np.frombuffer(mv, dtype=np.uint8) if mv.readonly else np.asarray(mv.cast("B"))
-        dt = DataType.UINT8
+        view = mv.cast("B") if mv.nbytes else memoryview(bytearray(0))
+        address = _address(view) if mv.nbytes else 0
     if dtype is not None:
         dt = DataType.parse(dtype)
-    view = arr.data.cast("B") if arr.size else memoryview(bytearray(0))
-    if arr.size and not arr.flags.writeable and writable:
+    if writable and view.readonly:
         raise InvalidUsageError(f"{what} is read-only")
     if view.nbytes % dt.itemsize:
-        raise InvalidUsageError(f"{what} of {view.nbytes} bytes is not a whole number of {dt.name}")
-    return Buffer(view, dt, view.nbytes // dt.itemsize, x)
+        raise InvalidUsageError(
+            f"{what} of {view.nbytes} bytes is not a whole number of {dt.label}")
+    return Buffer(view, dt, view.nbytes // dt.itemsize, x, address)
