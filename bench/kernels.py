@@ -30,8 +30,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pccl_aio._compute import front as _ops
+from pccl_aio._types import DataType, QuantAlgo, ReduceOp
 
-SUM, F32, BF16, U8, MIN_MAX = 0, 10, 9, 0, 1
+SUM, MIN_MAX = int(ReduceOp.SUM), int(QuantAlgo.MIN_MAX)
+F32, BF16, U8 = int(DataType.FLOAT32), int(DataType.BFLOAT16), int(DataType.UINT8)
 
 # name -> target ratio (median GB/s over numpy add), None for the baselines
 TARGETS: dict[str, float | None] = {

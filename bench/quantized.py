@@ -3,9 +3,9 @@
     python bench/quantized.py [--peers 2] [--mib 64] [--iters 10] [--conns 4]
 
 P peer processes; each iteration all-reduces the same float32 buffer once unquantized and
-once with ``Quantization(algo=MIN_MAX, dtype="uint8")`` (alternating which goes first), the slowest
-peer's time counts; the figure is median(quantized) / median(unquantized) (target <= 1.5:
-on loopback the link is not the bottleneck, so this measures the kernels' overhead).
+once with ``Quantization(algo=MIN_MAX, dtype="uint8")`` (alternating which goes first), the
+slowest peer's time counts; the figure is median(quantized) / median(unquantized) (target
+<= 1.5: on loopback the link is not the bottleneck, so this measures the kernels' overhead).
 """
 
 from __future__ import annotations
