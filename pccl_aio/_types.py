@@ -93,8 +93,8 @@ class DataType(enum.IntEnum):
             torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
             if torch is not None and isinstance(value, torch.dtype):
                 found = _BY_NAME.get(str(value).removeprefix("torch."))
-            elif np is not None:  # a numpy dtype or scalar type implies numpy is loaded
-                try:
+            elif np is not None and value is not None:  # (np.dtype(None) is float64)
+                try:  # a numpy dtype or scalar type: numpy is loaded already
                     found = _BY_NAME.get(np.dtype(value).name)
                 except TypeError:
                     pass

@@ -129,6 +129,7 @@ def test_quantization_rejects_bad_algorithms(algo: object) -> None:
     (pccl.DataType.FLOAT32, "uint8 or uint16, not float32"),
     ("f4", "unsupported dtype 'f4'"),
     (0, "unsupported dtype 0"),
+    (None, "unsupported dtype None"),
 ])
 def test_quantization_rejects_bad_dtypes(dtype: object, message: str) -> None:
     with pytest.raises(pccl.InvalidUsageError, match=message):
