@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from ._errors import (
+    DeadlockError,
     InvalidUsageError,
     KickedError,
     MasterConnectionError,
@@ -41,6 +42,7 @@ __all__ = [
     "AllReduceHandle",
     "Communicator",
     "DataType",
+    "DeadlockError",
     "InvalidUsageError",
     "KickedError",
     "Master",

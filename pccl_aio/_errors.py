@@ -4,6 +4,7 @@
 
     PcclError                                   base of everything pccl_aio raises
     ├── InvalidUsageError(PcclError, ValueError) bad argument or call order (raised before I/O)
+    │   └── DeadlockError                        the peers' calls wait on each other
     ├── MasterConnectionError(PcclError, ConnectionError)
     │   └── VersionMismatchError                 master speaks another protocol version
     ├── PeerLostError(PcclError, ConnectionError) a collective was aborted: a peer left; retry
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "DeadlockError",
     "InvalidUsageError",
     "KickedError",
     "MasterConnectionError",
@@ -44,6 +46,14 @@ class PcclError(Exception):
 
 class InvalidUsageError(PcclError, ValueError):
     """A wrong argument or a call in the wrong state; nothing was sent."""
+
+    code = "INVALID_USAGE"
+
+
+class DeadlockError(InvalidUsageError):
+    """The peers of a group wait on each other and none can go on (different tags, different
+    votes): the master failed every blocked call at once. The message says which peer waits
+    on what. Nothing ran; the communicator stays usable."""
 
     code = "INVALID_USAGE"
 

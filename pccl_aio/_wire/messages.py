@@ -93,6 +93,14 @@ class SyncDone(_Msg, frozen=True, tag=9):
     reason: str = ""
 
 
+class CollectiveWait(_Msg, frozen=True, tag=11):
+    """The caller now waits on collective ``tag``, which this peer launched (``CollectiveInit``)
+    and the master has not started yet; sent at most once per attempt. Lets the master tell a
+    peer that is blocked from one that is computing (deadlock detection)."""
+
+    tag: int
+
+
 class WithdrawVote(_Msg, frozen=True, tag=10):
     """The caller stopped waiting on its ``update_topology`` ("topology") or
     ``are_peers_pending`` ("pending") vote: take it back (ignored if the vote already ended)."""
@@ -171,10 +179,12 @@ class CollectiveAbort(_Msg, frozen=True, tag=71):
 
 
 class CollectiveRejected(_Msg, frozen=True, tag=72):
-    """The group's peers disagreed on the descriptor of ``tag``; nothing ran."""
+    """The group's peers disagreed on the descriptor of ``tag``, or (``deadlock``) it could
+    never start because the peers wait on each other; nothing ran."""
 
     tag: int
     reason: str
+    deadlock: bool = False
 
 
 class Kicked(_Msg, frozen=True, tag=73):
@@ -209,15 +219,17 @@ class SyncFailed(_Msg, frozen=True, tag=78):
 
 
 class VoteRejected(_Msg, frozen=True, tag=75):
-    """A vote of kind ``kind`` ("topology") was withdrawn: other peers are in another phase."""
+    """A vote of kind ``kind`` ("topology", "pending", "sync") was withdrawn: other peers are
+    in another phase; ``deadlock``: the peers wait on each other and none can go on."""
 
     kind: str
     reason: str
+    deadlock: bool = False
 
 
 PeerToMaster: TypeAlias = (
     Hello | Heartbeat | VoteUpdateTopology | VotePeersPending | CollectiveInit | CollectiveDone
-    | Leave | VoteSync | SyncDone | WithdrawVote
+    | Leave | VoteSync | SyncDone | WithdrawVote | CollectiveWait
 )
 MasterToPeer: TypeAlias = (
     Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart

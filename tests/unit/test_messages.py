@@ -36,6 +36,7 @@ PEER_TO_MASTER = [
     m.SyncDone(False, "source closed"),
     m.WithdrawVote("topology"),
     m.WithdrawVote("pending"),
+    m.CollectiveWait(7),
 ]
 MASTER_TO_PEER = [
     m.Welcome(5, True),
@@ -53,6 +54,8 @@ MASTER_TO_PEER = [
     m.Kicked("second Hello"),
     m.MasterHeartbeat(),
     m.VoteRejected("topology", "peers disagree on the phase"),
+    m.VoteRejected("sync", "deadlock: peer 1 waits in all_reduce(tag=3)", True),
+    m.CollectiveRejected(4, "deadlock", True),
     m.SyncPlan(4, ["w"], [b"\x02" * 16], [m.PeerAddr(2, "127.0.0.1", 5000, 5001)]),
     m.SyncPlan(0, [], [], []),
     m.SyncComplete(4),

@@ -12,7 +12,8 @@ import pccl_aio as pccl
 from pccl_aio import _errors, _types, _version
 
 EXPECTED_ALL = {
-    "AllReduceHandle", "Communicator", "DataType", "InvalidUsageError", "KickedError", "Master",
+    "AllReduceHandle", "Communicator", "DataType", "DeadlockError", "InvalidUsageError",
+    "KickedError", "Master",
     "MasterConnectionError", "PcclError", "PcclTimeoutError", "PeerLostError", "ProtocolError",
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
     "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "VersionMismatchError",
@@ -46,7 +47,7 @@ def test_version() -> None:
     assert isinstance(pccl_aio.__version__, str) and pccl_aio.__version__
 
 
-ERRORS = ["InvalidUsageError", "KickedError", "MasterConnectionError",
+ERRORS = ["DeadlockError", "InvalidUsageError", "KickedError", "MasterConnectionError",
           "PcclTimeoutError", "PeerLostError", "ProtocolError", "RemoteProtocolError",
           "SharedStateError", "TooFewPeersError", "VersionMismatchError"]
 
