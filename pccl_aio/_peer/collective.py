@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .._compute import front as _ops
-from .._errors import InvalidUsageError, PcclTimeoutError, PeerLostError
+from .._errors import DeadlockError, InvalidUsageError, PcclTimeoutError, PeerLostError
 from .._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 from .._wire.data import MAGIC, pack_header
 from .core import ring
@@ -110,6 +110,8 @@ class Collective:
         self._qdt, self._algo = ((int(DataType.parse(self.quant.dtype)), int(self.quant.algo))
                                  if self.quant else (0, 0))
         self.plan: ring.RingPlan | None = None  # set at the start
+        self.predecessor = -1  # the peer whose frames this attempt receives, set at the start
+        self.awaited = False  # the caller waits on it (the master was told: CollectiveWait)
         self._steps: dict[tuple[int, int], Step] = {}  # (phase, offset) -> work, set at start
         self._k = _ops.kernels()  # per-segment jobs: views cut here, arguments checked once
         self._op, self._dt = int(op), int(dst.dtype)
@@ -157,6 +159,7 @@ class Collective:
             return
         self.world = len(ring_ids)
         rank = ring_ids.index(me)
+        self.predecessor = ring_ids[rank - 1]
         b, qb = self._b, self._qb
         # segments are sized on the wire: a quantized one covers more elements
         self.plan = plan = ring.RingPlan(rank, self.world, self.dst.count, b,
@@ -194,8 +197,9 @@ class Collective:
                 if self._unrestored else "")
         self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}{lost}"))
 
-    def on_rejected(self, reason: str) -> None:
-        self._finish(InvalidUsageError(f"all-reduce tag {self.tag} rejected: {reason}"))
+    def on_rejected(self, reason: str, deadlock: bool = False) -> None:
+        cls = DeadlockError if deadlock else InvalidUsageError
+        self._finish(cls(f"all-reduce tag {self.tag} rejected: {reason}"))
 
     def on_lost(self, exc: BaseException) -> None:
         """The control connection is gone: no verdict will come."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Generator, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from .._errors import InvalidUsageError, PeerLostError, TooFewPeersError
+from .._errors import InvalidUsageError, TooFewPeersError
 from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
 from .._wire import messages as m
+from . import deadline
 from .collective import Collective
 from .control import ControlPlane
 from .core import args
@@ -24,84 +25,13 @@ from .core.buffers import Buffer
 from .core.config import PeerConfig
 from .core.shared_state import SharedState
 from .dataplane import DataPlane
+from .handle import AllReduceHandle
 from .retry import MultiReduce
 from .sync import SharedStateSync
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
 log = logging.getLogger("pccl_aio.communicator")
-
-
-class AllReduceHandle(Awaitable[ReduceInfo]):
-    """An all-reduce in flight; ``await handle`` (or ``await handle.wait()``) gives its
-    ``ReduceInfo`` or raises.
-
-    Cancelling the awaiting task, or ``cancel()``, aborts the collective for the whole group
-    (the others get ``PeerLostError``); the communicator stays usable.
-    """
-
-    def __init__(self, coll: Collective, owner: Communicator) -> None:
-        self._coll = coll
-        self._owner = owner
-        self._cancelled = False
-
-    @property
-    def tag(self) -> int:
-        return self._coll.tag
-
-    def done(self) -> bool:
-        """The collective ended (completed, aborted or rejected)."""
-        return self._coll.future.done()
-
-    async def started(self) -> bool:
-        """Wait until the master started the collective (data is flowing).
-
-        Returns False if it ended without starting (rejected, aborted while voting).
-        Cancelling this wait does not affect the collective.
-        """
-        self._owner._check_loop()
-        try:
-            await asyncio.shield(self._coll.started)
-        except asyncio.CancelledError:
-            if self._coll.started.cancelled():
-                return False
-            raise
-        return True
-
-    async def wait(self) -> ReduceInfo:
-        """Block until the collective ended; same as ``await handle``."""
-        return await self._wait()
-
-    def cancel(self) -> bool:
-        """Abort the collective for the group; False if it already ended.
-
-        Awaiting the handle then raises ``asyncio.CancelledError`` once the master's verdict
-        arrived (an in-place input is restored by then), or returns the result if the
-        collective completed before the abort reached the others.
-        """
-        self._owner._check_loop()
-        if self._coll.future.done():
-            return False
-        if not self._coll.cancelled:
-            self._coll.cancel()
-        self._cancelled = True
-        return True
-
-    def __await__(self) -> Generator[Any, None, ReduceInfo]:
-        return self._wait().__await__()
-
-    async def _wait(self) -> ReduceInfo:
-        self._owner._check_loop()
-        try:
-            return await asyncio.shield(self._coll.future)
-        except asyncio.CancelledError:
-            if not self._coll.future.done() and not self._coll.cancelled:
-                self._coll.cancel()
-            raise
-        except PeerLostError as exc:
-            if self._cancelled:
-                raise asyncio.CancelledError(f"all-reduce tag {self.tag} cancelled") from exc
-            raise
 
 
 class Communicator:
@@ -184,29 +114,39 @@ class Communicator:
         return ms.largest_group_world_size if ms else 0
 
     # ---- session ----------------------------------------------------------------------------
-    async def connect(self, attempts: int = 5, *, backoff: float = 0.2) -> None:
+    async def connect(self, attempts: int = 5, *, backoff: float = 0.2,
+                      timeout: float | None = 300.0) -> None:
         """Register with the master and wait until this peer is accepted into the run.
 
         The first peer is accepted at once; later ones wait until the accepted peers call
         ``update_topology()``. Retries ``attempts`` times with exponential back-off while no
-        master answers. Raises ``MasterConnectionError`` (``VersionMismatchError`` for a
-        master of another protocol version), ``PcclTimeoutError`` (a master that accepts and
-        does not answer), ``InvalidUsageError`` if already connected. Cancelling closes
-        everything opened so far.
+        master answers. ``timeout`` bounds the whole call, the wait for admission included
+        (default 300 s; None waits for ever); each handshake is also bounded by
+        ``heartbeat_timeout``. Raises ``MasterConnectionError`` (``VersionMismatchError`` for
+        a master of another protocol version), ``PcclTimeoutError`` (a master that accepts
+        and does not answer, or no admission in time), ``InvalidUsageError`` if already
+        connected or the listeners cannot bind. Cancelling closes everything opened so far;
+        after a failure ``connect`` may be called again.
         """
         self._check_loop(binding=True)
         if self._control.connected:
             raise InvalidUsageError("connect() called twice")
-        if not isinstance(attempts, int) or attempts < 1:
+        if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
             raise InvalidUsageError(f"attempts must be an int >= 1, not {attempts!r}")
+        limit = deadline.check(timeout)
         self._loop = asyncio.get_running_loop()
         cfg = self.config
         try:
-            await self._data.start()
-            await self._sync.server.start(cfg.listen_host)
+            try:
+                await self._data.start()
+                await self._sync.server.start(cfg.listen_host)
+            except OSError as exc:
+                raise InvalidUsageError(
+                    f"cannot listen on {cfg.listen_host!r}: {exc.strerror or exc}") from exc
             hello = m.Hello(m.PROTOCOL_VERSION, cfg.peer_group, self._data.listener.port,
                             cfg.advertise_host, self._sync.server.port)
-            await self._control.connect(hello, attempts, backoff)
+            await deadline.within(self._control.connect(hello, attempts, backoff), limit,
+                                  "connect()")
         except BaseException:
             await self._shutdown()
             raise
@@ -248,27 +188,34 @@ class Communicator:
         self._data.on_membership(msg, self._control.peer_id)
 
     # ---- votes ------------------------------------------------------------------------------
-    async def update_topology(self) -> None:
+    async def update_topology(self, *, timeout: float | None = None) -> None:
         """Joint vote of all accepted peers (all groups): admit the peers waiting in ``connect``.
 
         Blocks until every accepted peer voted. Raises ``InvalidUsageError`` if collectives
         are in flight (nothing is sent) or if other peers are in another vote (the master
         withdraws it), ``MasterConnectionError``/``KickedError`` if the session ended. Peers
-        that die meanwhile are dropped from the vote. Cancelling takes the vote back.
+        that die meanwhile are dropped from the vote. ``DeadlockError`` if every peer waits on
+        another call. Cancelling, or ``timeout`` expiring (``PcclTimeoutError``), takes the
+        vote back.
         """
         self._check_usable()
+        limit = deadline.check(timeout)
         if self._control.colls:
             raise InvalidUsageError("update_topology() while collectives are in flight")
-        await self._control.vote("topology", m.VoteUpdateTopology())
+        await deadline.within(self._control.vote("topology", m.VoteUpdateTopology()), limit,
+                              "update_topology()")
 
-    async def are_peers_pending(self) -> bool:
+    async def are_peers_pending(self, *, timeout: float | None = None) -> bool:
         """Joint vote of all accepted peers: is any peer waiting to be admitted?
 
         Allowed while collectives are in flight. Blocks until every accepted peer asked.
-        Cancelling takes the vote back.
+        ``DeadlockError`` if every peer waits on another call. Cancelling, or ``timeout``
+        expiring (``PcclTimeoutError``), takes the vote back.
         """
         self._check_usable()
-        return bool(await self._control.vote("pending", m.VotePeersPending()))
+        limit = deadline.check(timeout)
+        return bool(await deadline.within(self._control.vote("pending", m.VotePeersPending()),
+                                          limit, "are_peers_pending()"))
 
     # ---- all-reduce -------------------------------------------------------------------------
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
@@ -295,17 +242,20 @@ class Communicator:
         self._check_group()
         coll = Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort)
         self._control.launch(coll)
-        return AllReduceHandle(coll, self)
+        return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
 
     async def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None,
-                         restore_on_abort: bool = True) -> ReduceInfo:
+                         restore_on_abort: bool = True,
+                         timeout: float | None = None) -> ReduceInfo:
         """Ring all-reduce of ``src`` into ``dst`` (in place when ``dst`` is None or ``src``).
 
         Blocks until the group's peers all ran it. The result bytes are identical on every
         peer. Raises ``PeerLostError`` if a peer left meanwhile (an in-place input is then
-        restored; retry with the same tag), ``TooFewPeersError``, ``InvalidUsageError``.
-        Cancelling aborts the collective for the group.
+        restored; retry with the same tag), ``TooFewPeersError``, ``InvalidUsageError``
+        (``DeadlockError`` if the peers wait on each other). Cancelling aborts the collective
+        for the group; so does ``timeout`` expiring, which then raises ``PcclTimeoutError``
+        once the input is restored.
 
         In place, each part of the input is copied aside just before it is first overwritten,
         which is what lets an aborted attempt restore it bit-exactly: one buffer of memory and
@@ -314,13 +264,15 @@ class Communicator:
         cancellation, master loss) then leaves the buffer holding unspecified bytes. Out of
         place, ``src`` is only read and the flag changes nothing.
         """
-        return await self.all_reduce_async(src, dst, op=op, tag=tag, quantization=quantization,
-                                           restore_on_abort=restore_on_abort)
+        limit = deadline.check(timeout)
+        handle = self.all_reduce_async(src, dst, op=op, tag=tag, quantization=quantization,
+                                       restore_on_abort=restore_on_abort)
+        return await handle.wait(limit)
 
     async def all_reduce_multiple_with_retry(
             self, tensors: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM, max_in_flight: int = 8,
             first_tag: int = 0, max_attempts: int = 32, quantization: Quantization | None = None,
-            restore_on_abort: bool = True) -> list[ReduceInfo]:
+            restore_on_abort: bool = True, timeout: float | None = None) -> list[ReduceInfo]:
         """All-reduce every tensor in place (tags ``first_tag + i``), ``max_in_flight`` at once.
 
         A collective aborted by a lost peer is relaunched at once while the group keeps two
@@ -329,9 +281,11 @@ class Communicator:
         abort raises ``PeerLostError`` (after the collectives in flight ended) and the
         aborted tensors hold unspecified bytes. Raises ``TooFewPeersError`` when fewer than
         two peers remain, ``InvalidUsageError`` for bad arguments (before anything is sent).
-        Cancelling aborts what is in flight.
+        Cancelling aborts what is in flight; so does ``timeout`` expiring, which raises
+        ``PcclTimeoutError`` once the collectives in flight ended (their inputs restored).
         """
         self._check_usable()
+        limit = deadline.check(timeout)
         if not isinstance(max_in_flight, int) or max_in_flight <= 0:
             raise InvalidUsageError(f"max_in_flight must be a positive int, not {max_in_flight!r}")
         if not isinstance(max_attempts, int) or max_attempts <= 0:
@@ -356,7 +310,7 @@ class Communicator:
                               restore=restore_on_abort)
 
         return await MultiReduce(self._control, make, bufs, tags, max_in_flight,
-                                 max_attempts if restore_on_abort else 1).run()
+                                 max_attempts if restore_on_abort else 1).run(limit)
 
     def _check_group(self) -> None:
         if self.peer_group_world_size < 2:
@@ -365,7 +319,8 @@ class Communicator:
 
     # ---- shared state -----------------------------------------------------------------------
     async def sync_shared_state(self, state: SharedState,
-                                strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR) -> SyncInfo:
+                                strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR, *,
+                                timeout: float | None = None) -> SyncInfo:
         """Make ``state`` identical on every peer of the group (a vote of the whole group).
 
         Each entry is hashed (xxh3-128); the master elects the popular content and revision.
@@ -375,7 +330,10 @@ class Communicator:
         revision)`` and sets ``state.revision``. Raises ``InvalidUsageError`` (collectives in
         flight), ``SharedStateError`` (no up-to-date source, fetch failed or a hash mismatch;
         retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
-        rules). Cancelling leaves the peer in the sync; close the communicator then.
+        rules), ``DeadlockError`` if the peers wait on each other. ``timeout`` expiring
+        raises ``PcclTimeoutError``: this peer's vote is taken back, or its fetch ends as a
+        failed one for the group; the communicator stays usable. Cancelling leaves the peer
+        in the sync; close the communicator then.
         """
         self._check_loop()
-        return await self._sync.run(state, strategy)
+        return await self._sync.run(state, strategy, deadline.check(timeout))

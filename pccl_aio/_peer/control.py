@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import (
+    DeadlockError,
     InvalidUsageError,
     KickedError,
     MasterConnectionError,
@@ -35,6 +36,8 @@ from .core.config import PeerConfig
 log = logging.getLogger("pccl_aio.communicator")
 
 _WITHDRAWABLE = ("topology", "pending")  # votes a cancelled caller takes back
+_CALLS = {"topology": "update_topology()", "pending": "are_peers_pending()",
+          "sync": "sync_shared_state()"}
 
 
 class ControlPlane:
@@ -203,6 +206,14 @@ class ControlPlane:
                                    int(DataType.parse(q.dtype)) if q else 0))
         coll.save_input()  # after the vote left: the copy overlaps the master's round trip
 
+    def awaiting(self, coll: Collective) -> None:
+        """The caller now waits on ``coll``: if the master has not started it, say so once
+        (``CollectiveWait``), so that it can tell a blocked peer from a computing one."""
+        if not coll.awaited and not coll.seq and not coll.future.done():
+            coll.awaited = True
+            with contextlib.suppress(PcclError):
+                self.send(m.CollectiveWait(coll.tag))
+
     def _forget(self, coll: Collective) -> None:
         if self.colls.get(coll.tag) is coll:
             del self.colls[coll.tag]
@@ -262,9 +273,9 @@ class ControlPlane:
             case m.CollectiveAbort(tag=tag, reason=reason):
                 if (coll := self.colls.get(tag)) is not None:
                     coll.on_abort(reason)
-            case m.CollectiveRejected(tag=tag, reason=reason):
+            case m.CollectiveRejected(tag=tag, reason=reason, deadlock=deadlock):
                 if (coll := self.colls.get(tag)) is not None:
-                    coll.on_rejected(reason)
+                    coll.on_rejected(reason, deadlock)
             case m.TopologyUpdated():
                 self._resolve("topology", None)
             case m.SyncPlan():
@@ -273,8 +284,9 @@ class ControlPlane:
                 self._reject("sync", SharedStateError(f"shared-state sync failed: {reason}"))
             case m.SyncComplete():
                 self._resolve("sync_done", msg)
-            case m.VoteRejected(kind=kind, reason=reason):
-                self._reject(kind, InvalidUsageError(f"{kind} vote withdrawn: {reason}"))
+            case m.VoteRejected(kind=kind, reason=reason, deadlock=deadlock):
+                cls = DeadlockError if deadlock else InvalidUsageError
+                self._reject(kind, cls(f"{_CALLS.get(kind, kind)} failed: {reason}"))
             case m.PeersPendingAnswer(pending=pending):
                 self._resolve("pending", pending)
             case _:

@@ -30,6 +30,7 @@ class Sink(Protocol):
     """A running collective as the receiver sees it."""
 
     active: bool
+    predecessor: int  # the peer id whose frames it receives
 
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         """Where the payload of a frame goes, or None if the frame is illegal."""
@@ -65,6 +66,13 @@ class Registry:
         """Stop accepting frames of ``seq``; later frames of it are discarded."""
         self.sinks.pop(seq, None)
 
+    def lost(self, peer_id: int, reason: str) -> None:
+        """A data connection from ``peer_id`` closed: fail every running collective that
+        receives from it now, instead of waiting for its data deadline."""
+        for sink in list(self.sinks.values()):
+            if sink.active and sink.predecessor == peer_id:
+                sink.on_error(reason)
+
     def park(self, r: _Receiver) -> None:
         self._parked.append(r)
 
@@ -95,6 +103,7 @@ class _Receiver(asyncio.BufferedProtocol):
         self._want_len = 0
         self._sock: socket.socket | None = None  # for SO_RCVLOWAT; None if refused
         self._lowat = 1
+        self._peer = -1  # the sending peer's id, from its HELLO
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -118,6 +127,9 @@ class _Receiver(asyncio.BufferedProtocol):
                 self._sock, self._lowat = None, 1
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._peer >= 0:
+            why = f"connection reset ({exc!r})" if exc is not None else "connection closed"
+            self._reg.lost(self._peer, f"data connection from peer {self._peer} lost: {why}")
         self._conns.discard(self)
         self._reg.forget(self)
         self._transport = None
@@ -155,8 +167,10 @@ class _Receiver(asyncio.BufferedProtocol):
                 sink.on_segment(phase, off, self._want_len, p0, p1)
             return
         if state == _S_HELLO:
-            if parse_hello(self._hdr) is None:
+            hello = parse_hello(self._hdr)
+            if hello is None:
                 return self._violation("bad data-plane hello")
+            self._peer = hello[0]
             self._expect_header()
         elif state == _S_HEADER:
             magic, phase, _tag, seq, off, length, p0, p1 = unpack_header(self._hdr)

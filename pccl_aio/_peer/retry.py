@@ -13,8 +13,9 @@ import bisect
 import functools
 from collections.abc import Callable
 
-from .._errors import PcclError, PeerLostError, TooFewPeersError
+from .._errors import PcclError, PcclTimeoutError, PeerLostError, TooFewPeersError
 from .._types import ReduceInfo
+from . import deadline
 from .collective import Collective
 from .core.buffers import Buffer
 from .env import Launcher
@@ -36,12 +37,21 @@ class MultiReduce:
         self.error: BaseException | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def run(self) -> list[ReduceInfo]:
-        """Blocks until every tensor is reduced; cancelling aborts what is in flight."""
+    async def run(self, timeout: float | None = None) -> list[ReduceInfo]:
+        """Blocks until every tensor is reduced; cancelling aborts what is in flight, so does
+        ``timeout`` expiring, which raises ``PcclTimeoutError`` once it all ended."""
         self._fill()
         self._maybe_done()
         try:
-            await asyncio.shield(self.done)
+            await deadline.within(asyncio.shield(self.done), timeout,
+                                  "all_reduce_multiple_with_retry()")
+        except PcclTimeoutError as exc:
+            self.error = self.error or exc
+            for coll in list(self.inflight.values()):
+                coll.cancel()
+            self._maybe_done()
+            await asyncio.shield(self.done)  # the verdicts: inputs restored
+            raise exc from None
         except asyncio.CancelledError:
             self.error = self.error or asyncio.CancelledError()
             for coll in list(self.inflight.values()):
@@ -60,6 +70,7 @@ class MultiReduce:
             except PcclError as exc:
                 self.error = exc
                 return
+            self.launcher.awaiting(coll)  # the caller waits on every one of them
             coll.hooks.append(functools.partial(self._on_verdict, i))
             self.inflight[i] = coll
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-from .._errors import InvalidUsageError, SharedStateError
+from .._errors import InvalidUsageError, PcclTimeoutError, SharedStateError
 from .._types import SyncInfo, SyncStrategy
 from .._wire import messages as m
+from . import deadline
 from .core.shared_state import SharedState, hash_bytes
 from .env import SyncControl
 from .transfer import StateServer, fetch_ranges, split
@@ -41,7 +42,8 @@ class SharedStateSync:
             return None
         return state.view(key)
 
-    async def run(self, state: SharedState, strategy: SyncStrategy) -> SyncInfo:
+    async def run(self, state: SharedState, strategy: SyncStrategy,
+                  timeout: float | None = None) -> SyncInfo:
         """See ``Communicator.sync_shared_state``."""
         control = self.control
         control.check_usable()
@@ -57,22 +59,31 @@ class SharedStateSync:
             raise InvalidUsageError("another sync_shared_state() is running on this peer")
         self.serving = state  # claimed before the first await: a second call is refused
         tx0 = self.server.tx
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+
+        def left() -> float | None:
+            return None if end is None else max(end - loop.time(), 1e-3)
+
+        what = "sync_shared_state()"
         try:
-            hashes = await _hashes(state)
+            hashes = await deadline.within(_hashes(state), left(), what)
             entries = [m.SyncEntry(k, dt, n, b"" if loose else hashes[k], loose)
                        for k, dt, n, loose in state.entries()]
-            plan = await control.vote("sync", m.VoteSync(state.revision, int(strategy), entries,
-                                                         state.fresh))
+            vote = m.VoteSync(state.revision, int(strategy), entries, state.fresh)
+            plan = await deadline.within(control.vote("sync", vote), left(), what)
             assert isinstance(plan, m.SyncPlan)
             done = control.expect("sync_done")
             rx, error = 0, None
             if plan.keys:
                 try:
-                    rx = await self._fetch(state, plan)
-                except (ConnectionError, TimeoutError, OSError, SharedStateError) as exc:
+                    rx = await deadline.within(self._fetch(state, plan), left(), what)
+                except Exception as exc:  # any failure of the fetch is the group's to know
                     error = exc
-            control.send(m.SyncDone(error is None, repr(error) if error else ""))
-            await done
+            control.send(m.SyncDone(error is None, repr(error)[:200] if error else ""))
+            await deadline.within(done, left(), what)
+            if isinstance(error, PcclTimeoutError):
+                raise error
             if error is not None:
                 if isinstance(error, SharedStateError):
                     raise error

@@ -47,6 +47,7 @@ class FakeTransport:
 class Sink:
     def __init__(self, length: int) -> None:
         self.active = True
+        self.predecessor = 0  # not the test's sender (peer 1): a close does not fail it
         self.buf = bytearray(length)
         self.done: list[tuple[int, int]] = []
 

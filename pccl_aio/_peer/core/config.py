@@ -27,8 +27,11 @@ class PeerConfig:
         if not isinstance(master, str):
             raise InvalidUsageError(f"master address must be a 'host:port' str, not {master!r}")
         host, sep, port = master.rpartition(":")
-        if not sep or not port.isdigit() or not host:
-            raise InvalidUsageError(f"master address must be 'host:port', not {master!r}")
+        if not sep or not port.isdigit() or not host or "/" in host or " " in master:
+            raise InvalidUsageError(
+                f"master address must be 'host:port' (no scheme, no path), not {master!r}")
+        if not 1 <= int(port) <= 65535:
+            raise InvalidUsageError(f"master port must be in 1..65535, not {port}")
         config = cls(master_host=host.strip("[]"), master_port=int(port), **options)  # type: ignore[arg-type]
         config.check()
         return config
