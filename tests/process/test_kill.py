@@ -103,3 +103,22 @@ async def test_master_killed(procs, master_proc):
         assert ev["kind"] == "MasterConnectionError", ev
         assert ev["t"] - killed_at < 2.0
     await asyncio.gather(*(p.proc.wait() for p in peers))
+
+
+async def test_a_reset_data_socket_fails_the_collective_everywhere_within_a_second(
+        procs, master_proc):
+    _, addr = master_proc
+    peers = await start_peers(procs, addr, 3, "reduce", str(COUNT))
+    for p in peers:
+        await p.expect("started")
+    peers[1].signal(signal.SIGUSR1)  # peer 1 resets its receiving data sockets mid-transfer
+    cut = await peers[1].expect("cut", timeout=10)
+    assert cut["sockets"] >= 1
+    outcomes = [await p.expect("lost", timeout=10) for p in peers]
+    for ev in outcomes:  # every peer, at once (the data deadline of the workers is 3 s)
+        assert ev["t"] - cut["t"] < 1.0, ev
+        assert ev["ws"] == 3 and ev["restored"] is True
+    retried = [await p.expect("retried", timeout=30) for p in peers]
+    assert len({r["hash"] for r in retried}) == 1
+    first, last = _expected([0, 1, 2])
+    assert retried[0]["first"] == first and retried[0]["last"] == last

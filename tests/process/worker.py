@@ -10,6 +10,10 @@ Modes:
              8 in flight by default).
   vote    -- join, wait for the world, then call update_topology() and report the world size.
   idle    -- join and wait for the world, then loop on are_peers_pending() (master-loss test).
+
+In every mode SIGUSR1 arms a cut: the next data segment this peer receives makes it reset its
+receiving data sockets from inside (as ``ss -K`` or a middlebox reset would); it prints
+"cut" with the number of sockets.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -56,11 +61,32 @@ def launched(comm: pccl.Communicator, n: int) -> asyncio.Future[None]:
     return done
 
 
+def arm_cut_on_sigusr1(comm: pccl.Communicator) -> None:
+    from pccl_aio._peer import collective as _collective
+
+    armed = [False]
+    on_segment = _collective.Collective.on_segment
+
+    def cutting(self: Any, *args: Any) -> None:
+        on_segment(self, *args)
+        if armed[0] and self.env is comm._data:
+            armed[0] = False
+            conns = list(comm._data.listener.conns)
+            for r in conns:  # abort: the kernel sends a reset, as `ss -K` would
+                if r._transport is not None:
+                    r._transport.abort()
+            emit(event="cut", sockets=len(conns))
+
+    _collective.Collective.on_segment = cutting  # type: ignore[method-assign]
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, lambda: armed.__setitem__(0, True))
+
+
 async def main() -> None:
     addr, index, world, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     count = int(sys.argv[5]) if len(sys.argv) > 5 else 1 << 20
     comm = pccl.Communicator(addr, heartbeat_interval=0.2, heartbeat_timeout=2.0,
                              data_timeout=3.0, p2p_connections=2)
+    arm_cut_on_sigusr1(comm)
     await comm.connect(attempts=20)
     emit(event="joined", peer_id=comm.peer_id, ws=comm.world_size)
     while comm.world_size < world:
