@@ -1,0 +1,66 @@
+"""Typed errors at the door: argument errors of the public API are InvalidUsageError, raised
+before anything is sent (issue 16's list of traps, the peer side)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+import pccl_aio as pccl
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize("addr", [
+    ("127.0.0.1", 48148),  # a tuple, as socket APIs take it
+    "127.0.0.1:99999", "127.0.0.1:0", "http://127.0.0.1:48148", "127.0.0.1:48148/",
+    "127.0.0.1", ":48148", "127.0.0.1:port", "host name:48148", b"127.0.0.1:48148",
+])
+def test_bad_master_addresses_are_refused_at_construction(addr):
+    t0 = time.monotonic()
+    with pytest.raises(pccl.InvalidUsageError, match="master"):
+        pccl.Communicator(addr)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 0.5  # refused, not retried
+
+
+@pytest.mark.parametrize("kw", [{"peer_group": -1}, {"p2p_connections": 0},
+                                {"heartbeat_timeout": 0}, {"data_timeout": -1.0}])
+def test_bad_options_are_refused_at_construction(kw):
+    with pytest.raises(pccl.InvalidUsageError):
+        pccl.Communicator("127.0.0.1:48148", **kw)
+
+
+async def test_a_listen_host_that_cannot_bind_is_invalid_usage(master):
+    comm = pccl.Communicator(master.address, listen_host="192.0.2.1")  # not an address here
+    with pytest.raises(pccl.InvalidUsageError, match="cannot listen"):
+        await comm.connect(attempts=1)
+    await comm.close()
+
+
+async def test_bad_arguments_of_calls_are_invalid_usage_and_send_nothing(peers):
+    a, b = await peers(2)
+    sent: list[object] = []
+    send = a._control.send
+    a._control.send = lambda msg: (sent.append(msg), send(msg))[1]  # type: ignore[method-assign]
+    x = np.ones(8, np.float32)
+    calls = [
+        lambda: a.all_reduce(x, op="median"),
+        lambda: a.all_reduce(x, tag=-1),
+        lambda: a.all_reduce(x, quantization="uint8"),
+        lambda: a.all_reduce(np.ones(8, np.complex64)),
+        lambda: a.all_reduce(x, np.ones(9, np.float32)),
+        lambda: a.all_reduce_multiple_with_retry([x], max_in_flight=0),
+        lambda: a.sync_shared_state(pccl.SharedState({"x": x}), strategy=7),
+        lambda: a.sync_shared_state({"x": x}),
+    ]
+    for call in calls:
+        with pytest.raises(pccl.InvalidUsageError):
+            await call()
+    with pytest.raises(pccl.InvalidUsageError, match="connect"):
+        await a.connect()
+    assert sent == []
+    infos = await asyncio.gather(a.all_reduce(x), b.all_reduce(x.copy()))
+    assert infos[0].world_size == 2 and (x == 2).all()
