@@ -3,17 +3,49 @@
 Schema rules (msgspec schema evolution): never reorder fields, append new fields only with
 defaults, never reuse a tag. Tag ranges name the direction: 1-63 peer->master,
 64-127 master->peer. Tensor payloads never pass through msgspec (see ``_dataplane``).
+
+Validation at decode: every field with a closed set of values or a range is constrained
+(msgspec ``Meta`` on the field types below, checked only when decoding; constructing a
+message checks nothing), and ``_check`` adds the rules that span fields. A message that
+fails is a RemoteProtocolError naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Final, Literal, TypeAlias
+import enum
+import re
+from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
 
 from .._errors import RemoteProtocolError
+from .._types import QUANTIZED_DTYPES, DataType, QuantAlgo, ReduceOp, SyncStrategy
 
 PROTOCOL_VERSION: Final = 1
+
+
+def _codes(cls: type[enum.IntEnum]) -> msgspec.Meta:
+    """The range of an enum's wire values, which must be contiguous: membership as a range."""
+    values = sorted(int(x) for x in cls)
+    if values != list(range(values[0], values[-1] + 1)):
+        raise TypeError(f"{cls.__name__}'s values are not contiguous")
+    return msgspec.Meta(ge=values[0], le=values[-1])
+
+
+#: Non-negative; msgpack carries no integer above 2**64 - 1.
+U64: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
+U32: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+Port: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+#: A port or 0 (none).
+OptPort: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+DType: TypeAlias = Annotated[int, _codes(DataType)]
+Op: TypeAlias = Annotated[int, _codes(ReduceOp)]
+Algo: TypeAlias = Annotated[int, _codes(QuantAlgo)]
+Strategy: TypeAlias = Annotated[int, _codes(SyncStrategy)]
+#: An xxh3-128 digest (16 bytes), or empty; the length is checked by ``_check``.
+Hash: TypeAlias = Annotated[bytes, msgspec.Meta(max_length=16)]
+HASH_SIZE: Final = 16
+_QDTYPES: Final = frozenset(int(d) for d in QUANTIZED_DTYPES)
 
 
 class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
@@ -24,11 +56,11 @@ class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"
 class Hello(_Msg, frozen=True, tag=1):
     """First message of a session; the master refuses another protocol ``version``."""
 
-    version: int
-    peer_group: int
-    p2p_port: int
+    version: U32
+    peer_group: U32
+    p2p_port: Port
     advertise_host: str = ""
-    state_port: int = 0
+    state_port: OptPort = 0
 
 
 class Heartbeat(_Msg, frozen=True, tag=2):
@@ -44,21 +76,22 @@ class VotePeersPending(_Msg, frozen=True, tag=4):
 
 
 class CollectiveInit(_Msg, frozen=True, tag=5):
-    """Vote to start the collective ``tag`` in this peer's group with this descriptor."""
+    """Vote to start the collective ``tag`` in this peer's group with this descriptor;
+    ``quant_dtype`` is uint8 or uint16 when quantized, 0 when ``quant_algo`` is NONE."""
 
-    tag: int
-    count: int
-    dtype: int
-    op: int
-    quant_algo: int = 0
-    quant_dtype: int = 0
+    tag: U64
+    count: U64
+    dtype: DType
+    op: Op
+    quant_algo: Algo = 0
+    quant_dtype: DType = 0
 
 
 class CollectiveDone(_Msg, frozen=True, tag=6):
     """This peer finished its part of collective (tag, seq); ``ok`` False reports a failure."""
 
-    tag: int
-    seq: int
+    tag: U64
+    seq: U64
     ok: bool
     reason: str = ""
 
@@ -71,17 +104,17 @@ class SyncEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One shared-state entry as voted: xxh3-128 ``hash`` of its bytes (empty if not compared)."""
 
     key: str
-    dtype: int
-    nbytes: int
-    hash: bytes
+    dtype: DType
+    nbytes: U64
+    hash: Hash
     allow_inequality: bool = False
 
 
 class VoteSync(_Msg, frozen=True, tag=8):
     """Vote to synchronise the group's shared state; ``fresh``: never synced by this peer."""
 
-    revision: int
-    strategy: int
+    revision: U64
+    strategy: Strategy
     entries: list[SyncEntry]
     fresh: bool = False
 
@@ -98,7 +131,7 @@ class CollectiveWait(_Msg, frozen=True, tag=11):
     and the master has not started yet; sent at most once per attempt. Lets the master tell a
     peer that is blocked from one that is computing (deadlock detection)."""
 
-    tag: int
+    tag: U64
 
 
 class WithdrawVote(_Msg, frozen=True, tag=10):
@@ -112,41 +145,41 @@ class WithdrawVote(_Msg, frozen=True, tag=10):
 class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """Where a peer's data-plane listener is."""
 
-    peer_id: int
+    peer_id: U64
     host: str
-    port: int
-    state_port: int = 0
+    port: Port
+    state_port: OptPort = 0
 
 
 class Welcome(_Msg, frozen=True, tag=64):
     """Registration accepted; ``accepted`` False means: wait for the others' update_topology."""
 
-    peer_id: int
+    peer_id: U64
     accepted: bool
-    version: int = PROTOCOL_VERSION
+    version: U32 = PROTOCOL_VERSION
 
 
 class Rejected(_Msg, frozen=True, tag=65):
     """Registration refused (e.g. protocol version mismatch); the master closes the connection."""
 
     reason: str
-    version: int = PROTOCOL_VERSION
+    version: U32 = PROTOCOL_VERSION
 
 
 class Membership(_Msg, frozen=True, tag=66):
     """The run's membership as of ``epoch``; ``ring`` is this peer's group in ring order."""
 
-    epoch: int
-    global_world_size: int
-    num_groups: int
-    largest_group_world_size: int
+    epoch: U64
+    global_world_size: U64
+    num_groups: U64
+    largest_group_world_size: U64
     ring: list[PeerAddr]
 
 
 class TopologyUpdated(_Msg, frozen=True, tag=67):
     """Answer to VoteUpdateTopology, sent after the new Membership."""
 
-    epoch: int
+    epoch: U64
 
 
 class PeersPendingAnswer(_Msg, frozen=True, tag=68):
@@ -158,23 +191,23 @@ class PeersPendingAnswer(_Msg, frozen=True, tag=68):
 class CollectiveStart(_Msg, frozen=True, tag=69):
     """All group peers voted for ``tag`` with one descriptor: run it as ``seq`` on ring ``epoch``."""
 
-    tag: int
-    seq: int
-    epoch: int
+    tag: U64
+    seq: U64
+    epoch: U64
 
 
 class CollectiveComplete(_Msg, frozen=True, tag=70):
     """Every participant reported success: the result of (tag, seq) stands."""
 
-    tag: int
-    seq: int
+    tag: U64
+    seq: U64
 
 
 class CollectiveAbort(_Msg, frozen=True, tag=71):
     """Collective ``tag`` (``seq`` 0 if it never started) was aborted; the caller may retry."""
 
-    tag: int
-    seq: int
+    tag: U64
+    seq: U64
     reason: str
 
 
@@ -182,7 +215,7 @@ class CollectiveRejected(_Msg, frozen=True, tag=72):
     """The group's peers disagreed on the descriptor of ``tag``, or (``deadlock``) it could
     never start because the peers wait on each other; nothing ran."""
 
-    tag: int
+    tag: U64
     reason: str
     deadlock: bool = False
 
@@ -198,18 +231,19 @@ class MasterHeartbeat(_Msg, frozen=True, tag=74):
 
 
 class SyncPlan(_Msg, frozen=True, tag=76):
-    """Result of the election: adopt ``revision``; fetch ``keys`` (verify ``hashes``) from ``sources``."""
+    """Result of the election: adopt ``revision``; fetch ``keys`` (verify ``hashes``, one per
+    key) from ``sources``."""
 
-    revision: int
+    revision: U64
     keys: list[str]
-    hashes: list[bytes]
+    hashes: list[Hash]
     sources: list[PeerAddr]
 
 
 class SyncComplete(_Msg, frozen=True, tag=77):
     """Every peer of the group finished the sync."""
 
-    revision: int
+    revision: U64
 
 
 class SyncFailed(_Msg, frozen=True, tag=78):
@@ -222,7 +256,7 @@ class VoteRejected(_Msg, frozen=True, tag=75):
     """A vote of kind ``kind`` ("topology", "pending", "sync") was withdrawn: other peers are
     in another phase; ``deadlock``: the peers wait on each other and none can go on."""
 
-    kind: str
+    kind: Literal["topology", "pending", "sync"]
     reason: str
     deadlock: bool = False
 
@@ -245,6 +279,9 @@ _M2P: Final = msgspec.msgpack.Decoder(MasterToPeer)
 # msgspec raises more than DecodeError on hostile input: invalid UTF-8 in a str field and
 # deeply nested arrays surface as UnicodeDecodeError / RecursionError.
 _DECODE_ERRORS: Final = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+_BY_TAG: Final = {c.__struct_config__.tag: c for c in (*PeerToMaster.__args__,
+                                                       *MasterToPeer.__args__)}
+_AT: Final = re.compile(r" - at `\$((?:\[\d+\])+)`$")
 
 
 def encode(msg: _Msg) -> bytes:
@@ -253,21 +290,80 @@ def encode(msg: _Msg) -> bytes:
 
 
 def decode_peer_to_master(buf: bytes | memoryview) -> PeerToMaster:
-    """Decode a peer->master body; raises RemoteProtocolError on anything malformed."""
+    """Decode a peer->master body; raises RemoteProtocolError on anything malformed or out of
+    range."""
     try:
         msg: PeerToMaster = _P2M.decode(buf)
-        return msg
     except _DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"bad peer->master message: {exc}") from exc
+        raise RemoteProtocolError(f"bad peer->master message: {_explain(buf, exc)}") from exc
+    if type(msg) in _CHECKED:
+        _check(msg, "peer->master")
+    return msg
 
 
 def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
-    """Decode a master->peer body; raises RemoteProtocolError on anything malformed."""
+    """Decode a master->peer body; raises RemoteProtocolError on anything malformed or out of
+    range."""
     try:
         reply: MasterToPeer = _M2P.decode(buf)
-        return reply
     except _DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"bad master->peer message: {exc}") from exc
+        raise RemoteProtocolError(f"bad master->peer message: {_explain(buf, exc)}") from exc
+    if type(reply) in _CHECKED:
+        _check(reply, "master->peer")
+    return reply
+
+
+def _check(msg: _Msg, direction: str) -> None:
+    """The rules that span fields (or a set msgspec cannot express)."""
+    bad = ""
+    if isinstance(msg, CollectiveInit):
+        if msg.quant_algo == QuantAlgo.NONE and msg.quant_dtype != 0:
+            bad = f"CollectiveInit.quant_dtype: {msg.quant_dtype} without quantization (must be 0)"
+        elif msg.quant_dtype not in _QDTYPES:
+            bad = f"CollectiveInit.quant_dtype: {msg.quant_dtype} is not uint8 or uint16"
+    elif isinstance(msg, VoteSync):
+        for i, e in enumerate(msg.entries):
+            if len(e.hash) not in (0, HASH_SIZE):
+                bad = f"VoteSync.entries[{i}].hash: {len(e.hash)} bytes (must be 0 or 16)"
+                break
+    elif isinstance(msg, SyncPlan):
+        if len(msg.keys) != len(msg.hashes):
+            bad = f"SyncPlan: {len(msg.keys)} keys but {len(msg.hashes)} hashes"
+        elif any(len(h) not in (0, HASH_SIZE) for h in msg.hashes):
+            bad = "SyncPlan.hashes: a hash is neither 0 nor 16 bytes long"
+    if bad:
+        raise RemoteProtocolError(f"bad {direction} message: {bad}")
+
+
+_CHECKED: Final = frozenset({CollectiveInit, VoteSync, SyncPlan})
+
+
+def _explain(buf: bytes | memoryview, exc: Exception) -> str:
+    """msgspec's error with its path (``$[5]``) named: ``Hello.state_port: Expected ...``."""
+    text = str(exc)
+    found = _AT.search(text)
+    if not isinstance(exc, msgspec.ValidationError) or found is None:
+        return text
+    try:
+        raw = msgspec.msgpack.decode(buf)
+        info: object = msgspec.inspect.type_info(_BY_TAG[raw[0]])
+    except Exception:  # the path names no known message: keep msgspec's words
+        return text
+    where = ""
+    for index in map(int, re.findall(r"\d+", found.group(1))):
+        if isinstance(info, msgspec.inspect.StructType):
+            i = index - (info.tag_field is not None)  # a tagged array leads with its tag
+            if not 0 <= i < len(info.fields):
+                where += f"[{index}]"
+                break
+            where += f".{info.fields[i].name}" if where else (
+                f"{info.cls.__name__}.{info.fields[i].name}")
+            info = info.fields[i].type
+        elif isinstance(info, msgspec.inspect.ListType):
+            where, info = where + f"[{index}]", info.item_type
+        else:
+            where += f"[{index}]"
+    return f"{where}: {text[:found.start()]}" if where else text
 
 
 def peek_hello_version(buf: bytes | memoryview) -> int | None:

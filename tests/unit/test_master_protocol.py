@@ -126,6 +126,25 @@ def test_other_malformed_frames_kick_an_unregistered_connection(body: bytes) -> 
     assert h.st.accepted() == [a]
 
 
+@pytest.mark.parametrize("fields", [[1, PV, 0, 5000, "", 70000], [1, PV, 0, 5000, "", -1],
+                                    [1, PV, 0, 70000], [1, PV, -1, 5000]],
+                         ids=["state_port", "negative state_port", "p2p_port", "peer_group"])
+def test_hello_with_a_field_out_of_range_is_kicked_at_decode_naming_the_field(
+        fields: list[object]) -> None:
+    """Regression: ``Hello.state_port`` 70000 was accepted and advertised to the group."""
+    h = Harness()
+    (a,) = h.run(0)
+    b = h.connect()
+    body = msgspec.msgpack.encode(fields)
+    with pytest.raises(m.RemoteProtocolError) as info:
+        m.decode_peer_to_master(body)
+    assert "Hello." in str(info.value)
+    acts = h.malformed(b, str(info.value), body)
+    assert_kicked(acts, b)
+    assert acts[0].msg.reason == str(info.value) and len(acts) == 2
+    assert h.st.accepted() == [a] and h.st.pending() == []
+
+
 def test_malformed_hello_of_another_version_from_a_registered_peer_is_a_kick() -> None:
     h = Harness()
     a, b = h.run(0, 0)
@@ -254,6 +273,10 @@ def _illegal(w: World, case: str) -> tuple[int, list[ms.Action]]:
             return w.u, h.send(w.u, m.Hello(PV, -1, 5000))
         case "hello group 2**32":
             return w.u, h.send(w.u, m.Hello(PV, 2**32, 5000))
+        case "hello state port 70000":
+            return w.u, h.send(w.u, m.Hello(PV, 0, 5000, "", 70000))
+        case "hello negative state port":
+            return w.u, h.send(w.u, m.Hello(PV, 0, 5000, "", -1))
         case "duplicate topology vote":
             h.send(w.b, m.VoteUpdateTopology())  # another voter's vote must survive the kick
             assert h.send(a, m.VoteUpdateTopology()) == []
@@ -285,7 +308,8 @@ ILLEGAL = [
     "leave before hello", "topology from pending", "pending vote from pending",
     "init from pending", "done from pending", "second hello from pending", "second hello",
     "second hello of another version", "hello port 0", "hello port 65536",
-    "hello negative group", "hello group 2**32", "duplicate topology vote",
+    "hello negative group", "hello group 2**32", "hello state port 70000",
+    "hello negative state port", "duplicate topology vote",
     "duplicate pending vote", "topology vote while collective runs",
     "topology vote while collective votes", "init while voting topology",
     "init of a running tag", "init of a voting tag",

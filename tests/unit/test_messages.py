@@ -360,3 +360,156 @@ def test_fuzz_structured_msgpack_through_both_decoders(tag: int, fields: list[ob
         assert msg is None or isinstance(msg, tuple(classes))
         if msg is not None:  # whatever decodes re-encodes to a message that decodes equal
             assert decode(m.encode(msg)) == msg  # type: ignore[operator]
+
+
+# ---- validation at decode: ranges and closed sets --------------------------------------------
+
+U64_MAX = 2**64 - 1
+H16 = b"\x01" * 16
+
+
+# (body, the field the error must name); every body is one valid message with one field off
+BAD_PEER_TO_MASTER = [
+    (enc([1, -1, 0, 5000]), "Hello.version"),
+    (enc([1, 2**32, 0, 5000]), "Hello.version"),
+    (enc([1, PV, -1, 5000]), "Hello.peer_group"),
+    (enc([1, PV, 2**32, 5000]), "Hello.peer_group"),
+    (enc([1, PV, 0, 0]), "Hello.p2p_port"),
+    (enc([1, PV, 0, -1]), "Hello.p2p_port"),
+    (enc([1, PV, 0, 65536]), "Hello.p2p_port"),
+    (enc([1, PV, 0, 5000, "", -1]), "Hello.state_port"),
+    (enc([1, PV, 0, 5000, "", 65536]), "Hello.state_port"),
+    (enc([1, PV, 0, 5000, "", 70000]), "Hello.state_port"),
+    (enc([5, -1, 8, 10, 0]), "CollectiveInit.tag"),
+    (enc([5, 1, -1, 10, 0]), "CollectiveInit.count"),
+    (enc([5, 1, 8, -1, 0]), "CollectiveInit.dtype"),
+    (enc([5, 1, 8, 12, 0]), "CollectiveInit.dtype"),
+    (enc([5, 1, 8, 10, -1]), "CollectiveInit.op"),
+    (enc([5, 1, 8, 10, 5]), "CollectiveInit.op"),
+    (enc([5, 1, 8, 10, 0, -1, 0]), "CollectiveInit.quant_algo"),
+    (enc([5, 1, 8, 10, 0, 3, 0]), "CollectiveInit.quant_algo"),
+    (enc([5, 1, 8, 10, 0, 1, -1]), "CollectiveInit.quant_dtype"),
+    (enc([5, 1, 8, 10, 0, 1, 12]), "CollectiveInit.quant_dtype"),
+    (enc([5, 1, 8, 10, 0, 1, 1]), "CollectiveInit.quant_dtype"),  # int8: not a quantized dtype
+    (enc([5, 1, 8, 10, 0, 1, 10]), "CollectiveInit.quant_dtype"),  # float32 neither
+    (enc([5, 1, 8, 10, 0, 0, 2]), "CollectiveInit.quant_dtype"),  # a dtype without quantization
+    (enc([6, -1, 1, True]), "CollectiveDone.tag"),
+    (enc([6, 1, -1, True]), "CollectiveDone.seq"),
+    (enc([11, -1]), "CollectiveWait.tag"),
+    (enc([8, -1, 0, []]), "VoteSync.revision"),
+    (enc([8, 0, -1, []]), "VoteSync.strategy"),
+    (enc([8, 0, 3, []]), "VoteSync.strategy"),
+    (enc([8, 0, 0, [["w", 12, 4, H16]]]), "VoteSync.entries[0].dtype"),
+    (enc([8, 0, 0, [["w", -1, 4, H16]]]), "VoteSync.entries[0].dtype"),
+    (enc([8, 0, 0, [["w", 10, 4, H16], ["v", 10, -1, H16]]]), "VoteSync.entries[1].nbytes"),
+    (enc([8, 0, 0, [["w", 10, 4, b"\x01" * 15]]]), "VoteSync.entries[0].hash"),
+    (enc([8, 0, 0, [["w", 10, 4, b"\x01" * 17]]]), "VoteSync.entries[0].hash"),
+    (enc([8, 0, 0, [["w", 10, 4, b"\x01"]]]), "VoteSync.entries[0].hash"),
+    (enc([10, "sync"]), "WithdrawVote.kind"),
+    (enc([10, ""]), "WithdrawVote.kind"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_PEER_TO_MASTER,
+                         ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD_PEER_TO_MASTER)])
+def test_out_of_range_peer_to_master_field_is_a_protocol_error_naming_it(body: bytes,
+                                                                         field: str) -> None:
+    with pytest.raises(RemoteProtocolError, match="peer->master") as info:
+        m.decode_peer_to_master(body)
+    assert f"{field}:" in str(info.value)
+
+
+BAD_MASTER_TO_PEER = [
+    (enc([64, -1, True]), "Welcome.peer_id"),
+    (enc([64, 1, True, -1]), "Welcome.version"),
+    (enc([65, "r", -1]), "Rejected.version"),
+    (enc([66, -1, 1, 1, 1, []]), "Membership.epoch"),
+    (enc([66, 1, -1, 1, 1, []]), "Membership.global_world_size"),
+    (enc([66, 1, 1, -1, 1, []]), "Membership.num_groups"),
+    (enc([66, 1, 1, 1, -1, []]), "Membership.largest_group_world_size"),
+    (enc([66, 1, 1, 1, 1, [[-1, "h", 5]]]), "Membership.ring[0].peer_id"),
+    (enc([66, 1, 1, 1, 1, [[1, "h", 0]]]), "Membership.ring[0].port"),
+    (enc([66, 1, 1, 1, 1, [[1, "h", 5], [2, "h", 65536]]]), "Membership.ring[1].port"),
+    (enc([66, 1, 1, 1, 1, [[1, "h", 5, 65536]]]), "Membership.ring[0].state_port"),
+    (enc([66, 1, 1, 1, 1, [[1, "h", 5, -1]]]), "Membership.ring[0].state_port"),
+    (enc([67, -1]), "TopologyUpdated.epoch"),
+    (enc([69, -1, 1, 1]), "CollectiveStart.tag"),
+    (enc([69, 1, -1, 1]), "CollectiveStart.seq"),
+    (enc([69, 1, 1, -1]), "CollectiveStart.epoch"),
+    (enc([70, -1, 1]), "CollectiveComplete.tag"),
+    (enc([70, 1, -1]), "CollectiveComplete.seq"),
+    (enc([71, -1, 0, "r"]), "CollectiveAbort.tag"),
+    (enc([71, 1, -1, "r"]), "CollectiveAbort.seq"),
+    (enc([72, -1, "r"]), "CollectiveRejected.tag"),
+    (enc([75, "other", "r"]), "VoteRejected.kind"),
+    (enc([76, -1, [], [], []]), "SyncPlan.revision"),
+    (enc([76, 1, ["w"], [b"\x01" * 17], []]), "SyncPlan.hashes[0]"),
+    (enc([76, 1, ["w"], [b"\x01" * 3], []]), "SyncPlan.hashes"),
+    (enc([76, 1, ["w", "v"], [H16], []]), "SyncPlan"),
+    (enc([76, 1, [], [], [[1, "h", 5, 70000]]]), "SyncPlan.sources[0].state_port"),
+    (enc([77, -1]), "SyncComplete.revision"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_MASTER_TO_PEER,
+                         ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD_MASTER_TO_PEER)])
+def test_out_of_range_master_to_peer_field_is_a_protocol_error_naming_it(body: bytes,
+                                                                         field: str) -> None:
+    with pytest.raises(RemoteProtocolError, match="master->peer") as info:
+        m.decode_master_to_peer(body)
+    assert f"{field}:" in str(info.value)
+
+
+EDGES_PEER_TO_MASTER = [
+    m.Hello(0, 0, 1),
+    m.Hello(2**32 - 1, 2**32 - 1, 65535, "h", 65535),
+    m.Hello(PV, 0, 1, "", 0),
+    m.CollectiveInit(U64_MAX, U64_MAX, 11, 4, 2, 2),
+    m.CollectiveInit(0, 0, 0, 0, 1, 0),
+    m.CollectiveDone(U64_MAX, U64_MAX, False, ""),
+    m.CollectiveWait(U64_MAX),
+    m.CollectiveWait(0),
+    m.VoteSync(U64_MAX, 2, [m.SyncEntry("w", 11, U64_MAX, b""), m.SyncEntry("", 0, 0, H16)]),
+]
+EDGES_MASTER_TO_PEER = [
+    m.Welcome(U64_MAX, False, 2**32 - 1),
+    m.Membership(U64_MAX, U64_MAX, U64_MAX, U64_MAX,
+                 [m.PeerAddr(U64_MAX, "h", 1, 65535), m.PeerAddr(0, "h", 65535, 0)]),
+    m.CollectiveStart(U64_MAX, U64_MAX, U64_MAX),
+    m.CollectiveAbort(0, 0, ""),
+    m.VoteRejected("pending", "r"),
+    m.SyncPlan(U64_MAX, ["a", "b"], [b"", H16], []),
+    m.SyncComplete(0),
+]
+
+
+@pytest.mark.parametrize("msg", EDGES_PEER_TO_MASTER + EDGES_MASTER_TO_PEER, ids=repr)
+def test_values_at_the_edges_of_every_range_decode(msg: m.PeerToMaster | m.MasterToPeer) -> None:
+    decode = (m.decode_peer_to_master if type(msg) in P2M_CLASSES else m.decode_master_to_peer)
+    assert decode(m.encode(msg)) == msg
+
+
+def test_every_enum_member_decodes_and_the_next_value_does_not() -> None:
+    from pccl_aio._types import DataType, QuantAlgo, ReduceOp, SyncStrategy
+
+    for dt in DataType:
+        assert m.decode_peer_to_master(enc([5, 1, 8, int(dt), 0])).dtype == dt
+    for op in ReduceOp:
+        assert m.decode_peer_to_master(enc([5, 1, 8, 10, int(op)])).op == op
+    for algo in (QuantAlgo.MIN_MAX, QuantAlgo.ZERO_POINT_SCALE):
+        for qd in (DataType.UINT8, DataType.UINT16):
+            msg = m.decode_peer_to_master(enc([5, 1, 8, 10, 0, int(algo), int(qd)]))
+            assert (msg.quant_algo, msg.quant_dtype) == (algo, qd)
+    for s in SyncStrategy:
+        assert m.decode_peer_to_master(enc([8, 0, int(s), []])).strategy == s
+    for body in (enc([5, 1, 8, len(DataType), 0]), enc([5, 1, 8, 10, len(ReduceOp)]),
+                 enc([5, 1, 8, 10, 0, len(QuantAlgo), 0]), enc([8, 0, len(SyncStrategy), []])):
+        with pytest.raises(RemoteProtocolError):
+            m.decode_peer_to_master(body)
+
+
+def test_decoded_enum_fields_are_plain_ints() -> None:
+    """Validation changes no type: the hot path and the encoding see the same ints."""
+    msg = m.decode_peer_to_master(enc([5, 1, 8, 10, 1, 1, 2]))
+    assert [type(x) for x in (msg.tag, msg.count, msg.dtype, msg.op, msg.quant_algo,
+                              msg.quant_dtype)] == [int] * 6

@@ -234,7 +234,8 @@ class MasterState:
         if msg.version != m.PROTOCOL_VERSION:
             self._reject(peer.conn, _version_reason(msg.version), out)
             return
-        if not (0 <= msg.peer_group < 2**32 and 0 < msg.p2p_port < 65536):
+        if not (0 <= msg.peer_group < 2**32 and 0 < msg.p2p_port < 65536
+                and 0 <= msg.state_port < 65536):  # (decoding checks it: for direct callers)
             raise RemoteProtocolError("Hello with an invalid peer group or port")
         host = msg.advertise_host or peer.host
         others = [p for p in self._peers.values() if p.registered]
