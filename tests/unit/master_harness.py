@@ -156,6 +156,29 @@ def ring_ids(msg: m.Membership) -> list[int]:
     return [p.peer_id for p in msg.ring]
 
 
+# ---- deadlock: the rule, written the naive way (an oracle independent of ``deadlock.find``) ------
+
+Item = tuple[str, int, int]  # ("topology" | "pending", 0, 0), ("sync", group, 0), ("collective", group, tag)
+
+
+def stuck_peers(members: dict[int, int], waits: dict[int, set[Item]],
+                voters: dict[Item, set[int]]) -> set[int]:
+    """Accepted peers (``members``: peer -> group) that wait forever: start from every peer that
+    waits on something; drop one if an item it waits on misses nobody, or misses a peer outside
+    the set; repeat. ``voters``: who cast each item."""
+
+    def missing(item: Item) -> set[int]:
+        scope = {c for c, g in members.items() if item[0] in ("topology", "pending") or g == item[1]}
+        return scope - voters.get(item, set())
+
+    stuck = {c for c, items in waits.items() if items and c in members}
+    while True:
+        free = {c for c in stuck if any(not missing(i) or missing(i) - stuck for i in waits[c])}
+        if not free:
+            return stuck
+        stuck -= free
+
+
 # ---- departures ---------------------------------------------------------------------------------
 
 

@@ -84,6 +84,26 @@ def test_descriptor_mismatch_rejects_for_every_voter_and_frees_the_tag(field: st
     assert h.start([a, b, c], 3) >= 1  # tag freed, nobody kicked
 
 
+@pytest.mark.parametrize(("descs", "words"), [
+    ([(1024, 10, 0, 0, 0), (1024, 10, 1, 0, 0)],
+     "peer 1: 1024 x float32 SUM, peer 2: 1024 x float32 AVG"),
+    ([(8, 9, 3, 0, 0), (8, 7, 3, 0, 0)], "peer 1: 8 x bfloat16 MAX, peer 2: 8 x int64 MAX"),
+    ([(4, 10, 0, 1, 0), (4, 10, 0, 2, 2)],
+     "peer 1: 4 x float32 SUM quantized MIN_MAX to uint8, "
+     "peer 2: 4 x float32 SUM quantized ZERO_POINT_SCALE to uint16"),
+    ([(4, 99, 0, 0, 0), (4, 10, 77, 0, 0)],  # built past decoding: codes, never a crash
+     "peer 1: 4 x DataType 99 SUM, peer 2: 4 x float32 ReduceOp 77"),
+])
+def test_descriptor_mismatch_names_dtypes_and_ops(descs: list[tuple[int, ...]],
+                                                  words: str) -> None:
+    h = Harness()
+    a, b = h.run(0, 0)
+    assert h.send(a, m.CollectiveInit(3, *descs[0])) == []
+    rej = msgs(h.send(b, m.CollectiveInit(3, *descs[1])), m.CollectiveRejected)
+    assert rej[a][0].reason == "peers disagree on count/dtype/op/quantization: " + words
+    assert not rej[a][0].deadlock
+
+
 def test_failed_done_aborts_for_every_participant_exactly_once() -> None:
     h = Harness()
     a, b, c = h.run(0, 0, 0)

@@ -2,10 +2,13 @@
 
 Every action batch is checked: one terminal message per collective init, increasing seqs,
 fresh membership before aborts, no kick of a legal message, no send after close; a withdrawn
-vote gets no answer and a withdrawal no reply; a group's sync starts exactly when every
-member voted (with the plans and kicks its election decides), and every participant that
-stays gets exactly one ``SyncComplete`` per plan, only after all reported ``SyncDone``. And
-``handle`` never raises, also on arbitrary event sequences. Harness: ``master_harness``.
+vote gets no answer and a withdrawal no reply but deadlock verdicts it reveals; a group's
+sync starts exactly when every member voted (with the plans and kicks its election decides),
+and every participant that stays gets exactly one ``SyncComplete`` per plan, only after all
+reported ``SyncDone``. And
+``handle`` never raises, also on arbitrary event sequences. Deadlocks: after every batch no
+set of accepted peers is left deadlocked (``master_harness.stuck_peers``), and the calls the
+rule fails each get exactly one answer, all with one reason. Harness: ``master_harness``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pccl_aio._master.core import state as ms
 from pccl_aio._master.core.election import Election, elect
 from pccl_aio._types import SyncStrategy
 from pccl_aio._wire import messages as m
-from tests.unit.master_harness import PV, Harness, ring_ids, sync_vote
+from tests.unit.master_harness import PV, Harness, Item, ring_ids, stuck_peers, sync_vote
 
 # ---- randomized invariant: one terminal message per init, increasing seqs, never raises --------
 
@@ -35,6 +38,7 @@ class _P:
     voted_topology: bool = False
     voted_pending: bool = False
     outstanding: dict[int, int] = dataclasses.field(default_factory=dict)  # tag -> seq (0: voting)
+    awaited: set[int] = dataclasses.field(default_factory=set)  # voting tags it sent a Wait for
     done_sent: set[int] = dataclasses.field(default_factory=set)
     revision: int = 0  # of its shared state
     fresh: bool = True  # never synced
@@ -67,6 +71,7 @@ class Model:
         self.awaiting_plan: set[int] = set()  # must get a SyncPlan or SyncFailed in this batch
         self.sync_kicks: set[int] = set()  # must be kicked by the election in this batch
         self.completing: dict[int, set[int]] = {}  # group -> still to get this SyncComplete
+        self.deadlock: set[tuple[int, str | int]] | None = None  # answers still due in this batch
         for i in range(n_peers):
             self.new_peer(None if groups is None else groups[i])
         self.apply_legal_topology_round()
@@ -102,8 +107,9 @@ class Model:
         kind = rng.choices(
             ["init", "done", "topology", "pending", "disconnect", "leave", "tick", "join",
              "malformed", "echo", "stale", "group init", "group topology", "withdraw",
-             "sync", "group sync", "sync done", "stray sync done", "withdraw vote"],
-            weights=[30, 25, 12, 4, 3, 2, 8, 4, 1, 2, 3, 6, 2, 2, 6, 4, 10, 1, 3])[0]
+             "sync", "group sync", "sync done", "stray sync done", "withdraw vote", "wait",
+             "stray wait"],
+            weights=[30, 25, 12, 4, 3, 2, 8, 4, 1, 2, 3, 6, 2, 2, 6, 4, 10, 1, 3, 12, 2])[0]
         live = self.live()
         accepted = self.live(accepted=True)
         if kind == "join" and len(self.peers) < 6:
@@ -221,7 +227,23 @@ class Model:
                 self.peers[c].voted_topology = False
             else:
                 self.peers[c].voted_pending = False
-            assert self.send(c, m.WithdrawVote(vote), legal=True) == [], "a withdrawal has no reply"
+            acts = self.send(c, m.WithdrawVote(vote), legal=True)
+            assert all(getattr(a.msg, "deadlock", False) for a in acts), \
+                "a withdrawal has no reply (it may leave others deadlocked, though)"
+        elif kind == "wait":
+            cands = [(c, t) for c in accepted for t, s in self.peers[c].outstanding.items()
+                     if s == 0 and t not in self.peers[c].awaited]
+            if cands:
+                c, tag = rng.choice(cands)
+                self.peers[c].awaited.add(tag)
+                self.send(c, m.CollectiveWait(tag), legal=True)
+        elif kind == "stray wait" and accepted:
+            # a Wait for a tag that started, ended, was never launched, or again: ignored
+            c = rng.choice(accepted)
+            tag = rng.choice((*self.TAGS, 99))
+            p = self.peers[c]
+            if p.outstanding.get(tag) != 0 or tag in p.awaited:
+                assert self.send(c, m.CollectiveWait(tag), legal=True) == []
 
     def vote_sync(self, c: int, strict: bool) -> None:
         """``c`` votes; mostly legal votes (``strict``: only), sometimes ones the election kicks."""
@@ -309,7 +331,16 @@ class Model:
                     p.voted_topology = False
                 case m.VoteRejected(kind="topology"):
                     assert p.voted_topology and p.accepted
+                    self.deadlock_answer(a.conn, "topology", msg)
                     p.voted_topology = False
+                case m.VoteRejected(kind="pending"):
+                    assert msg.deadlock and p.voted_pending and p.accepted
+                    self.deadlock_answer(a.conn, "pending", msg)
+                    p.voted_pending = False
+                case m.VoteRejected(kind="sync"):
+                    assert msg.deadlock and p.sync_vote is not None and p.accepted
+                    self.deadlock_answer(a.conn, "sync", msg)
+                    p.sync_vote = None
                 case m.PeersPendingAnswer():
                     assert p.voted_pending and p.accepted
                     p.voted_pending = False
@@ -325,6 +356,7 @@ class Model:
                     self.terminal(p, tag)
                 case m.CollectiveRejected(tag=tag):
                     assert p.outstanding.get(tag) == 0, (a, p)
+                    self.deadlock_answer(a.conn, tag, msg)
                     self.terminal(p, tag)
                 case m.SyncPlan() | m.SyncFailed():
                     self.check_plan(a.conn, p, msg)
@@ -339,6 +371,52 @@ class Model:
             assert offender in self.dead or offender not in self.peers, \
                 f"illegal message of {offender} not punished: {acts}"
         self.check_sync_batch()
+        assert not self.deadlock, f"deadlocked calls left unanswered: {self.deadlock}"
+        self.deadlock = None
+        assert not stuck_peers(*self.wait_graph()), "peers were left deadlocked"
+
+    # -- deadlocks --
+    def wait_graph(self) -> tuple[dict[int, int], dict[int, set[Item]], dict[Item, set[int]]]:
+        """(accepted peer -> group, what each waits on, who cast each item): ``stuck_peers``."""
+        members = {c: p.group for c, p in self.peers.items() if p.accepted}
+        waits: dict[int, set[Item]] = {}
+        voters: dict[Item, set[int]] = {}
+        for c in members:
+            p = self.peers[c]
+            items: set[Item] = {item for item, on in ((("topology", 0, 0), p.voted_topology),
+                                                      (("pending", 0, 0), p.voted_pending),
+                                                      (("sync", p.group, 0), bool(p.sync_vote)))
+                                if on}
+            for tag in [t for t, seq in p.outstanding.items() if seq == 0]:
+                if tag in p.awaited:
+                    items.add(("collective", p.group, tag))
+                voters.setdefault(("collective", p.group, tag), set()).add(c)
+            for item in items:
+                voters.setdefault(item, set()).add(c)
+            waits[c] = items
+        return members, waits, voters
+
+    def deadlock_answer(self, c: int, call: str | int, msg: m.VoteRejected | m.CollectiveRejected
+                        ) -> None:
+        """A call of ``c`` failed (``call``: a vote's kind or a tag); with ``deadlock`` set it is
+        one of the calls the rule names, seen before the model forgets any of them."""
+        if not msg.deadlock:
+            return
+        if self.deadlock is None:  # the batch's first: compute every answer due
+            members, waits, voters = self.wait_graph()
+            stuck = stuck_peers(members, waits, voters)
+            assert stuck, f"{msg} to {c}, but nobody is deadlocked"
+            self.deadlock = set()
+            for x in stuck:
+                self.deadlock |= {(x, item[0]) for item in waits[x] if item[0] != "collective"}
+                self.deadlock |= {(v, item[2]) for item in waits[x] if item[0] == "collective"
+                                  for v in voters[item]}
+            self.deadlock_reason = msg.reason
+            assert msg.reason.startswith("deadlock: ")
+            assert all(f"peer {x} waits in" in msg.reason for x in sorted(stuck)[:8]), msg.reason
+        assert (c, call) in self.deadlock, f"{msg} to {c}: not a deadlocked call"
+        assert msg.reason == self.deadlock_reason, "one deadlock, one reason"
+        self.deadlock.discard((c, call))
 
     def sync_started(self, group: int) -> None:
         """The master started ``group``'s sync in this batch: the model's election."""
@@ -404,6 +482,7 @@ class Model:
     def terminal(p: _P, tag: int) -> None:
         del p.outstanding[tag]
         p.done_sent.discard(tag)
+        p.awaited.discard(tag)
 
     def check_membership(self, acts: list[ms.Action], i: int) -> int:
         j = i
@@ -446,6 +525,7 @@ class Model:
             assert p.outstanding.get(msg.tag) == 0, (acts[j], p)
             assert msg.epoch == p.epoch == self.last_epoch
             p.outstanding[msg.tag] = msg.seq
+            p.awaited.discard(msg.tag)
             members.add(c)
             j += 1
         group = self.peers[acts[i].conn].group
@@ -488,6 +568,29 @@ def test_model_detects_a_second_terminal_message() -> None:
         model.check(dup, None)
 
 
+@pytest.mark.parametrize("silent", [True, False], ids=["unanswered", "answered twice"])
+def test_model_detects_a_wrong_deadlock_verdict(silent: bool, monkeypatch) -> None:
+    """The deadlock invariants can fail: a master that leaves two peers waiting on different
+    tags, or answers one of their calls twice."""
+    model = Model(random.Random(0), 2, groups=[0, 0])
+    a, b = model.live(accepted=True)
+    if silent:
+        monkeypatch.setattr(ms.MasterState, "_settle", lambda self, out: None)
+    for c, tag in ((a, 1), (b, 2)):
+        model.peers[c].outstanding[tag] = 0
+        model.send(c, m.CollectiveInit(tag, 8, 10, 0), legal=True)
+        model.peers[c].awaited.add(tag)
+        if silent and c == b:
+            with pytest.raises(AssertionError, match="left deadlocked"):
+                model.send(c, m.CollectiveWait(tag), legal=True)
+            return
+        model.send(c, m.CollectiveWait(tag), legal=True)
+    assert model.peers[a].outstanding == {} and model.peers[b].outstanding == {}
+    again = [ms.Send(a, m.CollectiveRejected(1, "deadlock: again", True))]
+    with pytest.raises(AssertionError):
+        model.check(again, None)
+
+
 @pytest.mark.parametrize("done", [True, False], ids=["second", "early"])
 def test_model_detects_a_wrong_sync_complete(done: bool) -> None:
     """The sync invariants can fail too: a second SyncComplete, or one before all were done."""
@@ -524,6 +627,7 @@ _messages = _weighted(  # mostly votes; few Hellos (a second one is a kick)
     (1, st.builds(m.SyncDone, st.booleans())),
     (1, st.builds(m.CollectiveInit, _small, st.integers(1, 2), _small, _small)),
     (1, st.builds(m.CollectiveDone, _small, _small, st.booleans())),
+    (1, st.builds(m.CollectiveWait, _small)),
     (2, st.sampled_from([m.Heartbeat(), m.VoteUpdateTopology(), m.VotePeersPending(), m.Leave(),
                          m.WithdrawVote("topology"), m.WithdrawVote("pending")])),
     (1, st.builds(m.Hello, st.sampled_from([PV, PV + 1]), st.integers(-1, 1),

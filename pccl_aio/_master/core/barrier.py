@@ -44,6 +44,14 @@ class SyncBarrier:
         self._parts: dict[int, list[int]] = {}  # group -> participants of its running sync
         self._revisions: dict[int, int] = {}  # group -> last elected revision
 
+    def voters(self) -> list[int]:
+        """Peers whose sync vote is counted (they wait for the sync to start)."""
+        return list(self._votes)
+
+    def withdraw(self, conn: int) -> None:
+        """Take back ``conn``'s counted vote (deadlock: the sync can never start)."""
+        self._votes.pop(conn, None)
+
     def busy(self, conn: int) -> bool:
         """True while ``conn`` has a sync vote counted or has not finished its sync part."""
         return conn in self._votes or conn in self._syncing

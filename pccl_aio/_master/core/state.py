@@ -1,7 +1,8 @@
 """The master's whole logic, sans-IO: events in, actions out.
 
 Rule 1: every membership and collective transition lives in this file; the shared-state
-sync barrier is the ``SyncBarrier`` it holds (``barrier.py``).
+sync barrier is the ``SyncBarrier`` it holds (``barrier.py``); ``deadlock.py`` finds the calls
+that wait forever, and this file fails them.
 Rule 2: time arrives only through ``Event.now``; this module never reads a clock, opens a
 socket or imports asyncio (``tests/unit/test_layering.py`` checks it).
 
@@ -13,66 +14,30 @@ with one descriptor; it completes when every participant sent ``CollectiveDone(o
 aborted (once, for everyone) when a participant fails or disappears. Every peer gets exactly
 one terminal message (``CollectiveComplete``, ``CollectiveAbort`` or ``CollectiveRejected``)
 per collective it voted for. ``WithdrawVote`` takes back a counted topology or pending vote
-(ignored if there is none). A peer silent for ``heartbeat_timeout`` is treated as dead.
+(ignored if there is none); ``CollectiveWait`` marks a voted collective as awaited. After every
+event, calls that can never complete fail at once. A peer silent for ``heartbeat_timeout`` is
+treated as dead.
 Anything illegal gets ``Kicked`` and a ``Close``; it never raises out of ``handle``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import ipaddress
+from collections.abc import Collection, Iterator
 
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
 from .barrier import SyncBarrier
+from .deadlock import Deadlock, Item, conflict, find
 from .events import Action, Close, Connected, Disconnected, Event, Malformed, Received, Send, Tick
+from .records import Op, Peer, describe, is_loopback, membership, version_reason
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Malformed", "MasterState",
            "Received", "Send", "Tick"]
 
 
-@dataclasses.dataclass(slots=True)
-class _Peer:
-    conn: int
-    host: str
-    last_seen: float
-    registered: bool = False
-    accepted: bool = False
-    group: int = 0
-    port: int = 0
-    voted_topology: bool = False
-    voted_pending: bool = False
-    tags: set[int] = dataclasses.field(default_factory=set)
-    state_port: int = 0
-
-    def addr(self) -> m.PeerAddr:
-        return m.PeerAddr(self.conn, self.host, self.port, self.state_port)
-
-
-@dataclasses.dataclass(slots=True)
-class _Op:
-    """One collective of a group: voting (seq 0) or running on ``participants``."""
-
-    descs: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
-    seq: int = 0
-    participants: tuple[int, ...] = ()
-    done: set[int] = dataclasses.field(default_factory=set)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def _version_reason(version: int) -> str:
-    return (f"protocol version {version} is not supported; this master speaks "
-            f"version {m.PROTOCOL_VERSION}")
-
-
-class _Roster:
-    """The sync barrier's view of a ``MasterState`` (``barrier.Roster``)."""
+class _View:
+    """A ``MasterState`` as the sync barrier (``barrier.Roster``) and deadlock detection
+    (``deadlock.Board``) see it."""
 
     __slots__ = ("_state",)
 
@@ -88,6 +53,26 @@ class _Roster:
     def kick(self, conn: int, reason: str, out: list[Action]) -> None:
         self._state._kick(conn, reason, out)
 
+    def members(self) -> dict[int, int]:
+        return {p.conn: p.group for p in self._state._peers.values() if p.accepted}
+
+    def waits(self) -> Iterator[tuple[Item, Collection[int], Collection[int]]]:
+        st = self._state
+        topology = [p.conn for p in st._peers.values() if p.voted_topology]
+        if topology:
+            yield ("topology", 0, 0), topology, topology
+        pending = [p.conn for p in st._peers.values() if p.voted_pending]
+        if pending:
+            yield ("pending", 0, 0), pending, pending
+        syncs: dict[int, list[int]] = {}
+        for c in st._sync.voters():
+            syncs.setdefault(st._peers[c].group, []).append(c)
+        for g, voters in syncs.items():
+            yield ("sync", g, 0), voters, voters
+        for (g, tag), op in st._ops.items():
+            if op.waits and not op.seq:
+                yield ("collective", g, tag), op.descs, op.waits
+
 
 class MasterState:
     """Membership, votes and collective bookkeeping of one run. Single-threaded, no I/O."""
@@ -95,10 +80,11 @@ class MasterState:
     def __init__(self, *, heartbeat_timeout: float = 5.0) -> None:
         self.heartbeat_timeout = heartbeat_timeout
         self.epoch = 0
-        self._peers: dict[int, _Peer] = {}
-        self._ops: dict[tuple[int, int], _Op] = {}
+        self._peers: dict[int, Peer] = {}
+        self._ops: dict[tuple[int, int], Op] = {}
         self._seq = 0
-        self._sync = SyncBarrier(_Roster(self))
+        self._view = _View(self)
+        self._sync = SyncBarrier(self._view)
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
@@ -122,38 +108,42 @@ class MasterState:
         out: list[Action] = []
         match event:
             case Connected(conn=conn, host=host, now=now):
-                self._peers[conn] = _Peer(conn=conn, host=host, last_seen=now)
+                self._peers[conn] = Peer(conn=conn, host=host, last_seen=now)
             case Received(conn=conn, msg=msg, now=now):
                 peer = self._peers.get(conn)
                 if peer is None:
                     return out
                 peer.last_seen = now
+                if isinstance(msg, m.Heartbeat):
+                    return out
                 try:
                     self._on_message(peer, msg, out)
                 except RemoteProtocolError as exc:
                     self._kick(conn, str(exc), out)
+                self._settle(out)
             case Malformed(conn=conn, reason=reason, body=body):
                 version = m.peek_hello_version(body) if body else None
                 peer = self._peers.get(conn)
                 if version is not None and version != m.PROTOCOL_VERSION and peer and not peer.registered:
-                    self._reject(conn, _version_reason(version), out)
+                    self._reject(conn, version_reason(version), out)
                 elif conn in self._peers:
                     self._kick(conn, reason, out)
                 else:
                     out.append(Close(conn, reason))
+                self._settle(out)
             case Disconnected(conn=conn):
                 self._remove(conn, out)
+                self._settle(out)
             case Tick(now=now):
                 for peer in list(self._peers.values()):
                     if now - peer.last_seen > self.heartbeat_timeout:
                         self._close(peer.conn, "heartbeat timeout", out)
+                self._settle(out)
                 out.extend(Send(c, m.MasterHeartbeat()) for c in self._peers)
         return out
 
     # ---- messages -------------------------------------------------------------------------------
-    def _on_message(self, peer: _Peer, msg: m.PeerToMaster, out: list[Action]) -> None:
-        if isinstance(msg, m.Heartbeat):
-            return
+    def _on_message(self, peer: Peer, msg: m.PeerToMaster, out: list[Action]) -> None:
         if isinstance(msg, m.Hello):
             self._on_hello(peer, msg, out)
             return
@@ -171,27 +161,29 @@ class MasterState:
                     raise RemoteProtocolError(
                         "update_topology vote while already voting or with collectives running")
                 peer.voted_topology = True
-                self._check_conflict(out)
                 self._check_topology(out)
             case m.VotePeersPending():
                 self._require_accepted(peer, msg)
                 if peer.voted_pending:
                     raise RemoteProtocolError("duplicate peers-pending vote")
                 peer.voted_pending = True
-                self._check_conflict(out)
                 self._check_pending(out)
             case m.CollectiveInit():
                 self._require_accepted(peer, msg)
                 if msg.tag in peer.tags or peer.voted_topology:
                     raise RemoteProtocolError(f"collective tag {msg.tag} already running")
-                op = self._ops.setdefault((peer.group, msg.tag), _Op())
+                op = self._ops.setdefault((peer.group, msg.tag), Op())
                 if op.seq:
                     raise RemoteProtocolError(f"collective tag {msg.tag} already started")
                 peer.tags.add(msg.tag)
                 op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo,
                                        msg.quant_dtype)
-                self._check_conflict(out)
                 self._check_initiate(peer.group, msg.tag, out)
+            case m.CollectiveWait():
+                self._require_accepted(peer, msg)
+                waited = self._ops.get((peer.group, msg.tag))
+                if waited is not None and not waited.seq and peer.conn in waited.descs:
+                    waited.waits.add(peer.conn)  # else it started or ended meanwhile: stale
             case m.VoteSync():
                 self._require_accepted(peer, msg)
                 if peer.tags or peer.voted_topology:
@@ -204,7 +196,8 @@ class MasterState:
                 done_op = self._ops.get((peer.group, msg.tag))
                 if (done_op is not None and msg.seq == 0 and not done_op.seq and not msg.ok
                         and peer.conn in done_op.descs):  # withdrawn before it started
-                    self._abort_vote(peer.group, msg.tag, f"peer {peer.conn}: {msg.reason}", out)
+                    self._end_vote(peer.group, msg.tag, f"peer {peer.conn}: {msg.reason}", out,
+                                   abort=True)
                     return
                 if done_op is None or done_op.seq != msg.seq or peer.conn not in done_op.participants:
                     return  # stale: the op was aborted before this report arrived
@@ -214,11 +207,11 @@ class MasterState:
                 else:
                     self._abort(peer.group, msg.tag, f"peer {peer.conn} failed: {msg.reason}", out)
 
-    def _require_accepted(self, peer: _Peer, msg: m.PeerToMaster) -> None:
+    def _require_accepted(self, peer: Peer, msg: m.PeerToMaster) -> None:
         if not peer.accepted:
             raise RemoteProtocolError(f"{type(msg).__name__} from a peer not yet accepted")
 
-    def _withdraw(self, peer: _Peer, kind: str) -> None:
+    def _withdraw(self, peer: Peer, kind: str) -> None:
         """Take back a counted vote; a vote that already ended (or never was) is no error.
 
         No vote can complete by losing a voter, so nothing is re-checked.
@@ -228,18 +221,18 @@ class MasterState:
         elif kind == "pending":
             peer.voted_pending = False
 
-    def _on_hello(self, peer: _Peer, msg: m.Hello, out: list[Action]) -> None:
+    def _on_hello(self, peer: Peer, msg: m.Hello, out: list[Action]) -> None:
         if peer.registered:
             raise RemoteProtocolError("second Hello")
         if msg.version != m.PROTOCOL_VERSION:
-            self._reject(peer.conn, _version_reason(msg.version), out)
+            self._reject(peer.conn, version_reason(msg.version), out)
             return
         if not (0 <= msg.peer_group < 2**32 and 0 < msg.p2p_port < 65536
                 and 0 <= msg.state_port < 65536):  # (decoding checks it: for direct callers)
             raise RemoteProtocolError("Hello with an invalid peer group or port")
         host = msg.advertise_host or peer.host
         others = [p for p in self._peers.values() if p.registered]
-        if others and any(_is_loopback(p.host) != _is_loopback(host) for p in others):
+        if others and any(is_loopback(p.host) != is_loopback(host) for p in others):
             self._reject(peer.conn, "loopback and non-loopback peers cannot be mixed in one run",
                          out)
             return
@@ -255,37 +248,42 @@ class MasterState:
     # ---- consensus ----------------------------------------------------------------------------
     def _membership(self, conns: list[int]) -> list[Action]:
         accepted = [self._peers[c] for c in self.accepted()]
-        sizes: dict[int, int] = {}
-        for p in accepted:
-            sizes[p.group] = sizes.get(p.group, 0) + 1
-        out: list[Action] = []
-        for c in conns:
-            group = self._peers[c].group
-            ring = [p.addr() for p in accepted if p.group == group]
-            out.append(Send(c, m.Membership(self.epoch, len(accepted), len(sizes),
-                                            max(sizes.values(), default=0), ring)))
-        return out
+        return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns)]
 
-    def _check_conflict(self, out: list[Action]) -> None:
-        """Peers in different phases would wait for each other forever: withdraw the topology votes.
+    def _settle(self, out: list[Action]) -> None:
+        """After an event: fail the calls that wait forever (``deadlock.find``), then withdraw
+        the topology votes next to another phase (``deadlock.conflict``)."""
+        found = find(self._view)
+        if found is not None:
+            self._fail(found, out)
+        clash = conflict(self._view)
+        if clash is not None:
+            voters, reason = clash
+            for c in voters:
+                self._peers[c].voted_topology = False
+                out.append(Send(c, m.VoteRejected("topology", reason)))
 
-        ``update_topology`` needs every peer idle, so a topology vote next to a pending vote or
-        a collective that waits for votes means the application's peers disagree on what to
-        call next (e.g. a newcomer calling ``update_topology`` in its first iteration).
-        """
-        voters = [p for p in self._peers.values() if p.voted_topology]
-        if not voters:
-            return
-        busy = [p.conn for p in self._peers.values() if p.voted_pending] + [
-            c for op in self._ops.values() if not op.seq for c in op.descs]
-        if not busy:
-            return
-        reason = (f"peers {sorted(set(busy))} are in are_peers_pending() or an all-reduce while "
-                  f"peers {sorted(p.conn for p in voters)} called update_topology(); all peers "
-                  "must make the same calls in the same order")
-        for p in voters:
-            p.voted_topology = False
-            out.append(Send(p.conn, m.VoteRejected("topology", reason)))
+    def _fail(self, found: Deadlock, out: list[Action]) -> None:
+        """Withdraw every vote of the deadlocked peers and reject the collectives they await,
+        for everyone who launched them; each call gets the same reason."""
+        reason = found.reason()
+        ops: list[tuple[int, int]] = []
+        for c, items in found.waits.items():
+            peer = self._peers[c]
+            for kind, group, tag in items:
+                if kind == "topology":
+                    peer.voted_topology = False
+                    out.append(Send(c, m.VoteRejected("topology", reason, True)))
+                elif kind == "pending":
+                    peer.voted_pending = False
+                    out.append(Send(c, m.VoteRejected("pending", reason, True)))
+                elif kind == "sync":
+                    self._sync.withdraw(c)
+                    out.append(Send(c, m.VoteRejected("sync", reason, True)))
+                elif (group, tag) not in ops:
+                    ops.append((group, tag))
+        for group, tag in ops:
+            self._end_vote(group, tag, reason, out, deadlock=True)
 
     def _check_topology(self, out: list[Action]) -> None:
         voters = self.accepted()
@@ -319,24 +317,25 @@ class MasterState:
         voters = sorted(op.descs)
         if len(set(op.descs.values())) > 1:
             reason = "peers disagree on count/dtype/op/quantization: " + ", ".join(
-                f"peer {c}: {op.descs[c]}" for c in voters)
-            del self._ops[(group, tag)]
-            for c in voters:
-                self._peers[c].tags.discard(tag)
-                out.append(Send(c, m.CollectiveRejected(tag, reason)))
+                f"peer {c}: {describe(op.descs[c])}" for c in voters)
+            self._end_vote(group, tag, reason, out)
             return
         if len(voters) < 2:
-            self._abort_vote(group, tag, "too few peers in the group", out)
+            self._end_vote(group, tag, "too few peers in the group", out, abort=True)
             return
         self._seq += 1
         op.seq, op.participants = self._seq, tuple(voters)
         out.extend(Send(c, m.CollectiveStart(tag, op.seq, self.epoch)) for c in voters)
 
-    def _abort_vote(self, group: int, tag: int, reason: str, out: list[Action]) -> None:
+    def _end_vote(self, group: int, tag: int, reason: str, out: list[Action], *,
+                  abort: bool = False, deadlock: bool = False) -> None:
+        """Answer every voter of a collective that never started: ``CollectiveAbort`` (seq 0,
+        the caller may retry) or ``CollectiveRejected``."""
         op = self._ops.pop((group, tag))
         for c in sorted(op.descs):
             self._peers[c].tags.discard(tag)
-            out.append(Send(c, m.CollectiveAbort(tag, 0, reason)))
+            out.append(Send(c, m.CollectiveAbort(tag, 0, reason) if abort
+                            else m.CollectiveRejected(tag, reason, deadlock)))
 
     def _check_complete(self, group: int, tag: int, out: list[Action]) -> None:
         op = self._ops[(group, tag)]
@@ -385,6 +384,7 @@ class MasterState:
                     self._abort(group, tag, f"peer {conn} left the run", out)
             else:
                 op.descs.pop(conn, None)
+                op.waits.discard(conn)
                 if op.descs:
                     self._check_initiate(group, tag, out)
                 else:

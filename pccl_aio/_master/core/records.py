@@ -1,0 +1,87 @@
+"""The master's records of peers and collectives, and the words its messages use (sans-IO)."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from enum import IntEnum
+
+from ..._types import DataType, QuantAlgo, ReduceOp
+from ..._wire import messages as m
+
+__all__ = ["Op", "Peer", "describe", "is_loopback", "membership", "version_reason"]
+
+
+@dataclasses.dataclass(slots=True)
+class Peer:
+    """One connection; a peer once registered (``Hello``), a ring member once accepted."""
+
+    conn: int
+    host: str
+    last_seen: float
+    registered: bool = False
+    accepted: bool = False
+    group: int = 0
+    port: int = 0
+    voted_topology: bool = False
+    voted_pending: bool = False
+    tags: set[int] = dataclasses.field(default_factory=set)
+    state_port: int = 0
+
+    def addr(self) -> m.PeerAddr:
+        return m.PeerAddr(self.conn, self.host, self.port, self.state_port)
+
+
+@dataclasses.dataclass(slots=True)
+class Op:
+    """One collective of a group: voting (seq 0) or running on ``participants``."""
+
+    descs: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    seq: int = 0
+    participants: tuple[int, ...] = ()
+    done: set[int] = dataclasses.field(default_factory=set)
+    waits: set[int] = dataclasses.field(default_factory=set)  # voters awaiting it (not started)
+
+
+def membership(epoch: int, accepted: list[Peer], conns: list[int]
+               ) -> list[tuple[int, m.Membership]]:
+    """The ``Membership`` of each of ``conns``: its group's ring among ``accepted`` (in order)."""
+    sizes: dict[int, int] = {}
+    for p in accepted:
+        sizes[p.group] = sizes.get(p.group, 0) + 1
+    groups = {p.conn: p.group for p in accepted}
+    out = []
+    for c in conns:
+        ring = [p.addr() for p in accepted if p.group == groups[c]]
+        out.append((c, m.Membership(epoch, len(accepted), len(sizes),
+                                    max(sizes.values(), default=0), ring)))
+    return out
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _name(cls: type[IntEnum], code: int, lower: bool = False) -> str:
+    try:
+        name = cls(code).name
+    except ValueError:  # only a message built past decoding carries an unknown code
+        return f"{cls.__name__} {code}"
+    return name.lower() if lower else name
+
+
+def describe(desc: tuple[int, ...]) -> str:
+    """A collective's descriptor in words: ``1024 x float32 SUM`` (+ its quantization)."""
+    count, dtype, op, algo, qdtype = desc
+    text = f"{count} x {_name(DataType, dtype, True)} {_name(ReduceOp, op)}"
+    if algo:
+        text += f" quantized {_name(QuantAlgo, algo)} to {_name(DataType, qdtype, True)}"
+    return text
+
+
+def version_reason(version: int) -> str:
+    return (f"protocol version {version} is not supported; this master speaks "
+            f"version {m.PROTOCOL_VERSION}")
