@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import signal
 import sys
@@ -21,12 +23,40 @@ from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))
-
-from tests.process.procs import Proc, spawn  # noqa: E402
-
+ROOT = HERE.parent.parent
 WORKER = str(HERE.parent / "process" / "state_worker.py")
 MASTER = str(HERE.parent / "process" / "masterproc.py")
+
+
+class Proc:
+    """A child process that prints one JSON event per line (no pytest here: the long mode and
+    ``--help`` run with only the package installed)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        self.proc, self.name = proc, name
+
+    async def line(self, timeout: float = 30.0) -> str:
+        assert self.proc.stdout is not None
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not raw:
+            err = await self.proc.stderr.read() if self.proc.stderr is not None else b""
+            raise AssertionError(f"{self.name} exited: {err.decode()[-3000:]}")
+        return raw.decode().strip()
+
+    def signal(self, sig: int) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+
+async def spawn(name: str, *args: str) -> Proc:
+    """Start ``python *args`` with the checkout first on ``PYTHONPATH``."""
+    path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=env)
+    return Proc(proc, name)
 
 
 async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6) -> dict[str, object]:
