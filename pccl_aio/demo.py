@@ -1,8 +1,11 @@
 """A self-checking demo: ``python -m pccl_aio.demo``.
 
-Starts a master and 4 peer processes on 127.0.0.1, runs verified all-reduce steps, SIGKILLs
-one peer mid-run, starts a newcomer that joins, prints live progress and ends with a one-line
-verdict. The exit status is non-zero if any result was wrong or the run did not finish.
+Starts a master and 4 peer processes on 127.0.0.1 and runs verified all-reduce steps. One peer
+SIGKILLs itself in the middle of an all-reduce, so every survivor's all-reduce raises
+``PeerLostError`` and is retried by the remaining three; then a newcomer joins, receives the
+shared state and takes part. Every peer's progress is printed with its peer id, and the run
+ends with a one-line verdict. The exit status is non-zero if any result was wrong or the run
+did not finish.
 
 Each step every peer syncs a shared state (its revision is the step, so a newcomer learns it
 and receives the weights), all-reduces a tensor whose exact sum is known, checks every element
@@ -21,12 +24,31 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, run
+from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, TooFewPeersError, run
+from ._compute import front
 from ._peer.core.shared_state import hash_bytes
+
+
+def kernel_warning() -> str:
+    """A loud warning when the numpy reference kernels run instead of the compiled ones, else ""."""
+    if front.IMPLEMENTATION != "numpy":
+        return ""
+    if front.NO_EXTENSIONS:
+        why = "PCCL_AIO_NO_EXTENSIONS is set in the environment: unset it."
+    else:
+        where = os.path.dirname(os.path.abspath(front.__file__))
+        why = (f"No compiled extension in {where}. Running from the repository root imports "
+               "the source tree, which has none unless it was built there: run "
+               "`python -m pip install -e '.[numpy]'` or `python setup.py build_ext --inplace` "
+               "in the repository root (or run the demo from another directory after "
+               "`python -m pip install '.[numpy]'`).")
+    return ("WARNING: pccl_aio is running its slow numpy reference kernels, not the compiled "
+            f"Cython ones; all-reduces will be several times slower.\n  {why}")
 
 
 def _exists(path: str) -> bool:
@@ -42,31 +64,38 @@ def _pattern(n: int) -> np.ndarray:
     return (np.arange(n, dtype=np.float32) % 1000) + 1  # small integers: sums are exact
 
 
-async def _peer(addr: str, steps: int, count: int, stop_file: str) -> int:
-    """One demo peer; prints JSON progress lines on stdout."""
+async def _peer(addr: str, steps: int, count: int, stop_file: str, die_at: int,
+                full: int) -> int:
+    """One demo peer; prints JSON progress lines on stdout.
+
+    ``die_at`` > 0: SIGKILL this process in the middle of an all-reduce (after the master
+    started it, before it completes): the first at or after step ``die_at`` once one all-reduce
+    ran on ``full`` peers.
+    """
     def emit(**kw: Any) -> None:
         print(json.dumps(kw), flush=True)
 
     async with Communicator(addr, p2p_connections=2, heartbeat_interval=0.2,
                             heartbeat_timeout=2.0, data_timeout=5.0) as comm:
         await comm.connect(attempts=20)
-        emit(event="joined", peer=comm.peer_id, ws=comm.world_size)
+        me = comm.peer_id
+        emit(event="joined", peer=me, ws=comm.world_size)
         pattern = _pattern(count)
         weights = np.zeros(count, np.float32)
         state = SharedState({"weights": weights}, revision=0)
-        first, bad = True, 0
+        bad, was_full = 0, False
+        # Every peer makes the same calls in the same order. A newcomer's first call is the
+        # vote at the top of the loop, which is where the others go after admitting it.
         while True:
-            # A newcomer starts at the sync: the others passed the vote already.
-            if not first and comm.peer_group_world_size >= 2 and await comm.are_peers_pending():
-                await comm.update_topology()
-            first = False
-            while comm.peer_group_world_size < 2:
-                await comm.update_topology()  # alone: admit whoever is waiting
-                if comm.peer_group_world_size < 2:
-                    await asyncio.sleep(0.05)  # pacing only
             try:
+                if await comm.are_peers_pending():  # a joint vote of every peer
+                    await comm.update_topology()  # admit the newcomers
+                    continue
+                if comm.peer_group_world_size < 2:
+                    await asyncio.sleep(0.05)  # alone: pacing only, wait for company
+                    continue
                 sync = await comm.sync_shared_state(state)
-                emit(event="state", peer=comm.peer_id, revision=state.revision,
+                emit(event="state", peer=me, revision=state.revision,
                      hash=hash_bytes(state.view("weights")).hex(), rx=sync.rx_bytes,
                      ws=comm.peer_group_world_size)
                 if state.revision >= steps:
@@ -78,26 +107,37 @@ async def _peer(addr: str, steps: int, count: int, stop_file: str) -> int:
                         break
                 x = pattern.copy()
                 t0 = time.perf_counter()
-                info = await comm.all_reduce(x, tag=0)
+                handle = comm.all_reduce_async(x, tag=0)
+                if die_at and was_full and state.revision >= die_at and await handle.started():
+                    # The master started the collective and data is flowing: die now, with
+                    # no goodbye, as a crashed machine would.
+                    emit(event="dying", peer=me, step=state.revision, pid=os.getpid())
+                    os.kill(os.getpid(), signal.SIGKILL)
+                info = await handle
                 dt = time.perf_counter() - t0
-            except PeerLostError as exc:
-                emit(event="lost", peer=comm.peer_id, step=state.revision, error=str(exc))
+            except (PeerLostError, TooFewPeersError) as exc:
+                # Aborted (the input x is restored) or the group shrank to one: vote again.
+                emit(event="lost", peer=me, step=state.revision,
+                     error=f"{type(exc).__name__}: {exc}")
                 continue
             ok = bool(np.array_equal(x, pattern * np.float32(info.world_size)))
             bad += not ok
+            was_full = was_full or info.world_size >= full
             busbw = x.nbytes * 2 * (info.world_size - 1) / info.world_size / dt
-            emit(event="step", peer=comm.peer_id, step=state.revision, ws=info.world_size, ok=ok,
+            emit(event="step", peer=me, step=state.revision, ws=info.world_size, ok=ok,
                  gbps=busbw / 1e9)
             weights += np.float32(1e-3) * x  # identical everywhere: the next sync moves nothing
             state.revision += 1
-        emit(event="finished", peer=comm.peer_id, bad=bad)
+        emit(event="finished", peer=me, bad=bad)
         return 1 if bad else 0
 
 
-async def _spawn(addr: str, steps: int, count: int, stop_file: str) -> asyncio.subprocess.Process:
+async def _spawn(addr: str, args: argparse.Namespace, stop_file: str,
+                 die_at: int = 0) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pccl_aio.demo", "--peer", addr, "--steps", str(steps),
-        "--count", str(count), "--stop-file", stop_file, stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "pccl_aio.demo", "--peer", addr, "--steps", str(args.steps),
+        "--count", str(args.count), "--peers", str(args.peers), "--stop-file", stop_file,
+        "--die-at", str(die_at), stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -109,67 +149,93 @@ async def _controller(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _ids(peers: Iterable[int]) -> str:
+    return ", ".join(str(p) for p in sorted(peers))
+
+
 async def _control(args: argparse.Namespace, stop_file: str) -> int:
+    victim = 2  # index of the process that dies mid-all-reduce
     async with Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0) as master:
         print(f"master on {master.address}; starting {args.peers} peers "
-              f"({args.count * 4 / 2**20:.0f} MiB float32 per all-reduce, {args.steps} steps)")
-        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+              f"({args.count * 4 / 2**20:.2f} MiB float32 per all-reduce, {args.steps} steps)",
+              flush=True)
+        events: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
         procs: list[asyncio.subprocess.Process] = []
+        pumps: list[asyncio.Task[None]] = []
 
-        async def pump(p: asyncio.subprocess.Process) -> None:
+        async def pump(i: int, p: asyncio.subprocess.Process) -> None:
             assert p.stdout is not None
             async for line in p.stdout:
                 with contextlib.suppress(ValueError):
-                    await events.put(json.loads(line))
+                    await events.put((i, json.loads(line)))
+            await events.put((i, {"event": "exited"}))
 
-        async def start() -> asyncio.subprocess.Process:
-            p = await _spawn(master.address, args.steps, args.count, stop_file)
+        async def start(die_at: int = 0) -> None:
+            p = await _spawn(master.address, args, stop_file, die_at)
             procs.append(p)
-            pumps.append(asyncio.ensure_future(pump(p)))
-            return p
+            pumps.append(asyncio.ensure_future(pump(len(procs) - 1, p)))
 
-        pumps: list[asyncio.Task[None]] = []
-        for _ in range(args.peers):
-            await start()
-        killed = joined = full = False
-        newcomer = -1
-        wrong, lost, finished = 0, 0, 0
+        for i in range(args.peers):
+            await start(max(1, args.steps // 3) if i == victim else 0)
+        peer_of: dict[int, int] = {}  # process index -> peer id
+        killed, joined = -1, False  # killed: the victim's peer id once it died
+        newcomer, newcomer_rx = -1, -1
+        wrong = 0
+        finished: set[int] = set()  # process indices
+        lost: dict[int, int] = {}  # peer id -> PeerLostErrors it raised
+        reports: dict[int, dict[int, tuple[int, bool, float]]] = {}  # step -> peer -> report
         hashes: dict[int, set[str]] = {}
-        newcomer_rx = -1
-        world_at: dict[int, int] = {}
+        world_at: dict[int, int] = {}  # step -> world size of its (completed) all-reduce
         deadline = time.monotonic() + args.timeout
         try:
-            while finished < len(procs) - int(killed):
-                ev = await asyncio.wait_for(events.get(), max(0.1, deadline - time.monotonic()))
+            while len(finished) < len(procs) - int(killed >= 0):
+                i, ev = await asyncio.wait_for(events.get(), max(0.1, deadline - time.monotonic()))
+                peer = ev.get("peer", -1)
                 if ev["event"] == "step":
                     wrong += not ev["ok"]
-                    if ev["peer"] == 1:
-                        print(f"step {ev['step']:3d}  world {ev['ws']}  busbw {ev['gbps']:6.2f} GB/s"
-                              f"  {'ok' if ev['ok'] else 'WRONG'}", flush=True)
-                    full = full or ev["ws"] == args.peers
-                    if not killed and full and ev["step"] >= args.steps // 3:
-                        killed = True
-                        print(f"--- SIGKILL peer process {procs[2].pid} mid-run", flush=True)
-                        procs[2].send_signal(signal.SIGKILL)
-                    elif killed and not joined and ev["step"] >= args.steps // 2:
+                    world_at[ev["step"]] = ev["ws"]
+                    done = reports.setdefault(ev["step"], {})
+                    done[peer] = (ev["ws"], ev["ok"], ev["gbps"])
+                    if len(done) == ev["ws"]:  # every peer of that all-reduce reported it
+                        _print_step(ev["step"], reports.pop(ev["step"]))
+                    if killed >= 0 and not joined and ev["step"] >= args.steps // 2:
                         joined = True
                         print("--- starting a newcomer", flush=True)
                         await start()
                 elif ev["event"] == "state":
                     hashes.setdefault(ev["revision"], set()).add(ev["hash"])
-                    world_at[ev["revision"]] = ev["ws"]
-                    if joined and ev["peer"] == newcomer and newcomer_rx < 0:
+                    if peer == newcomer and newcomer_rx < 0:
                         newcomer_rx = ev["rx"]
+                        print(f"peer {peer}: received {newcomer_rx / 2**20:.2f} MiB of shared "
+                              f"state, continuing at step {ev['revision']}", flush=True)
                     if newcomer_rx >= 0 and ev["ws"] >= args.peers and not _exists(stop_file):
                         _touch(stop_file)  # the peers may stop now (they vote on it)
+                elif ev["event"] == "dying":
+                    killed = peer
+                    print(f"--- peer {peer} (pid {ev['pid']}) SIGKILLs itself in the middle of "
+                          f"the all-reduce of step {ev['step']}", flush=True)
                 elif ev["event"] == "lost":
-                    lost += 1
-                elif ev["event"] == "joined" and joined:
-                    newcomer = ev["peer"]
-                    print(f"--- newcomer joined as peer {newcomer}", flush=True)
+                    lost[peer] = lost.get(peer, 0) + 1
+                    print(f"peer {peer}: step {ev['step']} raised {ev['error']}; retrying",
+                          flush=True)
+                elif ev["event"] == "joined":
+                    peer_of[i] = peer
+                    if joined:
+                        newcomer = peer
+                        print(f"--- newcomer joined as peer {peer}", flush=True)
+                    else:
+                        print(f"peer {peer} joined (process {procs[i].pid})", flush=True)
                 elif ev["event"] == "finished":
-                    finished += 1
+                    finished.add(i)
                     wrong += ev["bad"]
+                    print(f"peer {peer} finished", flush=True)
+                elif ev["event"] == "exited" and i not in finished and i != victim:
+                    code = await procs[i].wait()
+                    print(f"VERDICT: FAIL - peer {peer_of.get(i, '?')} (process {procs[i].pid}) "
+                          f"exited with status {code} before the end")
+                    return 1
+            with contextlib.suppress(TimeoutError):  # they finished: let them exit
+                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), 10)
         except TimeoutError:
             print(f"VERDICT: FAIL - the run did not finish within {args.timeout:.0f} s")
             return 1
@@ -180,18 +246,37 @@ async def _control(args: argparse.Namespace, stop_file: str) -> int:
             await asyncio.gather(*(p.wait() for p in procs))
             for t in pumps:
                 t.cancel()
-        codes = [p.returncode for i, p in enumerate(procs) if i != 2]
+        for step, done in sorted(reports.items()):  # all-reduces some peer did not report
+            _print_step(step, done)
+        codes = [p.returncode for i, p in enumerate(procs) if i != victim]
+        survivors = {peer_of[i] for i in range(args.peers) if i != victim and i in peer_of}
         parity = bool(hashes) and all(len(h) == 1 for h in hashes.values())
-        ok = (wrong == 0 and killed and joined and parity and newcomer_rx > 0
-              and all(c in (0, -signal.SIGKILL) for c in codes))
-        sizes = [w for r, w in sorted(world_at.items())]
+        failed = [why for why, bad in [
+            ("wrong results", wrong > 0), ("no peer was killed", killed < 0),
+            ("no newcomer joined", not joined), ("the state hashes differ", not parity),
+            ("the newcomer received no state", newcomer_rx <= 0),
+            ("a survivor saw no PeerLostError", not survivors or not survivors <= set(lost)),
+            (f"exit statuses {codes}", any(c != 0 for c in codes))] if bad]
+        ok = not failed
+        sizes = [w for _, w in sorted(world_at.items())]
         path = "->".join(str(w) for i, w in enumerate(sizes) if i == 0 or sizes[i - 1] != w)
         print(f"VERDICT: {'PASS' if ok else 'FAIL'} - {len(hashes) - 1} steps, world {path}, "
-              f"1 peer killed, 1 joined (received {newcomer_rx / 2**20:.1f} MiB of state), "
-              f"{lost} aborted collectives retried, {wrong} wrong results, state hash "
+              f"peer {killed} killed mid-all-reduce, PeerLostError retried on peers "
+              f"{_ids(set(lost)) or 'none'} (survivors {_ids(survivors)}), peer {newcomer} "
+              f"joined (received {max(newcomer_rx, 0) / 2**20:.2f} MiB of state), {wrong} "
+              f"wrong results, state hash "
               f"{'identical on every peer at every' if parity else 'DIFFERENT at some'} "
-              f"revision ({len(hashes)} revisions)")
+              f"revision ({len(hashes)} revisions){''.join(f'; {w}' for w in failed)}")
         return 0 if ok else 1
+
+
+def _print_step(step: int, done: dict[int, tuple[int, bool, float]]) -> None:
+    ws = max(r[0] for r in done.values())
+    bad = sorted(p for p, r in done.items() if not r[1])
+    gbps = sum(r[2] for r in done.values()) / len(done)
+    verdict = f"WRONG on peers {_ids(bad)}" if bad else "ok"
+    print(f"step {step:3d}  world {ws}  peers {_ids(done):<14}  {verdict}  busbw {gbps:6.2f} GB/s",
+          flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,9 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--peer", metavar="MASTER", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", default="", help=argparse.SUPPRESS)
+    p.add_argument("--die-at", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer:
-        return run(_peer(args.peer, args.steps, args.count, args.stop_file))
+        return run(_peer(args.peer, args.steps, args.count, args.stop_file, args.die_at,
+                         args.peers))
+    warning = kernel_warning()
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    if args.peers < 3:
+        p.error("--peers must be at least 3 (one is killed, the survivors go on)")
     return run(_controller(args))
 
 
