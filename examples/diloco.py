@@ -5,10 +5,13 @@
     python examples/diloco.py --master 127.0.0.1:48148 --seed 2 &
     python examples/diloco.py --master 127.0.0.1:48148 --seed 3    # join or kill -9 any time
 
-Each peer fits the same small numpy MLP to its own shard of data (``--seed``). One outer step:
-``--inner`` local SGD steps from the outer parameters (in a thread, so the event loop keeps
-answering heartbeats), the pseudo-gradient ``outer - local`` averaged over the group, then an
-outer Nesterov step applied identically everywhere. The outer parameters and momentum are a
+The run lasts ``--steps`` outer steps (300 by default, about a minute: long enough to start,
+join and kill peers by hand; a joiner continues from the run's step). Each peer fits the same
+small numpy MLP to its own shard of data (``--seed``). One outer step: ``--inner`` local SGD
+steps from the outer parameters (in a thread, so the event loop keeps answering heartbeats),
+stretched to at least ``--inner-time`` seconds as a real inner phase would take (minutes), the
+pseudo-gradient ``outer - local`` averaged over the group, then an outer Nesterov step applied
+identically everywhere. The outer parameters and momentum are a
 ``SharedState``: a peer that joins mid-run receives them (and the step) at the next sync, and
 the sync checks by hash that every peer holds the same bytes.
 
@@ -20,7 +23,10 @@ sync with the same outer state; the step count travels in the state as a tensor.
 The pseudo-gradient is all-reduced with ``restore_on_abort=False``: it is recomputed from the
 kept parameters after a lost peer, so the library need not keep a copy of it. Each outer step
 prints one line with a digest of the outer parameters (the same on every peer); the last is
-``done step=... outer=...``.
+``done step=... outer=...``. Changes of the group print one line each: ``waiting`` (too few
+peers), ``admitted`` (newcomers voted in), ``lost`` (an all-reduce aborted by a lost peer,
+retried) and ``left`` (the group is smaller than at the last step; a peer lost between
+collectives raises nothing).
 """
 
 from __future__ import annotations
@@ -97,7 +103,14 @@ class Outer:
         self.count += 1
 
 
-async def average(comm: pccl.Communicator, outer: np.ndarray, local: np.ndarray) -> np.ndarray:
+def log(kind: str, comm: pccl.Communicator, **fields: object) -> None:
+    """One line about the group: ``kind peer=<this peer's id> key=value...``."""
+    print(" ".join([kind, f"peer={comm.peer_id}", *(f"{k}={v}" for k, v in fields.items())]),
+          flush=True)
+
+
+async def average(comm: pccl.Communicator, outer: np.ndarray, local: np.ndarray,
+                  step: int) -> np.ndarray:
     """The group's mean of ``outer - local``. A lost peer aborts the attempt for everyone; the
     survivors recompute their pseudo-gradient and retry together (alone: their own)."""
     while True:
@@ -108,14 +121,20 @@ async def average(comm: pccl.Communicator, outer: np.ndarray, local: np.ndarray)
             return delta
         except pccl.TooFewPeersError:  # alone now; raised before anything was sent
             return delta
-        except pccl.PeerLostError:
+        except pccl.PeerLostError as exc:
+            log("lost", comm, step=step, world=comm.peer_group_world_size, retrying=1,
+                error=repr(str(exc)))
             continue
 
 
 async def wait_for_peers(comm: pccl.Communicator, n: int) -> None:
     """Admit whoever waits (a joint vote) until the group has ``n`` peers."""
+    log("waiting", comm, world=comm.peer_group_world_size, need=n)
     while True:
+        before = comm.peer_group_world_size
         await comm.update_topology()
+        if comm.peer_group_world_size > before:
+            log("admitted", comm, world=f"{before}->{comm.peer_group_world_size}")
         if comm.peer_group_world_size >= n:
             return
         await asyncio.sleep(0.2)  # pacing: poll for newcomers
@@ -126,12 +145,16 @@ async def main(args: argparse.Namespace) -> int:
     # the one-step-delayed update wants a gentler outer step (it oscillates at 0.7 / 0.9 here)
     outer = Outer(args.outer_lr or (0.5 if args.overlap else 0.7),
                   args.momentum or (0.7 if args.overlap else 0.9))
+    about = f", about {args.steps * args.inner_time:.0f} s" if args.inner_time else ""
+    print(f"running {args.steps} outer steps{about} (--steps, --inner-time); master "
+          f"{args.master}", flush=True)
     async with pccl.Communicator(args.master) as comm:
         await comm.connect(attempts=args.attempts)
         print(f"joined peer={comm.peer_id} world={comm.world_size}", flush=True)
         if comm.peer_group_world_size < args.min_peers:  # the first step waits for them
             await wait_for_peers(comm, args.min_peers)
         first = True
+        world = comm.peer_group_world_size
         pending: asyncio.Future[np.ndarray] | None = None  # --overlap: the last step's average
         while outer.count[0] + (pending is not None) < args.steps:
             joining = not first and await comm.are_peers_pending()  # a joint vote of the run
@@ -141,7 +164,9 @@ async def main(args: argparse.Namespace) -> int:
                     outer.step(await pending)
                     pending = None
                 if joining:
+                    before = comm.peer_group_world_size
                     await comm.update_topology()
+                    log("admitted", comm, world=f"{before}->{comm.peer_group_world_size}")
                 if comm.peer_group_world_size < 2:  # alone: wait for company
                     await wait_for_peers(comm, 2)
             if pending is None:  # a joiner receives the outer state and the step count here
@@ -152,18 +177,23 @@ async def main(args: argparse.Namespace) -> int:
                 outer.state.revision += 1
                 if outer.count[0] >= args.steps:
                     break
+            if comm.peer_group_world_size < world:  # peers left between collectives
+                log("left", comm, world=f"{world}->{comm.peer_group_world_size}")
             world = comm.peer_group_world_size
+            step = int(outer.count[0]) + (pending is not None) + 1  # the step this one makes
             base = outer.params.copy()  # the outer parameters this step trains from
             local = base.copy()
-            loss = await asyncio.to_thread(inner_steps, local, x, y, args.inner, args.lr)
+            loss, _ = await asyncio.gather(  # an inner phase lasts at least --inner-time
+                asyncio.to_thread(inner_steps, local, x, y, args.inner, args.lr),
+                asyncio.sleep(args.inner_time))
             if args.overlap:
                 if pending is not None:
                     outer.step(await pending)  # step t-1's average, applied after step t trained
-                pending = asyncio.ensure_future(average(comm, base, local))
+                pending = asyncio.ensure_future(average(comm, base, local, step))
             else:
-                outer.step(await average(comm, base, local))
-            print(f"step={int(outer.count[0]) + (pending is not None)} world={world} "
-                  f"loss={loss:.5f} outer={outer.digest()}", flush=True)
+                outer.step(await average(comm, base, local, step))
+            print(f"step={step} world={world} loss={loss:.5f} outer={outer.digest()} "
+                  f"peer={comm.peer_id}", flush=True)
         if pending is not None:
             outer.step(await pending)
         print(f"done step={int(outer.count[0])} outer={outer.digest()}", flush=True)
@@ -174,8 +204,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--master", default="127.0.0.1:48148")
     ap.add_argument("--seed", type=int, default=1, help="this peer's data shard")
-    ap.add_argument("--steps", type=int, default=30, help="outer steps of the run")
+    ap.add_argument("--steps", type=int, default=300, help="outer steps of the run")
     ap.add_argument("--inner", type=int, default=20, help="local SGD steps per outer step")
+    ap.add_argument("--inner-time", type=float, default=0.2,
+                    help="seconds an inner phase lasts at least (0: as fast as it computes)")
     ap.add_argument("--lr", type=float, default=0.05, help="inner learning rate")
     ap.add_argument("--outer-lr", type=float, help="default 0.7, with --overlap 0.5")
     ap.add_argument("--momentum", type=float, help="Nesterov; default 0.9, with --overlap 0.7")
