@@ -100,21 +100,35 @@ def test_pending_vote_next_to_a_sync_vote_both_fail() -> None:
 
 
 @pytest.mark.parametrize("topology_first", [True, False])
-def test_topology_vote_next_to_an_awaited_all_reduce_both_fail(topology_first: bool) -> None:
+def test_topology_vote_next_to_a_launched_all_reduce_fails_the_topology_call_only(
+        topology_first: bool) -> None:
+    """The older, stricter rule (``deadlock.conflict``): a launcher cannot vote for the topology
+    before its collective ends, so ``update_topology()`` fails at once, awaited or not, and
+    the other peers wait for the caller to follow (no deadlock: it is free again)."""
     h = Harness()
     a, b = h.run(0, 0)
     if topology_first:
         assert h.send(a, m.VoteUpdateTopology()) == []
-        assert launch(h, b, 3, wait=False) == []  # b may be computing: no conflict yet
-        acts = h.send(b, m.CollectiveWait(3))
+        acts = launch(h, b, 3)
     else:
         assert launch(h, b, 3) == []
         acts = h.send(a, m.VoteUpdateTopology())
-    assert calls(acts) == {a: {"topology"}, b: {3}}
-    assert reason(acts) == ("deadlock: peer 1 waits in update_topology(); peer 2 waits in "
-                            "all_reduce(tag=3), which peer 1 never launched")
-    complete(h, [a, b], 3)
-    assert h.send(a, m.VoteUpdateTopology()) == []
+    assert answers(acts) == {}
+    (rej,) = msgs(acts, m.VoteRejected)[a]
+    assert rej.kind == "topology" and not rej.deadlock and "same calls" in rej.reason
+    assert len(acts) == 1
+    assert sorted(msgs(launch(h, a, 3), m.CollectiveStart)) == [a, b]  # a follows
+
+
+def test_topology_vote_next_to_a_sync_vote_both_fail() -> None:
+    h = Harness()
+    a, b = h.run(0, 0)
+    assert h.send(a, sync_vote()) == []
+    acts = h.send(b, m.VoteUpdateTopology())
+    assert calls(acts) == {a: {"sync"}, b: {"topology"}}
+    assert reason(acts) == ("deadlock: peer 1 waits in sync_shared_state(); "
+                            "peer 2 waits in update_topology()")
+    h.send(a, m.VoteUpdateTopology())
     assert sorted(msgs(h.send(b, m.VoteUpdateTopology()), m.TopologyUpdated)) == [a, b]
 
 
@@ -208,16 +222,14 @@ def test_a_deadlock_in_one_group_fires_while_the_other_group_computes() -> None:
     assert sorted(msgs(launch(h, y, 1), m.CollectiveStart)) == [x, y]
 
 
-def test_global_vote_waits_for_a_free_peer_of_another_group() -> None:
+def test_global_vote_waits_for_free_peers_of_another_group() -> None:
     h = Harness()
-    a, b, x = h.run(0, 0, 1)
+    a, b, x, y = h.run(0, 0, 1, 1)
     assert h.send(a, m.VotePeersPending()) == []
-    assert h.send(b, sync_vote()) == []  # b's sync needs a; a's vote needs x, who is free
-    acts = h.send(x, sync_vote())  # x's own sync (group 1, alone) runs at once: x stays free
-    assert answers(acts) == {} and sorted(msgs(acts, m.SyncPlan)) == [x]
-    assert h.send(x, m.SyncDone(True)) != []
-    acts = h.send(x, m.VoteUpdateTopology())  # now x is blocked: a, b, x wait forever
-    assert calls(acts) == {a: {"pending"}, b: {"sync"}, x: {"topology"}}
+    assert h.send(b, sync_vote()) == []  # b's sync needs a; a's vote needs x and y: free
+    assert h.send(x, sync_vote()) == []  # group 1's sync needs y, who is still free
+    acts = h.send(y, m.VotePeersPending())  # now nobody is free
+    assert calls(acts) == {a: {"pending"}, b: {"sync"}, x: {"sync"}, y: {"pending"}}
 
 
 def test_every_launcher_of_a_rejected_collective_is_answered_awaiting_or_not() -> None:

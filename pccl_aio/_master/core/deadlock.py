@@ -35,7 +35,8 @@ class Board(Protocol):
         """Accepted peer -> its group."""
 
     def waits(self) -> Iterable[tuple[Item, Collection[int], Collection[int]]]:
-        """(item, peers that cast it, peers that wait on it) for every item someone waits on."""
+        """(item, peers that cast it, peers that wait on it) for every counted vote and every
+        collective that did not start (awaited or not)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,16 +125,20 @@ def find(board: Board) -> Deadlock | None:
 
 
 def conflict(board: Board) -> tuple[list[int], str] | None:
-    """Topology voters next to peers in ``are_peers_pending()`` or an awaited all-reduce: the
-    peers disagree on what to call next (``update_topology`` needs every peer idle), even if a
-    free peer may still act. (the topology voters to withdraw, the reason), or None."""
+    """Topology voters next to peers in ``are_peers_pending()`` or with a collective launched
+    that did not start: the peers disagree on what to call next (``update_topology`` needs
+    every peer idle; a launcher cannot vote for it before its collective ends). Checked at
+    every vote and launch, before ``find``: the topology callers fail at once, whoever else
+    is free, and the others wait for them to follow. (the voters to withdraw, reason) or None."""
     voters: list[int] = []
     busy: set[int] = set()
-    for (kind, _, _), _, waiters in board.waits():
+    for (kind, _, _), cast, waiters in board.waits():
         if kind == "topology":
             voters = sorted(waiters)
-        elif kind != "sync":
+        elif kind == "pending":
             busy.update(waiters)
+        elif kind == "collective":
+            busy.update(cast)
     if not voters or not busy:
         return None
     return voters, (f"peers {sorted(busy)} are in are_peers_pending() or an all-reduce while "

@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterator
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
 from .barrier import SyncBarrier
-from .deadlock import Deadlock, Item, conflict, find
+from .deadlock import Item, conflict, find
 from .events import Action, Close, Connected, Disconnected, Event, Malformed, Received, Send, Tick
 from .records import Op, Peer, describe, is_loopback, membership, version_reason
 
@@ -70,7 +70,7 @@ class _View:
         for g, voters in syncs.items():
             yield ("sync", g, 0), voters, voters
         for (g, tag), op in st._ops.items():
-            if op.waits and not op.seq:
+            if not op.seq:
                 yield ("collective", g, tag), op.descs, op.waits
 
 
@@ -161,12 +161,14 @@ class MasterState:
                     raise RemoteProtocolError(
                         "update_topology vote while already voting or with collectives running")
                 peer.voted_topology = True
+                self._check_conflict(out)
                 self._check_topology(out)
             case m.VotePeersPending():
                 self._require_accepted(peer, msg)
                 if peer.voted_pending:
                     raise RemoteProtocolError("duplicate peers-pending vote")
                 peer.voted_pending = True
+                self._check_conflict(out)
                 self._check_pending(out)
             case m.CollectiveInit():
                 self._require_accepted(peer, msg)
@@ -178,6 +180,7 @@ class MasterState:
                 peer.tags.add(msg.tag)
                 op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo,
                                        msg.quant_dtype)
+                self._check_conflict(out)
                 self._check_initiate(peer.group, msg.tag, out)
             case m.CollectiveWait():
                 self._require_accepted(peer, msg)
@@ -212,10 +215,7 @@ class MasterState:
             raise RemoteProtocolError(f"{type(msg).__name__} from a peer not yet accepted")
 
     def _withdraw(self, peer: Peer, kind: str) -> None:
-        """Take back a counted vote; a vote that already ended (or never was) is no error.
-
-        No vote can complete by losing a voter, so nothing is re-checked.
-        """
+        """Take back a counted vote; a vote that already ended (or never was) is no error."""
         if kind == "topology":
             peer.voted_topology = False
         elif kind == "pending":
@@ -250,12 +250,8 @@ class MasterState:
         accepted = [self._peers[c] for c in self.accepted()]
         return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns)]
 
-    def _settle(self, out: list[Action]) -> None:
-        """After an event: fail the calls that wait forever (``deadlock.find``), then withdraw
-        the topology votes next to another phase (``deadlock.conflict``)."""
-        found = find(self._view)
-        if found is not None:
-            self._fail(found, out)
+    def _check_conflict(self, out: list[Action]) -> None:
+        """Withdraw the topology votes next to another phase (``deadlock.conflict``)."""
         clash = conflict(self._view)
         if clash is not None:
             voters, reason = clash
@@ -263,9 +259,12 @@ class MasterState:
                 self._peers[c].voted_topology = False
                 out.append(Send(c, m.VoteRejected("topology", reason)))
 
-    def _fail(self, found: Deadlock, out: list[Action]) -> None:
-        """Withdraw every vote of the deadlocked peers and reject the collectives they await,
-        for everyone who launched them; each call gets the same reason."""
+    def _settle(self, out: list[Action]) -> None:
+        """After an event: fail every call of the peers that wait forever (``deadlock.find``):
+        withdraw their votes, reject the collectives they await for all who launched them."""
+        found = find(self._view)
+        if found is None:
+            return
         reason = found.reason()
         ops: list[tuple[int, int]] = []
         for c, items in found.waits.items():
