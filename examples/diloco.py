@@ -172,8 +172,13 @@ async def main(args: argparse.Namespace) -> int:
             if pending is None:  # a joiner receives the outer state and the step count here
                 try:
                     await comm.sync_shared_state(outer.state)
-                except pccl.SharedStateError:
-                    continue  # a peer serving our fetch died: vote again, sync again
+                except pccl.SharedStateError as exc:
+                    # Raised only on the peers whose fetch failed (every source died
+                    # mid-transfer, or a hash mismatch); a peer that had nothing to fetch
+                    # completed its sync and goes on to the all-reduce, so a retry here could
+                    # wait on another call forever. Leave: the others continue without us.
+                    log("failed", comm, error=repr(str(exc)))
+                    return 1
                 outer.state.revision += 1
                 if outer.count[0] >= args.steps:
                     break
