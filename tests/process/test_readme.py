@@ -1,0 +1,157 @@
+"""The README's code runs: every Python block as a real process against a master started here.
+
+The "Use" example, a peer program, runs with 2 and 3 peers started at the same moment and one
+after another (each next peer starts once the previous one is in the run), 10 times each: no
+run may hang (every process has a deadline), every peer must take part in all-reduces, and all
+peers must stop at the same step with the same weights. Markers above the blocks are described
+in ``tests/process/readme_blocks.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pccl_aio as pccl
+from tests.process.readme_blocks import Block, blocks, python_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKS = python_blocks()
+RUNNABLE = [b for b in BLOCKS if not b.not_run]
+USE = next(b for b in BLOCKS if b.section == "Use")
+DEADLINE = 60.0  # seconds any one process may take
+# A peer alone gives up after PATIENCE s (never reached when the runs go well).
+ENV = {"PATIENCE": "20"}
+FINAL = re.compile(r"^peer (\d+): (\d+) all-reduces, stopped at step (\d+), checksum (\S+)$",
+                   re.M)
+
+
+class Peers:
+    """The processes of one run, each running one README block; all killed at the end."""
+
+    def __init__(self, path: Path, env: dict[str, str]) -> None:
+        self.path, self.env = path, env
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.deadline = time.monotonic() + DEADLINE
+
+    async def start(self) -> asyncio.subprocess.Process:
+        path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(self.path), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **self.env})
+        self.procs.append(proc)
+        return proc
+
+    def left(self) -> float:
+        return max(0.1, self.deadline - time.monotonic())
+
+    async def first_line(self, proc: asyncio.subprocess.Process) -> str:
+        assert proc.stdout is not None
+        return (await asyncio.wait_for(proc.stdout.readline(), self.left())).decode()
+
+    async def finish(self) -> list[tuple[int, str, str]]:
+        """(exit status, stdout, stderr) of every process, in start order."""
+        results = await asyncio.wait_for(
+            asyncio.gather(*(p.communicate() for p in self.procs)), self.left())
+        return [(p.returncode or 0, out.decode(), err.decode())
+                for p, (out, err) in zip(self.procs, results)]
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+
+
+async def _run(block: Block, tmp: Path, peers: int, staggered: bool, steps: int = 30,
+               head: list[str] | None = None) -> list[tuple[int, str, str]]:
+    """Run ``block`` as ``peers`` processes against a fresh master (``STEPS=steps``)."""
+    path = tmp / f"readme_line_{block.line}.py"
+    path.write_text(block.code)
+    async with pccl.Master("127.0.0.1", 0) as master:
+        run = Peers(path, {**ENV, "STEPS": str(steps), "MASTER": master.address})
+        try:
+            for _ in range(peers):
+                proc = await run.start()
+                if staggered:  # the next one starts once this one is in the run
+                    line = await run.first_line(proc)
+                    if head is not None:
+                        head.append(line)
+            results = await run.finish()
+        finally:
+            run.kill()
+            await asyncio.gather(*(p.wait() for p in run.procs))
+    return results
+
+
+def _check_use_run(results: list[tuple[int, str, str]], steps: int, joiner: bool) -> None:
+    """Every peer exited 0 after all-reduces, all at the same step with the same weights;
+    ``joiner``: the last peer joined a group that was already reducing."""
+    report = "\n".join(f"--- peer process {i}: status {code}\n{out}{err[-2000:]}"
+                       for i, (code, out, err) in enumerate(results))
+    finals = [FINAL.findall(out) for _, out, _ in results]
+    assert all(code == 0 for code, _, _ in results), report
+    assert all(len(f) == 1 for f in finals), report
+    counts = [int(f[0][1]) for f in finals]
+    assert {int(f[0][2]) for f in finals} == {steps}, report  # all stopped at the same step
+    assert len({f[0][3] for f in finals}) == 1, report  # with the same weights
+    assert min(counts) >= 1, report  # everyone took part
+    assert sorted(counts)[-2:] == [steps, steps], report  # the first two did every step
+    if joiner:
+        assert counts[-1] < steps, report
+
+
+def test_the_readme_blocks_are_found_and_marked():
+    assert RUNNABLE and USE in RUNNABLE, BLOCKS
+    assert USE.peers >= 2
+    assert len(BLOCKS) - len(RUNNABLE) <= 1, [b.line for b in BLOCKS if b.not_run]
+    for b in BLOCKS:  # even a sketch that is not run must at least compile
+        compile(b.code, f"README.md:{b.line}", "exec")
+
+
+def test_the_block_parser_reads_fences_sections_and_markers():
+    text = ("# T\n\n## Use\n\n<!-- run: 3 peers with a master -->\n```python\nx = 1\n```\n"
+            "text\n<!-- not run: a sketch -->\n```python\n...\n```\n\n"
+            "- item\n\n  ```bash\n  echo hi\n  ```\n")
+    got = blocks(text)
+    assert [(b.lang, b.line, b.section, b.peers, b.not_run) for b in got] == [
+        ("python", 6, "Use", 3, ""), ("python", 11, "Use", 1, "a sketch"),
+        ("bash", 17, "Use", 1, "")]
+    assert got[0].code == "x = 1\n" and got[2].code == "echo hi\n"
+    with pytest.raises(ValueError, match="never closed"):
+        blocks("```python\nx = 1\n")
+    with pytest.raises(ValueError, match="unknown marker"):
+        blocks("<!-- not-run -->\n```python\nx = 1\n```\n")[0].check_note()
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b.line}" for b in RUNNABLE])
+async def test_each_python_block_runs(block: Block, tmp_path: Path):
+    results = await _run(block, tmp_path, block.peers, staggered=False)
+    for code, out, err in results:
+        assert code == 0 and "Traceback" not in err, f"status {code}\n{out}\n{err[-3000:]}"
+    if block is USE:
+        _check_use_run(results, 30, joiner=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("staggered", [False, True], ids=["together", "staggered"])
+@pytest.mark.parametrize("peers", [2, 3])
+async def test_the_use_example_always_reduces(peers: int, staggered: bool, tmp_path: Path):
+    """Staggered, the first peer waits alone, the second joins it; a third joins the two while
+    they reduce, so that run is longer (it must still be going when the third has started)."""
+    joiner = staggered and peers == 3
+    steps = 200 if joiner else 30
+    for _ in range(10):
+        head: list[str] = []
+        results = await _run(USE, tmp_path, peers, staggered, steps, head)
+        _check_use_run(results, steps, joiner)
+        assert all(line.endswith(" joined\n") for line in head), head
