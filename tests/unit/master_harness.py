@@ -165,7 +165,8 @@ def stuck_peers(members: dict[int, int], waits: dict[int, set[Item]],
                 voters: dict[Item, set[int]]) -> set[int]:
     """Accepted peers (``members``: peer -> group) that wait forever: start from every peer that
     waits on something; drop one if an item it waits on misses nobody, or misses a peer outside
-    the set; repeat. ``voters``: who cast each item."""
+    the set that can cast it (not one whose unstarted launch misses a peer of the set, for a
+    topology or sync vote); repeat. ``voters``: who cast each item (launched, for collectives)."""
 
     def missing(item: Item) -> set[int]:
         scope = {c for c, g in members.items() if item[0] in ("topology", "pending") or g == item[1]}
@@ -173,7 +174,11 @@ def stuck_peers(members: dict[int, int], waits: dict[int, set[Item]],
 
     stuck = {c for c, items in waits.items() if items and c in members}
     while True:
-        free = {c for c in stuck if any(not missing(i) or missing(i) - stuck for i in waits[c])}
+        held = {c for c in members if c not in stuck and any(
+            c in v and missing(x) & stuck for x, v in voters.items() if x[0] == "collective")}
+        free = {c for c in stuck if any(
+            not missing(i) or any(x not in stuck and not (i[0] in ("topology", "sync") and x in held)
+                                  for x in missing(i)) for i in waits[c])}
         if not free:
             return stuck
         stuck -= free

@@ -4,11 +4,15 @@ Peers that wait on each other forever (different tags, different votes, a collec
 never launches while it is blocked elsewhere) all fail at once: every vote of theirs gets
 ``VoteRejected(deadlock=True)`` and every unstarted collective they await gets
 ``CollectiveRejected(deadlock=True)`` for everyone who launched it. A free peer (computing: no
-counted vote, no awaited collective) may still act, so nothing fires while one can help.
+counted vote, no awaited collective) may still act, so nothing fires while one can help,
+unless the vote it misses is one it cannot cast: a topology or sync vote next to a launch of
+its that waits for a deadlocked peer. The older conflict rule for ``update_topology()`` next to
+a pending vote or a launch that needs no topology voter is tested in test_master_membership.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Iterable
 
 import pytest
@@ -27,6 +31,7 @@ from tests.unit.master_harness import (
 )
 
 pytestmark = pytest.mark.timeout(60)
+SAME = "; all peers must make the same calls in the same order"
 
 
 def launch(h: Harness, conn: int, tag: int, wait: bool = True) -> list[ms.Action]:
@@ -78,7 +83,7 @@ def test_two_peers_awaiting_different_tags_both_fail_at_once() -> None:
     assert all(isinstance(x, m.CollectiveRejected) for v in answers(acts).values() for x in v)
     assert reason(acts) == ("deadlock: peer 1 waits in all_reduce(tag=1), which peer 2 never "
                             "launched; peer 2 waits in all_reduce(tag=2), which peer 1 never "
-                            "launched")
+                            "launched" + SAME)
     assert [x for x in acts if not getattr(x.msg, "deadlock", False)] == []
     complete(h, [a, b], 1)
     complete(h, [a, b], 2)
@@ -93,31 +98,103 @@ def test_pending_vote_next_to_a_sync_vote_both_fail() -> None:
         a: [m.VoteRejected("pending", reason(acts), True)],
         b: [m.VoteRejected("sync", reason(acts), True)]}
     assert reason(acts) == ("deadlock: peer 1 waits in are_peers_pending(); "
-                            "peer 2 waits in sync_shared_state()")
+                            "peer 2 waits in sync_shared_state()" + SAME)
     # both votes are gone: the next sync needs both votes again, and then runs
     assert h.send(a, sync_vote()) == []
     assert sorted(msgs(h.send(b, sync_vote()), m.SyncPlan)) == [a, b]
 
 
 @pytest.mark.parametrize("topology_first", [True, False])
-def test_topology_vote_next_to_a_launched_all_reduce_fails_the_topology_call_only(
-        topology_first: bool) -> None:
-    """The older, stricter rule (``deadlock.conflict``): a launcher cannot vote for the topology
-    before its collective ends, so ``update_topology()`` fails at once, awaited or not, and
-    the other peers wait for the caller to follow (no deadlock: it is free again)."""
+def test_topology_vote_next_to_a_launch_that_needs_it_fails_alone(topology_first: bool) -> None:
+    """b launched tag 3 and computes: it cannot vote for the topology before tag 3 starts,
+    which needs a, who waits in update_topology(): a fails alone, at once (b is not blocked),
+    and b's collective waits for a to follow."""
     h = Harness()
     a, b = h.run(0, 0)
     if topology_first:
         assert h.send(a, m.VoteUpdateTopology()) == []
-        acts = launch(h, b, 3)
+        acts = launch(h, b, 3, wait=False)
     else:
-        assert launch(h, b, 3) == []
+        assert launch(h, b, 3, wait=False) == []
         acts = h.send(a, m.VoteUpdateTopology())
-    assert answers(acts) == {}
+    assert calls(acts) == {a: {"topology"}} and len(acts) == 1
+    assert reason(acts) == ("deadlock: peer 1 waits in update_topology(), which peer 2 cannot "
+                            "join before its all_reduce(tag=3) starts" + SAME)
+    assert h.send(b, m.CollectiveWait(3)) == []  # a is free again: it may follow
+    assert sorted(msgs(launch(h, a, 3), m.CollectiveStart)) == [a, b]
+
+
+def test_sync_vote_next_to_a_launch_that_needs_it_fails_alone() -> None:
+    h = Harness()
+    a, b = h.run(0, 0)
+    assert launch(h, b, 1, wait=False) == []
+    acts = h.send(a, sync_vote())
+    assert calls(acts) == {a: {"sync"}}
+    assert reason(acts) == ("deadlock: peer 1 waits in sync_shared_state(), which peer 2 "
+                            "cannot join before its all_reduce(tag=1) starts" + SAME)
+    assert sorted(msgs(launch(h, a, 1), m.CollectiveStart)) == [a, b]
+
+
+def test_topology_vote_next_to_a_launch_that_needs_none_of_it_fails_alone() -> None:
+    """The conflict rule (``deadlock.conflict``): x and y of group 1 launched tag 1, which can
+    start without a; a's update_topology() fails alone, at once (deadlock False)."""
+    h = Harness()
+    a, _, x, y = h.run(0, 0, 1, 1)
+    assert launch(h, y, 1) == []
+    acts = h.send(a, m.VoteUpdateTopology())
+    assert answers(acts) == {} and len(acts) == 1
     (rej,) = msgs(acts, m.VoteRejected)[a]
     assert rej.kind == "topology" and not rej.deadlock and "same calls" in rej.reason
-    assert len(acts) == 1
-    assert sorted(msgs(launch(h, a, 3), m.CollectiveStart)) == [a, b]  # a follows
+    assert sorted(msgs(launch(h, x, 1), m.CollectiveStart)) == [x, y]
+
+
+def test_topology_vote_next_to_an_awaited_all_reduce_both_fail() -> None:
+    h = Harness()
+    a, b = h.run(0, 0)
+    assert launch(h, b, 3) == []
+    acts = h.send(a, m.VoteUpdateTopology())
+    assert calls(acts) == {a: {"topology"}, b: {3}}
+    assert reason(acts) == ("deadlock: peer 1 waits in update_topology(); peer 2 waits in "
+                            "all_reduce(tag=3), which peer 1 never launched" + SAME)
+    complete(h, [a, b], 3)
+    assert h.send(a, m.VoteUpdateTopology()) == []
+    assert sorted(msgs(h.send(b, m.VoteUpdateTopology()), m.TopologyUpdated)) == [a, b]
+
+
+def _orders() -> list[tuple[str, ...]]:
+    """Every arrival order of p0's and p1's launch+wait and p2's topology vote."""
+    steps = ("0 init", "0 wait", "1 init", "1 wait", "2 vote")
+    return [o for o in itertools.permutations(steps)
+            if o.index("0 init") < o.index("0 wait") and o.index("1 init") < o.index("1 wait")]
+
+
+@pytest.mark.parametrize("order", _orders(), ids=" -> ".join)
+def test_peer_in_update_topology_never_launches_what_the_others_await(
+        order: tuple[str, ...]) -> None:
+    """Issue 16's "never" case in every arrival order: all three fail with the deadlock once
+    both launched and p2 voted, unless neither launcher awaits tag 0 yet at that moment: then
+    the topology call fails alone (both launchers still compute). A peer that sends its
+    launch and its wait at once never leaves that window open."""
+    h = Harness()
+    peers = h.run(0, 0, 0)
+    acts: list[ms.Action] = []
+    for step in order:
+        who, what = step.split()
+        c = peers[int(who)]
+        if what == "vote":
+            acts += h.send(c, m.VoteUpdateTopology())
+        else:
+            acts += launch(h, c, 0, wait=False) if what == "init" else h.send(
+                c, m.CollectiveWait(0))
+    p0, p1, p2 = peers
+    last = max(order.index(x) for x in ("0 init", "1 init", "2 vote"))
+    if order.index("0 wait") > last and order.index("1 wait") > last:
+        assert calls(acts) == {p2: {"topology"}}  # nobody awaited tag 0 yet: as above
+        assert sorted(msgs(launch(h, p2, 0), m.CollectiveStart)) == peers  # p2 follows
+    else:
+        assert calls(acts) == {p0: {0}, p1: {0}, p2: {"topology"}}
+        assert "peer 3 waits in update_topology()" in reason(acts)
+        complete(h, peers, 0)
 
 
 def test_topology_vote_next_to_a_sync_vote_both_fail() -> None:
@@ -127,7 +204,7 @@ def test_topology_vote_next_to_a_sync_vote_both_fail() -> None:
     acts = h.send(b, m.VoteUpdateTopology())
     assert calls(acts) == {a: {"sync"}, b: {"topology"}}
     assert reason(acts) == ("deadlock: peer 1 waits in sync_shared_state(); "
-                            "peer 2 waits in update_topology()")
+                            "peer 2 waits in update_topology()" + SAME)
     h.send(a, m.VoteUpdateTopology())
     assert sorted(msgs(h.send(b, m.VoteUpdateTopology()), m.TopologyUpdated)) == [a, b]
 
@@ -141,7 +218,7 @@ def test_peer_that_never_launches_while_blocked_elsewhere_fails_with_the_waiters
     assert calls(acts) == {a: {1}, b: {1}, c: {"pending"}}
     assert reason(acts) == ("deadlock: peer 1 waits in all_reduce(tag=1), which peer 3 never "
                             "launched; peer 2 waits in all_reduce(tag=1), which peer 3 never "
-                            "launched; peer 3 waits in are_peers_pending()")
+                            "launched; peer 3 waits in are_peers_pending()" + SAME)
     complete(h, [a, b, c], 1)
 
 
@@ -341,7 +418,7 @@ def test_find_names_the_first_peers_and_counts_the_rest() -> None:
     assert found is not None and sorted(found.waits) == list(members)
     text = found.reason()
     assert "peer 8 waits" in text and "peer 9 waits" not in text
-    assert text.endswith("; and 4 more peers")
+    assert text.endswith("; and 4 more peers" + SAME)
     assert "which peers 2, 3, 4, 5, 6, 7, 8, 9 and more never launched" in text
 
 

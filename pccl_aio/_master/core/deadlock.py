@@ -6,9 +6,14 @@ must cast it), a counted sync vote of its group, or a collective ``(group, tag)`
 the group must cast it). A peer that waits on at least one item is *blocked*; one that is
 computing, or syncing and waiting for the others' ``SyncDone``, is free.
 
-Rule (a fixpoint): start from every blocked peer; remove a peer if an item it waits on still
-misses a required peer outside the set (a free peer may still act) or misses nobody (it is
-about to complete); repeat until nothing changes. The peers left wait forever.
+Rule (a fixpoint): start from every blocked peer; remove a peer if an item it waits on misses
+nobody (it is about to complete) or misses a peer outside the set that can still cast it (a
+free peer may still act). A free peer cannot cast a topology or sync vote while a collective
+it launched waits for a peer in the set (the master refuses those votes next to a launch).
+Repeat until nothing changes: the peers left wait forever.
+
+``conflict`` is the older, stricter rule for ``update_topology()``, checked first at votes and
+launches: the topology callers fail alone and the others wait for them to follow.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ Kind: TypeAlias = Literal["topology", "pending", "sync", "collective"]
 #: (kind, group, tag); group and tag are 0 where the kind has none.
 Item: TypeAlias = tuple[Kind, int, int]
 _GLOBAL = ("topology", "pending")
+_HELD = ("topology", "sync")  # votes a peer cannot cast while a launch of its is unstarted
 _CALLS = {"topology": "update_topology()", "pending": "are_peers_pending()",
           "sync": "sync_shared_state()"}
 _LISTED = 8  # peers named in a reason; the rest are counted
@@ -36,15 +42,17 @@ class Board(Protocol):
 
     def waits(self) -> Iterable[tuple[Item, Collection[int], Collection[int]]]:
         """(item, peers that cast it, peers that wait on it) for every counted vote and every
-        collective that did not start (awaited or not)."""
+        collective that did not start (awaited or not); no item twice."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Deadlock:
-    """The peers that wait forever, what each waits on, and who each item misses."""
+    """The peers that wait forever, what each waits on, who each item misses, and which free
+    peers a launch holds back (peer -> its collective that waits for a deadlocked peer)."""
 
     waits: dict[int, list[Item]]
     missing: dict[Item, list[int]]
+    held: dict[int, Item]
 
     def reason(self) -> str:
         """Who waits on what, by peer id, for every rejected call's message."""
@@ -53,94 +61,95 @@ class Deadlock:
                  for c in peers[:_LISTED]]
         if len(peers) > _LISTED:
             parts.append(f"and {len(peers) - _LISTED} more peers")
-        return "deadlock: " + "; ".join(parts)
+        return ("deadlock: " + "; ".join(parts)
+                + "; all peers must make the same calls in the same order")
 
     def _call(self, item: Item) -> str:
         kind, _, tag = item
-        if kind != "collective":
-            return _CALLS[kind]
         miss = self.missing[item]
-        who = (f"peer {miss[0]}" if len(miss) == 1 else "peers " + ", ".join(
-            map(str, miss[:_LISTED])) + (" and more" if len(miss) > _LISTED else ""))
-        return f"all_reduce(tag={tag}), which {who} never launched"
+        if kind == "collective":
+            return f"all_reduce(tag={tag}), which {_peers(miss)} never launched"
+        held = [c for c in miss if c in self.held]
+        if not held:
+            return _CALLS[kind]
+        return _CALLS[kind] + ", " + ", ".join(
+            f"which peer {c} cannot join before its all_reduce(tag={self.held[c][2]}) starts"
+            for c in held[:_LISTED])
+
+
+def _peers(conns: list[int]) -> str:
+    if len(conns) == 1:
+        return f"peer {conns[0]}"
+    more = " and more" if len(conns) > _LISTED else ""
+    return "peers " + ", ".join(map(str, conns[:_LISTED])) + more
 
 
 def find(board: Board) -> Deadlock | None:
-    """The deadlocked peers on ``board``, or None. One pass is O(peers + items + votes)."""
-    entries = [(item, voters, list(waiters)) for item, voters, waiters in board.waits()
-               if waiters]
-    if not entries:
+    """The deadlocked peers on ``board``, or None. A pass is linear in the peers each item
+    needs; passes repeat only while peers leave the set."""
+    items = [(item, cast, waiters) for item, cast, waiters in board.waits()]
+    if not any(waiters for _, _, waiters in items):
         return None
     members = board.members()
-    size: dict[int, int] = {}  # group -> accepted members
-    for g in members.values():
-        size[g] = size.get(g, 0) + 1
-    scope = [len(members) if item[0] in _GLOBAL else size.get(item[1], 0)
-             for item, _, _ in entries]
-    cast = [[v for v in voters if v in members and (item[0] in _GLOBAL or members[v] == item[1])]
-            for item, voters, _ in entries]
-    by_peer: dict[int, list[int]] = {}
-    for i, (_, _, waiters) in enumerate(entries):
+    groups: dict[int, set[int]] = {}
+    for c, g in members.items():
+        groups.setdefault(g, set()).add(c)
+    everyone = set(members)
+    missing: dict[Item, set[int]] = {}  # item -> required peers that have not cast it
+    waits: dict[int, list[Item]] = {}
+    launches: dict[int, list[Item]] = {}  # peer -> unstarted collectives it launched
+    for item, cast, waiters in items:
+        scope = everyone if item[0] in _GLOBAL else groups.get(item[1], set())
+        missing[item] = scope.difference(cast)
         for c in waiters:
             if c in members:
-                by_peer.setdefault(c, []).append(i)
-    stuck = set(by_peer)
-    free_all = len(members) - len(stuck)
-    free_in = dict(size)  # group -> members outside ``stuck``
-    for c in stuck:
-        free_in[members[c]] -= 1
-    free_cast = [sum(v not in stuck for v in vs) for vs in cast]
-    voted_in: dict[int, list[int]] = {}
-    for i, vs in enumerate(cast):
-        for v in vs:
-            voted_in.setdefault(v, []).append(i)
-
-    def moves(i: int) -> bool:
-        """Item ``i`` misses nobody, or someone who is free."""
-        item = entries[i][0]
-        free = free_all if item[0] in _GLOBAL else free_in.get(item[1], 0)
-        return len(cast[i]) == scope[i] or free > free_cast[i]
-
-    changed = True
-    while changed and stuck:
-        changed = False
-        for c in sorted(stuck):
-            if any(moves(i) for i in by_peer[c]):
-                stuck.discard(c)
-                free_all += 1
-                free_in[members[c]] += 1
-                for i in voted_in.get(c, ()):
-                    free_cast[i] += 1
-                changed = True
+                waits.setdefault(c, []).append(item)
+        if item[0] == "collective":
+            for c in cast:
+                if c in members:
+                    launches.setdefault(c, []).append(item)
+    stuck = set(waits)
+    while stuck:
+        held = {c: next(x for x in ls if missing[x] & stuck) for c, ls in launches.items()
+                if c not in stuck and any(missing[x] & stuck for x in ls)}
+        free = {c for c in stuck if any(_moves(x, missing[x], stuck, held) for x in waits[c])}
+        if not free:
+            break
+        stuck -= free
     if not stuck:
         return None
-    waits = {c: [entries[i][0] for i in by_peer[c]] for c in sorted(stuck)}
-    missing: dict[Item, list[int]] = {}
-    for i, (item, voters, _) in enumerate(entries):
-        if any(c in stuck for c in entries[i][2]):
-            voted = set(voters)
-            missing[item] = sorted(c for c, g in members.items() if c not in voted and (
-                item[0] in _GLOBAL or g == item[1]))
-    return Deadlock(waits, missing)
+    return Deadlock({c: waits[c] for c in sorted(stuck)},
+                    {x: sorted(missing[x]) for c in stuck for x in waits[c]}, held)
+
+
+def _moves(item: Item, missing: set[int], stuck: set[int], held: dict[int, Item]) -> bool:
+    """``item`` misses nobody, or a peer outside ``stuck`` that can still cast it."""
+    able = missing - stuck
+    if item[0] in _HELD:
+        able.difference_update(held)
+    return not missing or bool(able)
 
 
 def conflict(board: Board) -> tuple[list[int], str] | None:
-    """Topology voters next to peers in ``are_peers_pending()`` or with a collective launched
-    that did not start: the peers disagree on what to call next (``update_topology`` needs
-    every peer idle; a launcher cannot vote for it before its collective ends). Checked at
-    every vote and launch, before ``find``: the topology callers fail at once, whoever else
-    is free, and the others wait for them to follow. (the voters to withdraw, reason) or None."""
-    voters: list[int] = []
-    busy: set[int] = set()
-    for (kind, _, _), cast, waiters in board.waits():
-        if kind == "topology":
-            voters = sorted(waiters)
-        elif kind == "pending":
-            busy.update(waiters)
-        elif kind == "collective":
-            busy.update(cast)
-    if not voters or not busy:
+    """At a topology or pending vote and at a launch: topology voters next to a pending vote,
+    or next to a launched, unstarted collective that needs none of them (its launchers go on
+    to another phase), fail alone, at once; the others wait for them to follow. A launch that
+    needs a topology voter is ``find``'s case. (the voters to withdraw, the reason), or None."""
+    waits = list(board.waits())
+    voters = set(next((w for (kind, _, _), _, w in waits if kind == "topology"), ()))
+    if not voters:
         return None
-    return voters, (f"peers {sorted(busy)} are in are_peers_pending() or an all-reduce while "
-                    f"peers {voters} called update_topology(); all peers must make the same "
-                    "calls in the same order")
+    members = board.members()
+    busy: set[int] = set()
+    for (kind, group, _), cast, waiters in waits:
+        if kind == "pending":
+            busy.update(waiters)
+        elif kind == "collective" and not any(
+                members.get(c) == group and c not in cast for c in voters):
+            busy.update(cast)
+    if not busy:
+        return None
+    return sorted(voters), (
+        f"peers {sorted(busy)} are in are_peers_pending() or an all-reduce while peers "
+        f"{sorted(voters)} called update_topology(); all peers must make the same calls in "
+        "the same order")
