@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import signal
 import socket
+import sys
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
@@ -188,9 +190,59 @@ class Master:
                 writer.close()
 
 
-async def _run_cli(args: argparse.Namespace) -> None:
+_DESCRIPTION = """\
+Run a pccl_aio master. Peers join a run through it (pccl_aio.Communicator("HOST:PORT")):
+it admits them, counts their votes and starts their collectives; tensor data flows between
+the peers, never through the master. One master serves one run. Ctrl-C or SIGTERM stops it
+(exit status 0)."""
+_EPILOG = "example: python -m pccl_aio.master --port 48148 --log-level debug"
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
+    return port
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pccl_aio.master", description=_DESCRIPTION,
+                                epilog=_EPILOG,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address to listen on; 0.0.0.0 listens on every interface")
+    p.add_argument("--port", type=_port, default=48148,
+                   help="TCP port to listen on; 0 lets the OS pick one (the log says which)")
+    p.add_argument("--heartbeat-timeout", type=_seconds, default=5.0, metavar="SECONDS",
+                   help="a peer silent this long is treated as dead")
+    p.add_argument("--log-level", type=str.upper, choices=_LEVELS, default="INFO",
+                   help="least severe log messages shown (any case)")
+    return p
+
+
+async def _run_cli(args: argparse.Namespace) -> int:
     master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout)
-    await master.start()
+    try:
+        await master.start()
+    except OSError as exc:
+        print(f"pccl_aio.master: cannot listen on {args.host}:{args.port}: {_why(exc)}",
+              file=sys.stderr)
+        await master.close()
+        return 2
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -199,19 +251,20 @@ async def _run_cli(args: argparse.Namespace) -> None:
     await stop.wait()
     log.info("shutting down")
     await master.close()
+    return 0
+
+
+def _why(exc: OSError) -> str:
+    """``address already in use``: the system's words for ``exc``, without asyncio's frame."""
+    text = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
+    return text[:1].lower() + text[1:]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point: ``python -m pccl_aio.master``."""
-    p = argparse.ArgumentParser(prog="python -m pccl_aio.master", description=__doc__)
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=48148)
-    p.add_argument("--heartbeat-timeout", type=float, default=5.0)
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
+    """Command-line entry point: ``python -m pccl_aio.master`` (``--help`` says more)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .. import run
 
-    run(_run_cli(args))
-    return 0
+    return run(_run_cli(args))

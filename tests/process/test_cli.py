@@ -1,4 +1,6 @@
-"""``python -m pccl_aio.master``: logs where it listens, serves, shuts down on SIGINT/SIGTERM."""
+"""``python -m pccl_aio.master``: logs where it listens, serves, shuts down on SIGINT/SIGTERM;
+help for users with defaults, one line and exit status 2 for a port in use, ``--log-level``
+and the other options checked by argparse (usage error, exit status 2), never a traceback."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import asyncio
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 
 import numpy as np
@@ -13,6 +17,15 @@ import pytest
 
 import pccl_aio as pccl
 from tests.process.procs import HERE
+
+pytestmark = pytest.mark.timeout(60)
+ENV = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the master's command line to its end (it must end by itself)."""
+    return subprocess.run([sys.executable, "-m", "pccl_aio.master", *args], env=ENV,
+                          capture_output=True, text=True, timeout=30, check=False)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -43,6 +56,73 @@ async def test_master_cli_serves_and_stops_cleanly(sig):
                 await a.are_peers_pending()
         rest = (await proc.stderr.read()).decode()
         assert "shutting down" in rest
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_help_is_written_for_users_and_shows_defaults():
+    done = cli("--help")
+    assert done.returncode == 0 and done.stderr == ""
+    out = done.stdout
+    assert out.startswith("usage: python -m pccl_aio.master")
+    assert "Peers join a run through it" in out and "Ctrl-C or SIGTERM" in out
+    assert "sans-IO" not in out and "``" not in out  # not the module's docstring
+    for default in ("(default: 0.0.0.0)", "(default: 48148)", "(default: 5.0)",
+                    "(default: INFO)"):
+        assert default in " ".join(out.split()), default
+    assert "--log-level {DEBUG,INFO,WARNING,ERROR}" in out
+
+
+def test_port_in_use_is_one_line_and_exit_status_2():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = cli("--host", "127.0.0.1", "--port", str(port))
+    assert done.returncode == 2
+    assert done.stderr == (f"pccl_aio.master: cannot listen on 127.0.0.1:{port}: "
+                           "address already in use\n")
+    assert done.stdout == ""
+
+
+def test_host_that_cannot_be_bound_is_one_line_and_exit_status_2():
+    done = cli("--host", "192.0.2.1", "--port", "0")  # TEST-NET-1: never a local address
+    assert done.returncode == 2
+    assert done.stderr.startswith("pccl_aio.master: cannot listen on 192.0.2.1:0: ")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--log-level", "verbose"], "argument --log-level: invalid choice: 'VERBOSE'"),
+    (["--log-level", ""], "argument --log-level: invalid choice"),
+    (["--port", "99999"], "argument --port: '99999' is not a port (0-65535)"),
+    (["--port", "http"], "argument --port: 'http' is not a port"),
+    (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: '0' is not a positive"),
+    (["--heartbeat-timeout", "nan"], "argument --heartbeat-timeout: 'nan' is not a positive"),
+])
+def test_bad_options_are_usage_errors(args, words):
+    done = cli(*args)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: python -m pccl_aio.master")
+    assert words in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_log_level_is_case_insensitive():
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pccl_aio.master", "--host", "127.0.0.1", "--port", "0",
+        "--log-level", "debug", stderr=asyncio.subprocess.PIPE, env=ENV)
+    try:
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        assert " DEBUG pccl_aio.master: connection 1 from " in line
+        writer.close()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
     finally:
         if proc.returncode is None:
             proc.kill()
