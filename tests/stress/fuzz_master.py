@@ -161,7 +161,8 @@ class Fuzzer:
                 self.send(r.choice(idle if idle and r.random() < 0.95 else acc), msg)
         elif kind == "group topology":
             for conn in self.accepted():
-                if not self.st._peers[conn].tags:
+                p = self.st._peers.get(conn)  # (an earlier vote may have kicked it)
+                if p is not None and not p.tags:
                     self.send(conn, m.VoteUpdateTopology())
         elif kind == "init":
             acc = self.accepted()

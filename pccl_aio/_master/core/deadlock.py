@@ -87,7 +87,7 @@ def _peers(conns: list[int]) -> str:
 def find(board: Board) -> Deadlock | None:
     """The deadlocked peers on ``board``, or None. A pass is linear in the peers each item
     needs; passes repeat only while peers leave the set."""
-    items = [(item, cast, waiters) for item, cast, waiters in board.waits()]
+    items = list(board.waits())
     if not any(waiters for _, _, waiters in items):
         return None
     members = board.members()
