@@ -35,7 +35,7 @@ from .core.config import PeerConfig
 
 log = logging.getLogger("pccl_aio.communicator")
 
-_WITHDRAWABLE = ("topology", "pending")  # votes a cancelled caller takes back
+_WITHDRAWABLE = ("topology", "pending", "sync")  # votes a cancelled caller takes back
 _CALLS = {"topology": "update_topology()", "pending": "are_peers_pending()",
           "sync": "sync_shared_state()"}
 
@@ -58,6 +58,7 @@ class ControlPlane:
         self.connected = False
         self._on_membership = on_membership
         self._votes: dict[str, asyncio.Future[Any]] = {}
+        self._withdrawing: dict[str, int] = {}  # kind -> WithdrawVotes not yet acknowledged
         self._writer: asyncio.StreamWriter | None = None
         self._joined: asyncio.Future[None] | None = None
         self._last_master = 0.0
@@ -188,6 +189,8 @@ class ControlPlane:
                 del self._votes[kind]
                 with contextlib.suppress(PcclError):
                     self.send(m.WithdrawVote(kind))  # type: ignore[arg-type]
+                    # answers of this kind until the master's VoteWithdrawn are stale
+                    self._withdrawing[kind] = self._withdrawing.get(kind, 0) + 1
             raise
 
     def expect(self, kind: str) -> asyncio.Future[Any]:
@@ -280,8 +283,14 @@ class ControlPlane:
                 self._resolve("topology", None)
             case m.SyncPlan():
                 self._resolve("sync", msg)
-            case m.SyncFailed(reason=reason):
-                self._reject("sync", SharedStateError(f"shared-state sync failed: {reason}"))
+            case m.SyncFailed(reason=reason, completed=completed):
+                exc = SharedStateError(f"shared-state sync failed: {reason}")
+                self._reject("sync_done" if completed else "sync", exc)
+            case m.VoteWithdrawn(kind=kind):
+                if (n := self._withdrawing.get(kind, 0)) > 1:
+                    self._withdrawing[kind] = n - 1
+                else:
+                    self._withdrawing.pop(kind, None)
             case m.SyncComplete():
                 self._resolve("sync_done", msg)
             case m.VoteRejected(kind=kind, reason=reason, deadlock=deadlock):
@@ -293,11 +302,15 @@ class ControlPlane:
                 pass  # MasterHeartbeat: liveness only
 
     def _resolve(self, kind: str, value: Any) -> None:
+        if kind in self._withdrawing:  # the answer to a vote taken back
+            return
         fut = self._votes.pop(kind, None)
         if fut is not None and not fut.done():
             fut.set_result(value)
 
     def _reject(self, kind: str, exc: PcclError) -> None:
+        if kind in self._withdrawing:
+            return
         fut = self._votes.pop(kind, None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)

@@ -135,10 +135,11 @@ class CollectiveWait(_Msg, frozen=True, tag=11):
 
 
 class WithdrawVote(_Msg, frozen=True, tag=10):
-    """The caller stopped waiting on its ``update_topology`` ("topology") or
-    ``are_peers_pending`` ("pending") vote: take it back (ignored if the vote already ended)."""
+    """The caller stopped waiting on its ``update_topology`` ("topology"),
+    ``are_peers_pending`` ("pending") or ``sync_shared_state`` ("sync") vote: take it back
+    (a sync it already takes part in counts as failed). Always answered by ``VoteWithdrawn``."""
 
-    kind: Literal["topology", "pending"]
+    kind: Literal["topology", "pending", "sync"]
 
 
 # ---- master -> peer ------------------------------------------------------------------------
@@ -247,9 +248,19 @@ class SyncComplete(_Msg, frozen=True, tag=77):
 
 
 class SyncFailed(_Msg, frozen=True, tag=78):
-    """The group's sync could not run (e.g. no up-to-date peer); nothing was changed."""
+    """The group's sync could not run (e.g. no up-to-date peer; nothing was changed), or a
+    participant's fetch failed (``completed``: sent instead of ``SyncComplete``; every peer
+    retries)."""
 
     reason: str
+    completed: bool = False
+
+
+class VoteWithdrawn(_Msg, frozen=True, tag=79):
+    """The master handled this peer's ``WithdrawVote(kind)``: answers of that kind sent before
+    this one belong to the withdrawn vote, the ones after it to a new vote."""
+
+    kind: Literal["topology", "pending", "sync"]
 
 
 class VoteRejected(_Msg, frozen=True, tag=75):
@@ -268,7 +279,7 @@ PeerToMaster: TypeAlias = (
 MasterToPeer: TypeAlias = (
     Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart
     | CollectiveComplete | CollectiveAbort | CollectiveRejected | Kicked | MasterHeartbeat
-    | VoteRejected | SyncPlan | SyncComplete | SyncFailed
+    | VoteRejected | SyncPlan | SyncComplete | SyncFailed | VoteWithdrawn
 )
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

@@ -250,13 +250,18 @@ def test_topology_vote_waits_for_peers_in_a_running_collective() -> None:
 # ---- withdrawn votes: the caller cancelled update_topology() / are_peers_pending() -------------
 
 
+def ack(conn: int, kind: str) -> list[ms.Action]:
+    """The master's only reply to a registered peer's WithdrawVote."""
+    return [ms.Send(conn, m.VoteWithdrawn(kind))]  # type: ignore[arg-type]
+
+
 def test_withdrawn_topology_vote_frees_the_peer_for_a_collective() -> None:
     """Regression: a cancelled update_topology() left its vote counted, so the peer's next
     CollectiveInit was kicked with "collective tag 1 already running"."""
     h = Harness()
     a, b = h.run(0, 0)
     assert h.send(a, m.VoteUpdateTopology()) == []
-    assert h.send(a, m.WithdrawVote("topology")) == []
+    assert h.send(a, m.WithdrawVote("topology")) == ack(a, "topology")
     assert h.send(a, m.CollectiveInit(1, 8, 10, 0)) == []  # not kicked
     acts = h.send(b, m.CollectiveInit(1, 8, 10, 0))
     assert closes(acts) == [] and msgs(acts, m.VoteRejected) == {}
@@ -275,7 +280,7 @@ def test_withdrawn_topology_vote_no_longer_counts_until_the_peer_votes_again() -
     epoch = h.st.epoch
     assert h.send(a, m.VoteUpdateTopology()) == []
     assert h.send(b, m.VoteUpdateTopology()) == []
-    assert h.send(a, m.WithdrawVote("topology")) == []
+    assert h.send(a, m.WithdrawVote("topology")) == ack(a, "topology")
     assert h.send(c, m.VoteUpdateTopology()) == []  # b and c voted, a withdrew: p waits
     assert h.st.pending() == [p] and h.st.epoch == epoch
     acts = h.send(a, m.VoteUpdateTopology())  # voting again is legal, not a duplicate
@@ -288,7 +293,7 @@ def test_withdrawn_pending_vote_no_longer_counts_until_the_peer_votes_again() ->
     a, b, c = h.run(0, 0, 1)
     h.join(0)
     assert h.send(a, m.VotePeersPending()) == []
-    assert h.send(a, m.WithdrawVote("pending")) == []
+    assert h.send(a, m.WithdrawVote("pending")) == ack(a, "pending")
     assert h.send(b, m.VotePeersPending()) == []
     assert h.send(c, m.VotePeersPending()) == []  # a's vote is gone: no answer yet
     acts = h.send(a, m.VotePeersPending())
@@ -306,7 +311,7 @@ def test_withdraw_after_the_vote_completed_is_ignored(kind: str) -> None:
     h.send(b, vote)
     assert sorted(msgs(h.send(a, vote), answer)) == [a, b]
     epoch, accepted = h.st.epoch, h.st.accepted()
-    assert h.send(a, m.WithdrawVote(kind)) == []
+    assert h.send(a, m.WithdrawVote(kind)) == ack(a, kind)
     assert h.st.epoch == epoch and h.st.accepted() == accepted
     # the next round is a fresh one: it needs every vote again, and a's counts
     voters = h.st.accepted()
@@ -321,15 +326,15 @@ def test_withdraw_without_a_counted_vote_is_ignored_and_never_kicks(kind: str) -
     a, b = h.run(0, 0)
     p, _ = h.join(0)
     u = h.connect()
-    for conn in (a, b, p, u):  # never voted; pending; no Hello yet
-        assert h.send(conn, m.WithdrawVote(kind)) == []
+    for conn in (a, b, p, u):  # never voted; pending; no Hello yet (no acknowledgement)
+        assert h.send(conn, m.WithdrawVote(kind)) == ([] if conn == u else ack(conn, kind))
     assert h.st.accepted() == [a, b] and h.st.pending() == [p]
     assert sent_to(h.hello(u), u) == [m.Welcome(u, False)]
     # a's vote of the other kind is untouched: b's vote completes it
     other, answer = ((m.VotePeersPending(), m.PeersPendingAnswer) if kind == "topology"
                      else (m.VoteUpdateTopology(), m.TopologyUpdated))
     assert h.send(a, other) == []
-    assert h.send(a, m.WithdrawVote(kind)) == []
+    assert h.send(a, m.WithdrawVote(kind)) == ack(a, kind)
     assert sorted(msgs(h.send(b, other), answer)) == [a, b]
 
 
@@ -339,7 +344,7 @@ def test_withdraw_of_a_topology_vote_the_master_already_rejected_is_ignored() ->
     h.send(a, m.VoteUpdateTopology())
     acts = h.send(b, m.VotePeersPending())  # conflicting phases: a's vote is withdrawn
     assert [type(x) for x in sent_to(acts, a)] == [m.VoteRejected]
-    assert h.send(a, m.WithdrawVote("topology")) == []
+    assert h.send(a, m.WithdrawVote("topology")) == ack(a, "topology")
     assert msgs(h.send(a, m.VotePeersPending()), m.PeersPendingAnswer) == {
         a: [m.PeersPendingAnswer(False)], b: [m.PeersPendingAnswer(False)]}
 

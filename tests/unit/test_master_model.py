@@ -228,8 +228,11 @@ class Model:
             else:
                 self.peers[c].voted_pending = False
             acts = self.send(c, m.WithdrawVote(vote), legal=True)
-            assert all(getattr(a.msg, "deadlock", False) for a in acts), \
-                "a withdrawal has no reply (it may leave others deadlocked, though)"
+            assert [a for a in acts if isinstance(a.msg, m.VoteWithdrawn)] == [
+                ms.Send(c, m.VoteWithdrawn(vote))], "a withdrawal is acknowledged once"
+            assert all(getattr(a.msg, "deadlock", False) for a in acts
+                       if not isinstance(a.msg, m.VoteWithdrawn)), \
+                "a withdrawal has no other reply (it may leave others deadlocked, though)"
         elif kind == "wait":
             cands = [(c, t) for c in accepted for t, s in self.peers[c].outstanding.items()
                      if s == 0 and t not in self.peers[c].awaited]
@@ -274,6 +277,9 @@ class Model:
             parts.discard(c)
             if not parts:
                 del self.sync_parts[p.group]
+        if p.accepted and not any(q.accepted and q.group == p.group
+                                  for x, q in self.peers.items() if x != c):
+            self.revisions.pop(p.group, None)  # an empty group starts afresh
 
     def finish(self) -> None:
         """Everyone but one accepted peer leaves: the survivor must have no vote outstanding."""
@@ -309,8 +315,10 @@ class Model:
                 continue
             p = self.peers[a.conn]
             msg = a.msg
-            if (isinstance(msg, m.SyncPlan | m.SyncFailed) or (isinstance(msg, m.Kicked)
-                    and a.conn != offender and p.sync_vote is not None)):
+            started = isinstance(msg, m.SyncPlan) or (
+                isinstance(msg, m.SyncFailed) and not msg.completed)
+            if started or (isinstance(msg, m.Kicked) and a.conn != offender
+                           and p.sync_vote is not None):
                 self.sync_started(p.group)
             match msg:
                 case m.Kicked():
@@ -358,12 +366,12 @@ class Model:
                     assert p.outstanding.get(tag) == 0, (a, p)
                     self.deadlock_answer(a.conn, tag, msg)
                     self.terminal(p, tag)
+                case m.SyncFailed(completed=True) | m.SyncComplete():
+                    self.check_complete(a.conn, p, msg)
                 case m.SyncPlan() | m.SyncFailed():
                     self.check_plan(a.conn, p, msg)
-                case m.SyncComplete():
-                    self.check_complete(a.conn, p, msg)
-                case m.MasterHeartbeat():
-                    pass
+                case m.MasterHeartbeat() | m.VoteWithdrawn():
+                    pass  # an acknowledgement is checked where the withdrawal is sent
                 case _:
                     raise AssertionError(msg)
             i += 1
@@ -449,15 +457,22 @@ class Model:
         assert [s.peer_id for s in msg.sources] == e.sources
         p.plan, p.sync_done = msg, None
 
-    def check_complete(self, c: int, p: _P, msg: m.SyncComplete) -> None:
+    def check_complete(self, c: int, p: _P, msg: m.SyncComplete | m.SyncFailed) -> None:
+        """SyncComplete when every part succeeded, SyncFailed(completed) to all if one failed."""
         group = p.group
-        if group not in self.completing:  # the first of this sync's SyncComplete messages
+        if group not in self.completing:  # the first of this sync's closing messages
             parts = self.sync_parts.pop(group)
             assert all(self.peers[x].sync_done is not None for x in parts), "early SyncComplete"
+            failed = any(self.peers[x].sync_done is False for x in parts)
+            assert isinstance(msg, m.SyncFailed) == failed, (msg, parts)
             self.completing[group] = parts
         assert c in self.completing[group], f"{c}: not a participant, or a second SyncComplete"
         self.completing[group].discard(c)
-        assert p.plan is not None and msg.revision == p.plan.revision
+        assert p.plan is not None
+        if isinstance(msg, m.SyncFailed):
+            p.plan, p.sync_done = None, None
+            return
+        assert msg.revision == p.plan.revision
         if p.sync_done:
             p.revision, p.fresh = msg.revision, False
         p.plan, p.sync_done = None, None

@@ -109,6 +109,30 @@ def test_syncs_of_peer_groups_are_independent() -> None:
 # ---- completion -------------------------------------------------------------------------------
 
 
+def test_every_part_succeeded_completes_and_a_failed_part_that_left_fails_nobody() -> None:
+    h = Harness()
+    a, b, c = h.run(0, 0, 0)
+    for conn in (a, b, c):
+        h.send(conn, sync_vote(4))
+    assert h.send(a, m.SyncDone(True)) == []
+    assert h.send(b, m.SyncDone(False, "fetch failed")) == []
+    acts = h.send(b, m.Leave())  # the failed part left: the others' sync is whole
+    assert acts[0] == ms.Close(b, "left")
+    acts = h.send(c, m.SyncDone(True))
+    assert acts == [ms.Send(conn, m.SyncComplete(4)) for conn in (a, c)]
+
+
+def test_a_withdrawn_part_fails_the_sync_for_the_others_and_hears_no_more() -> None:
+    h = Harness()
+    a, b = h.run(0, 0)
+    for conn in (a, b):
+        h.send(conn, sync_vote(4))
+    assert h.send(a, m.SyncDone(True)) == []
+    acts = h.send(b, m.WithdrawVote("sync"))  # b's caller timed out while a was done
+    why = f"peer {b}'s part failed (gave up waiting); every peer retries the sync"
+    assert acts == [ms.Send(a, m.SyncFailed(why, True)), ms.Send(b, m.VoteWithdrawn("sync"))]
+
+
 def test_sync_completes_when_every_participant_reported_done() -> None:
     h = Harness()
     a, b, c = h.run(0, 0, 0)
@@ -117,7 +141,9 @@ def test_sync_completes_when_every_participant_reported_done() -> None:
     assert h.send(a, m.SyncDone(True)) == []
     assert h.send(b, m.SyncDone(False, "fetch failed")) == []  # a failure is done too
     acts = h.send(c, m.SyncDone(True))
-    assert acts == [ms.Send(conn, m.SyncComplete(4)) for conn in (a, b, c)]
+    # ... and fails the sync for everyone, so that every peer retries it together
+    why = f"peer {b}'s part failed (fetch failed); every peer retries the sync"
+    assert acts == [ms.Send(conn, m.SyncFailed(why, True)) for conn in (a, b, c)]
     # the barrier is reset: the next sync is a new one (the revision advances by one)
     for conn in (a, b):
         assert h.send(conn, sync_vote(5)) == []
@@ -324,7 +350,7 @@ class _Roster:
     def kick(self, conn: int, reason: str, out: list[ms.Action]) -> None:
         self.kicked.append((conn, reason))
         self.members.remove(conn)
-        self.barrier.drop(conn)
+        self.barrier.drop(conn, 0)
         self.barrier.check(0, out)
 
 

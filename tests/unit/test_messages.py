@@ -36,6 +36,7 @@ PEER_TO_MASTER = [
     m.SyncDone(False, "source closed"),
     m.WithdrawVote("topology"),
     m.WithdrawVote("pending"),
+    m.WithdrawVote("sync"),
     m.CollectiveWait(7),
 ]
 MASTER_TO_PEER = [
@@ -60,6 +61,8 @@ MASTER_TO_PEER = [
     m.SyncPlan(0, [], [], []),
     m.SyncComplete(4),
     m.SyncFailed("no up-to-date peer"),
+    m.SyncFailed("a peer's fetch failed", True),
+    m.VoteWithdrawn("topology"),
 ]
 P2M_CLASSES = {type(x) for x in PEER_TO_MASTER}
 M2P_CLASSES = {type(x) for x in MASTER_TO_PEER}
@@ -405,7 +408,7 @@ BAD_PEER_TO_MASTER = [
     (enc([8, 0, 0, [["w", 10, 4, b"\x01" * 15]]]), "VoteSync.entries[0].hash"),
     (enc([8, 0, 0, [["w", 10, 4, b"\x01" * 17]]]), "VoteSync.entries[0].hash"),
     (enc([8, 0, 0, [["w", 10, 4, b"\x01"]]]), "VoteSync.entries[0].hash"),
-    (enc([10, "sync"]), "WithdrawVote.kind"),
+    (enc([10, "merge"]), "WithdrawVote.kind"),
     (enc([10, ""]), "WithdrawVote.kind"),
 ]
 

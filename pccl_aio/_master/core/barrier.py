@@ -43,14 +43,24 @@ class SyncBarrier:
         self._syncing: set[int] = set()  # got a SyncPlan, no SyncDone yet
         self._parts: dict[int, list[int]] = {}  # group -> participants of its running sync
         self._revisions: dict[int, int] = {}  # group -> last elected revision
+        self._failed: dict[int, dict[int, str]] = {}  # group -> failed part -> why (running sync)
 
     def voters(self) -> list[int]:
         """Peers whose sync vote is counted (they wait for the sync to start)."""
         return list(self._votes)
 
-    def withdraw(self, conn: int) -> None:
-        """Take back ``conn``'s counted vote (deadlock: the sync can never start)."""
+    def withdraw(self, conn: int, group: int | None = None,
+                 out: list[Action] | None = None) -> None:
+        """Take back ``conn``'s counted vote (deadlock: the sync can never start; or the
+        caller gave up). With ``group`` and ``out``, a sync it already takes part in counts
+        as failed for it (as a failed ``SyncDone``)."""
         self._votes.pop(conn, None)
+        if group is not None and out is not None and conn in self._syncing:
+            if conn in self._parts.get(group, ()):
+                self._parts[group].remove(conn)  # it hears nothing more of this sync
+            self._failed.setdefault(group, {})[conn] = "gave up waiting"
+            self._syncing.discard(conn)
+            self._check_done(group, out)
 
     def busy(self, conn: int) -> bool:
         """True while ``conn`` has a sync vote counted or has not finished its sync part."""
@@ -65,17 +75,27 @@ class SyncBarrier:
         self._votes[conn] = vote
         self._check_start(group, out)
 
-    def done(self, conn: int, group: int, out: list[Action]) -> None:
-        """``conn`` finished its part (``SyncDone``); completes the sync once all did."""
+    def done(self, conn: int, group: int, out: list[Action], ok: bool = True,
+             reason: str = "") -> None:
+        """``conn`` finished its part (``SyncDone``); completes the sync once all did: with
+        ``SyncComplete``, or ``SyncFailed`` for everyone if any part failed."""
         if conn not in self._syncing:
             raise RemoteProtocolError("SyncDone outside a sync")
         self._syncing.discard(conn)
+        if not ok:
+            self._failed.setdefault(group, {})[conn] = reason[:200]
         self._check_done(group, out)
 
-    def drop(self, conn: int) -> None:
-        """Forget a departed peer's vote and its part (then ``check`` its group)."""
+
+    def drop(self, conn: int, group: int) -> None:
+        """Forget a departed peer's vote and its part (then ``check`` its group); a group
+        left without members starts afresh (from any revision)."""
+        if not self._roster.accepted(group):
+            self._revisions.pop(group, None)
         self._votes.pop(conn, None)
         self._syncing.discard(conn)
+        for failed in self._failed.values():  # a part that left does not fail the others
+            failed.pop(conn, None)
         for group, parts in list(self._parts.items()):
             if conn in parts:
                 parts.remove(conn)
@@ -113,4 +133,10 @@ class SyncBarrier:
         if parts is None or any(c in self._syncing for c in parts):
             return
         del self._parts[group]
-        out.extend(Send(c, m.SyncComplete(self._revisions[group])) for c in parts)
+        failed = self._failed.pop(group, None)
+        if failed:
+            c, reason = min(failed.items())
+            why = f"peer {c}'s part failed ({reason}); every peer retries the sync"
+            out.extend(Send(c, m.SyncFailed(why, True)) for c in parts)
+        else:
+            out.extend(Send(c, m.SyncComplete(self._revisions[group])) for c in parts)

@@ -13,10 +13,9 @@ at once; later ones stay *pending* until every accepted peer (all groups) votes
 with one descriptor; it completes when every participant sent ``CollectiveDone(ok)``, and is
 aborted (once, for everyone) when a participant fails or disappears. Every peer gets exactly
 one terminal message (``CollectiveComplete``, ``CollectiveAbort`` or ``CollectiveRejected``)
-per collective it voted for. ``WithdrawVote`` takes back a counted topology or pending vote
-(ignored if there is none); ``CollectiveWait`` marks a voted collective as awaited. After every
-event, calls that can never complete fail at once. A peer silent for ``heartbeat_timeout`` is
-treated as dead.
+per collective it voted for. ``WithdrawVote`` takes back a counted vote (acknowledged);
+``CollectiveWait`` marks a voted collective as awaited. After every event, calls that can
+never complete fail at once. A peer silent for ``heartbeat_timeout`` is treated as dead.
 Anything illegal gets ``Kicked`` and a ``Close``; it never raises out of ``handle``.
 """
 
@@ -148,7 +147,7 @@ class MasterState:
             self._on_hello(peer, msg, out)
             return
         if isinstance(msg, m.WithdrawVote):
-            self._withdraw(peer, msg.kind)
+            self._withdraw(peer, msg.kind, out)
             return
         if not peer.registered:
             raise RemoteProtocolError(f"{type(msg).__name__} before Hello")
@@ -193,7 +192,7 @@ class MasterState:
                     raise RemoteProtocolError("sync vote while another operation is running")
                 self._sync.vote(peer.conn, peer.group, msg, out)
             case m.SyncDone():
-                self._sync.done(peer.conn, peer.group, out)
+                self._sync.done(peer.conn, peer.group, out, msg.ok, msg.reason)
             case m.CollectiveDone():
                 self._require_accepted(peer, msg)
                 done_op = self._ops.get((peer.group, msg.tag))
@@ -214,12 +213,16 @@ class MasterState:
         if not peer.accepted:
             raise RemoteProtocolError(f"{type(msg).__name__} from a peer not yet accepted")
 
-    def _withdraw(self, peer: Peer, kind: str) -> None:
-        """Take back a counted vote; a vote that already ended (or never was) is no error."""
+    def _withdraw(self, peer: Peer, kind: str, out: list[Action]) -> None:
+        """Take back a counted vote (no error if it already ended or never was); ack it."""
         if kind == "topology":
             peer.voted_topology = False
         elif kind == "pending":
             peer.voted_pending = False
+        elif peer.accepted:
+            self._sync.withdraw(peer.conn, peer.group, out)
+        if peer.registered:  # the answers of the withdrawn vote came before this one
+            out.append(Send(peer.conn, m.VoteWithdrawn(kind)))  # type: ignore[arg-type]
 
     def _on_hello(self, peer: Peer, msg: m.Hello, out: list[Action]) -> None:
         if peer.registered:
@@ -371,7 +374,7 @@ class MasterState:
         peer = self._peers.pop(conn, None)
         if peer is None or not peer.accepted:
             return
-        self._sync.drop(conn)
+        self._sync.drop(conn, peer.group)
         self.epoch += 1
         # Membership first: when a survivor sees the abort, its world size is already fresh.
         out.extend(self._membership(self.accepted()))
