@@ -229,6 +229,10 @@ class Communicator:
         (group smaller than two) before anything is sent. ``restore_on_abort``: see
         ``all_reduce``.
         """
+        return self._launch(src, dst, op, tag, quantization, restore_on_abort, False)
+
+    def _launch(self, src: Any, dst: Any, op: Any, tag: Any, quantization: Any,
+                restore_on_abort: Any, awaited: bool) -> AllReduceHandle:
         self._check_usable()
         if not isinstance(restore_on_abort, bool):
             raise InvalidUsageError(
@@ -241,7 +245,7 @@ class Communicator:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
         self._check_group()
         coll = Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort)
-        self._control.launch(coll)
+        self._control.launch(coll, awaited)
         return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
 
     async def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
@@ -265,8 +269,7 @@ class Communicator:
         place, ``src`` is only read and the flag changes nothing.
         """
         limit = deadline.check(timeout)
-        handle = self.all_reduce_async(src, dst, op=op, tag=tag, quantization=quantization,
-                                       restore_on_abort=restore_on_abort)
+        handle = self._launch(src, dst, op, tag, quantization, restore_on_abort, True)
         return await handle.wait(limit)
 
     async def all_reduce_multiple_with_retry(

@@ -199,14 +199,22 @@ class ControlPlane:
         self._votes[kind] = fut
         return fut
 
-    def launch(self, coll: Collective) -> None:
-        """Send the collective's vote (``CollectiveInit``) and track it until its verdict."""
+    def launch(self, coll: Collective, awaited: bool = False) -> None:
+        """Send the collective's vote (``CollectiveInit``) and track it until its verdict;
+        ``awaited``: the caller waits on it at once (``CollectiveWait`` in the same write, so
+        the master never sees the vote without the wait)."""
+        d, q = coll.dst, coll.quant
+        init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
+                                int(q.algo) if q else 0, int(DataType.parse(q.dtype)) if q else 0)
+        if self._writer is None or self._writer.is_closing():
+            raise self.failure or MasterConnectionError("master connection closed")
+        data = frame(m.encode(init))
+        if awaited:
+            data += frame(m.encode(m.CollectiveWait(coll.tag)))
         self.colls[coll.tag] = coll
         coll.hooks.append(self._forget)
-        d, q = coll.dst, coll.quant
-        self.send(m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
-                                   int(q.algo) if q else 0,
-                                   int(DataType.parse(q.dtype)) if q else 0))
+        coll.awaited = awaited
+        self._writer.write(data)
         coll.save_input()  # after the vote left: the copy overlaps the master's round trip
 
     def awaiting(self, coll: Collective) -> None:
