@@ -173,12 +173,10 @@ async def main(args: argparse.Namespace) -> int:
                 try:
                     await comm.sync_shared_state(outer.state)
                 except pccl.SharedStateError as exc:
-                    # Raised only on the peers whose fetch failed (every source died
-                    # mid-transfer, or a hash mismatch); a peer that had nothing to fetch
-                    # completed its sync and goes on to the all-reduce, so a retry here could
-                    # wait on another call forever. Leave: the others continue without us.
+                    # A fetch failed (every source died mid-transfer, or a hash mismatch):
+                    # the sync fails on every peer of the group, so all retry it together.
                     log("failed", comm, error=repr(str(exc)))
-                    return 1
+                    continue
                 outer.state.revision += 1
                 if outer.count[0] >= args.steps:
                     break
