@@ -69,10 +69,12 @@ class VersionMismatchError(MasterConnectionError):
 
 
 class PeerLostError(PcclError, ConnectionError):
-    """A collective was aborted because a peer left or failed; retry it.
+    """A collective in flight was aborted (a peer left or failed, a data link broke or
+    stalled, or a peer cancelled it); retry it.
 
-    Survivors' world sizes are already updated when this is raised and an
-    in-place input buffer has been restored bit-exactly.
+    An in-place input buffer has been restored bit-exactly. When the master saw a peer leave
+    first, the survivors' world sizes are already updated; a broken data link can be reported
+    before the departure, so read the group's size from the retry's ``ReduceInfo``.
     """
 
     code = "RANK_CONNECTION_LOST"
