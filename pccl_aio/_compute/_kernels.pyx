@@ -243,25 +243,27 @@ def reduce_from(unsigned char[::1] dst, const unsigned char[::1] a,
                 off += m
 
 
+cdef Py_ssize_t _copy_len(unsigned char[::1] dst, const unsigned char[::1] src) except -1:
+    """Bytes a copy moves (``len(dst)``); ValueError if ``src`` is shorter."""
+    if src.shape[0] < dst.shape[0]:
+        raise ValueError("src is shorter than dst")
+    return dst.shape[0]
+
+
 def copy(unsigned char[::1] dst, const unsigned char[::1] src):
     """``dst[:] = src[:len(dst)]``, a memmove without the GIL."""
-    cdef Py_ssize_t n = dst.shape[0]
-    if src.shape[0] < n:
-        raise ValueError("src is shorter than dst")
-    if n == 0:
-        return
-    with nogil:
-        memmove(&dst[0], &src[0], n)
+    cdef Py_ssize_t n = _copy_len(dst, src)
+    if n:
+        with nogil:
+            memmove(&dst[0], &src[0], n)
 
 
 def stream_copy(unsigned char[::1] dst, const unsigned char[::1] src):
-    cdef Py_ssize_t n = dst.shape[0]
-    if src.shape[0] < n:
-        raise ValueError("src is shorter than dst")
-    if n == 0:
-        return
-    with nogil:
-        _stream_copy(&dst[0], &src[0], n)
+    """``dst[:] = src[:len(dst)]`` with streaming stores (the backup: not read back soon)."""
+    cdef Py_ssize_t n = _copy_len(dst, src)
+    if n:
+        with nogil:
+            _stream_copy(&dst[0], &src[0], n)
 
 
 def divide(unsigned char[::1] dst, int64_t divisor, int dtype):
