@@ -177,17 +177,31 @@ class Master:
             if own is None:
                 continue  # not a socket we can peek at
             with own:
-                try:
-                    gone = own.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-                except (BlockingIOError, InterruptedError):
-                    gone = False  # alive: nothing to read
-                except OSError:
-                    gone = True  # reset
+                gone = _at_eof(own)
             if gone:
                 log.debug("connection %d closed before a failure report: removing it first", conn)
                 self._writers.pop(conn, None)
                 self._handle(ms.Disconnected(conn, loop.time()))
                 writer.close()
+
+
+_TCP_CLOSED_BY_PEER = (7, 8)  # Linux tcp_info states TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN)
+
+
+def _at_eof(sock: socket.socket) -> bool:
+    """The peer closed or reset ``sock``, even if unread bytes still precede the EOF (a
+    peek alone would see those bytes and miss it). Never blocks."""
+    try:
+        if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _TCP_CLOSED_BY_PEER:
+            return True
+    except (OSError, AttributeError):
+        pass  # no TCP_INFO here: the peek decides
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False  # alive: nothing to read
+    except OSError:
+        return True  # reset
 
 
 _DESCRIPTION = """\
