@@ -63,3 +63,26 @@ def crash(comm: pccl.Communicator) -> None:
     comm._data.abort()
     comm._sync.server.lookup = None  # a dead process serves nothing
     comm._sync.server.abort()
+
+
+async def reduce_ok(comms: list[pccl.Communicator], n: int = 1000) -> None:
+    """A correct all-reduce of the whole group (peer i contributes i + 1): they still work."""
+    import numpy as np
+
+    xs = [np.full(n, i + 1, np.float32) for i in range(len(comms))]
+    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
+    total = sum(range(1, len(comms) + 1))
+    assert all((x == total).all() for x in xs)
+
+
+def record_sends(comm: pccl.Communicator) -> list[object]:
+    """Every message ``comm`` sends to the master from now on (a spy on its control plane)."""
+    sent: list[object] = []
+    send = comm._control.send
+
+    def spy(msg: Any) -> None:
+        sent.append(msg)
+        send(msg)
+
+    comm._control.send = spy  # type: ignore[method-assign]
+    return sent

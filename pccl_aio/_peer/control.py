@@ -59,6 +59,7 @@ class ControlPlane:
         self._on_membership = on_membership
         self._votes: dict[str, asyncio.Future[Any]] = {}
         self._withdrawing: dict[str, int] = {}  # kind -> WithdrawVotes not yet acknowledged
+        self._carried: dict[str, Any] = {}  # kind -> answer of a round a withdrawn vote made
         self._writer: asyncio.StreamWriter | None = None
         self._joined: asyncio.Future[None] | None = None
         self._last_master = 0.0
@@ -80,6 +81,8 @@ class ControlPlane:
         the connection for ``close`` to release.
         """
         self.failure = None
+        self._withdrawing.clear()
+        self._carried.clear()
         last: Exception | None = None
         cfg = self.config
         for i in range(attempts):
@@ -172,10 +175,19 @@ class ControlPlane:
 
     # ---- votes and collectives ------------------------------------------------------------
     async def vote(self, kind: str, msg: m.PeerToMaster) -> Any:
-        """Send a vote and wait for its answer. Cancelling a topology or pending vote takes
-        it back (``WithdrawVote``), so the master no longer counts it."""
+        """Send a vote and wait for its answer. Cancelling a vote takes it back
+        (``WithdrawVote``), so the master no longer counts it.
+
+        A withdrawal can lose the race against the other peers' votes: the round then
+        completed with the withdrawn vote, and the others went on. Its answer (arriving before
+        the master's ``VoteWithdrawn``) is carried to this peer's next vote of that kind
+        (topology and pending: the group's calls stay in step), which then returns it without
+        a new round; a sync that counted a withdrawn vote fails for the group instead.
+        """
         if kind in self._votes:
             raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
+        if kind in self._carried:
+            return self._carried.pop(kind)
         fut = self.expect(kind)
         try:
             self.send(msg)
@@ -187,11 +199,14 @@ class ControlPlane:
         except asyncio.CancelledError:
             if self._votes.get(kind) is fut and kind in _WITHDRAWABLE:
                 del self._votes[kind]
-                with contextlib.suppress(PcclError):
-                    self.send(m.WithdrawVote(kind))  # type: ignore[arg-type]
-                    # answers of this kind until the master's VoteWithdrawn are stale
-                    self._withdrawing[kind] = self._withdrawing.get(kind, 0) + 1
+                self._withdraw(kind)
             raise
+
+    def _withdraw(self, kind: str) -> None:
+        with contextlib.suppress(PcclError):
+            self.send(m.WithdrawVote(kind))  # type: ignore[arg-type]
+            # answers of this kind until the master's VoteWithdrawn belong to the old vote
+            self._withdrawing[kind] = self._withdrawing.get(kind, 0) + 1
 
     def expect(self, kind: str) -> asyncio.Future[Any]:
         """A future for the next master answer of ``kind``."""
@@ -310,7 +325,14 @@ class ControlPlane:
                 pass  # MasterHeartbeat: liveness only
 
     def _resolve(self, kind: str, value: Any) -> None:
-        if kind in self._withdrawing:  # the answer to a vote taken back
+        if kind in self._withdrawing:  # a round that counted a vote taken back
+            if kind in ("topology", "pending"):
+                fut = self._votes.pop(kind, None)
+                if fut is not None and not fut.done():  # the next vote is out: it is this
+                    fut.set_result(value)               # round's, and its copy goes back
+                    self._withdraw(kind)
+                else:
+                    self._carried[kind] = value
             return
         fut = self._votes.pop(kind, None)
         if fut is not None and not fut.done():

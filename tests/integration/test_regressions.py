@@ -16,16 +16,9 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from tests.helpers import FAST
+from tests.helpers import FAST, record_sends, reduce_ok
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _reduce_ok(comms: list[pccl.Communicator], n: int = 1000) -> None:
-    xs = [np.full(n, i + 1, np.float32) for i in range(len(comms))]
-    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
-    total = sum(range(1, len(comms) + 1))
-    assert all((x == total).all() for x in xs)
 
 
 async def test_a_refused_data_connect_is_retried_by_the_next_collective(peers):
@@ -39,33 +32,31 @@ async def test_a_refused_data_connect_is_retried_by_the_next_collective(peers):
     assert all(isinstance(r, pccl.PeerLostError) for r in results), results
     assert all((x == 1).all() for x in xs)  # restored
     await listener.start(host, port)  # the listener is back on the same port
-    await _reduce_ok([a, b])
+    await reduce_ok([a, b])
 
 
 async def test_a_cancelled_topology_vote_is_withdrawn(peers):
     a, b = await peers(2)
     with pytest.raises(TimeoutError):  # b never votes: the vote cannot complete
         await asyncio.wait_for(a.update_topology(), 0.3)
-    await _reduce_ok([a, b])  # before: "collective tag 0 already running" and a was kicked
+    await reduce_ok([a, b])  # before: "collective tag 0 already running" and a was kicked
     await asyncio.gather(a.update_topology(), b.update_topology())  # a fresh joint vote
-    await _reduce_ok([a, b])
+    await reduce_ok([a, b])
 
 
 async def test_a_cancelled_pending_vote_is_withdrawn(peers):
     a, b = await peers(2)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(a.are_peers_pending(), 0.3)
-    await _reduce_ok([a, b])
+    await reduce_ok([a, b])
     # before: a's withdrawn vote still counted, so this one was a duplicate and a was kicked
     assert await asyncio.gather(a.are_peers_pending(), b.are_peers_pending()) == [False, False]
-    await _reduce_ok([a, b])
+    await reduce_ok([a, b])
 
 
 async def test_a_call_from_another_loop_or_thread_raises_and_sends_nothing(peers):
     a, b = await peers(2)
-    sent: list[object] = []
-    send = a._control.send
-    a._control.send = lambda msg: (sent.append(msg), send(msg))[1]  # type: ignore[method-assign]
+    sent = record_sends(a)
     x = np.ones(16, np.float32)
 
     def from_a_thread() -> list[type[BaseException]]:
@@ -89,7 +80,7 @@ async def test_a_call_from_another_loop_or_thread_raises_and_sends_nothing(peers
     seen = await asyncio.to_thread(from_a_thread)
     assert seen == [pccl.InvalidUsageError] * 6
     assert sent == []
-    await _reduce_ok([a, b])  # the group did not notice
+    await reduce_ok([a, b])  # the group did not notice
 
 
 async def test_connect_to_a_master_that_never_answers_times_out():

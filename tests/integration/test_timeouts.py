@@ -9,15 +9,9 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from tests.helpers import FAST
+from tests.helpers import FAST, reduce_ok
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _reduce_ok(comms: list[pccl.Communicator], n: int = 1000) -> None:
-    xs = [np.full(n, i + 1, np.float32) for i in range(len(comms))]
-    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
-    assert all((x == sum(range(1, len(comms) + 1))).all() for x in xs)
 
 
 async def test_all_reduce_times_out_when_a_peer_never_calls_and_the_input_is_restored(peers):
@@ -28,7 +22,7 @@ async def test_all_reduce_times_out_when_a_peer_never_calls_and_the_input_is_res
         await a.all_reduce(x, timeout=0.3)  # b is busy elsewhere and never launches
     assert 0.3 <= time.monotonic() - t0 < 3
     np.testing.assert_array_equal(x, np.arange(1 << 16, dtype=np.float32))
-    await _reduce_ok([a, b])
+    await reduce_ok([a, b])
 
 
 async def test_handle_wait_timeout(peers):
@@ -37,7 +31,7 @@ async def test_handle_wait_timeout(peers):
     with pytest.raises(pccl.PcclTimeoutError):
         await h.wait(timeout=0.2)
     assert h.done()
-    await _reduce_ok([a, b])
+    await reduce_ok([a, b])
 
 
 async def test_votes_time_out_and_are_taken_back(peers):
@@ -48,7 +42,7 @@ async def test_votes_time_out_and_are_taken_back(peers):
         await a.are_peers_pending(timeout=0.2)
     assert await asyncio.gather(a.are_peers_pending(), b.are_peers_pending()) == [False] * 2
     await asyncio.gather(a.update_topology(timeout=5), b.update_topology(timeout=5))
-    await _reduce_ok([a, b])
+    await reduce_ok([a, b])
 
 
 async def test_multiple_with_retry_times_out_and_restores(peers):
@@ -57,7 +51,7 @@ async def test_multiple_with_retry_times_out_and_restores(peers):
     with pytest.raises(pccl.PcclTimeoutError):
         await a.all_reduce_multiple_with_retry(xs, timeout=0.2)
     assert all((x == 3).all() for x in xs)
-    await _reduce_ok([a, b])
+    await reduce_ok([a, b])
 
 
 async def test_connect_times_out_waiting_for_admission(master, peers):
@@ -79,7 +73,7 @@ async def test_bad_timeouts_are_invalid_usage(peers, bad):
                  lambda: a.sync_shared_state(pccl.SharedState({"x": x}), timeout=bad)):
         with pytest.raises(pccl.InvalidUsageError, match="timeout"):
             await call()
-    await _reduce_ok([a, b])  # nothing was sent
+    await reduce_ok([a, b])  # nothing was sent
 
 
 async def test_sync_times_out_and_its_vote_is_taken_back(peers):
@@ -88,6 +82,6 @@ async def test_sync_times_out_and_its_vote_is_taken_back(peers):
     sa, sb = pccl.SharedState({"x": xa}), pccl.SharedState({"x": xb})
     with pytest.raises(pccl.PcclTimeoutError, match="sync_shared_state"):
         await a.sync_shared_state(sa, timeout=0.3)  # b never syncs
-    await _reduce_ok([a, b])  # a's sync vote no longer counts: not a mismatch, not a kick
+    await reduce_ok([a, b])  # a's sync vote no longer counts: not a mismatch, not a kick
     infos = await asyncio.gather(a.sync_shared_state(sa), b.sync_shared_state(sb))
     assert [i.revision for i in infos] == [0, 0]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from tests.helpers import record_sends
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -42,9 +43,7 @@ async def test_a_listen_host_that_cannot_bind_is_invalid_usage(master):
 
 async def test_bad_arguments_of_calls_are_invalid_usage_and_send_nothing(peers):
     a, b = await peers(2)
-    sent: list[object] = []
-    send = a._control.send
-    a._control.send = lambda msg: (sent.append(msg), send(msg))[1]  # type: ignore[method-assign]
+    sent = record_sends(a)
     x = np.ones(8, np.float32)
     calls = [
         lambda: a.all_reduce(x, op="median"),
