@@ -1,10 +1,8 @@
 """The master's whole logic, sans-IO: events in, actions out.
 
-Rule 1: every membership and collective transition lives in this file; the shared-state
-sync barrier is the ``SyncBarrier`` it holds (``barrier.py``); ``deadlock.py`` finds the calls
-that wait forever, and this file fails them.
-Rule 2: time arrives only through ``Event.now``; this module never reads a clock, opens a
-socket or imports asyncio (``tests/unit/test_layering.py`` checks it).
+Rule 1: every membership and collective transition lives here; the sync barrier is the
+``SyncBarrier`` it holds; ``deadlock.py`` finds the calls that wait forever, this fails them.
+Rule 2: time arrives only through ``Event.now`` (sans-IO: ``test_layering.py`` checks it).
 
 Theory of operation. A connection becomes a peer with ``Hello``. The first peer is accepted
 at once; later ones stay *pending* until every accepted peer (all groups) votes
