@@ -86,10 +86,8 @@ class MasterState:
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
         """Accepted peers (of ``group``) in ring order."""
-        return sorted(
-            p.conn for p in self._peers.values()
-            if p.accepted and (group is None or p.group == group)
-        )
+        return sorted(p.conn for p in self._peers.values()
+                      if p.accepted and (group is None or p.group == group))
 
     def pending(self) -> list[int]:
         """Registered peers waiting for admission."""
