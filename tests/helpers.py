@@ -80,9 +80,9 @@ def record_sends(comm: pccl.Communicator) -> list[object]:
     sent: list[object] = []
     send = comm._control.send
 
-    def spy(msg: Any) -> None:
-        sent.append(msg)
-        send(msg)
+    def spy(*msgs: Any) -> None:
+        sent.extend(msgs)
+        send(*msgs)
 
     comm._control.send = spy  # type: ignore[method-assign]
     return sent

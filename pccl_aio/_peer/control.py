@@ -36,8 +36,6 @@ from .core.config import PeerConfig
 log = logging.getLogger("pccl_aio.communicator")
 
 _WITHDRAWABLE = ("topology", "pending", "sync")  # votes a cancelled caller takes back
-_CALLS = {"topology": "update_topology()", "pending": "are_peers_pending()",
-          "sync": "sync_shared_state()"}
 
 
 class ControlPlane:
@@ -154,10 +152,12 @@ class ControlPlane:
         if not self.connected:
             raise InvalidUsageError("not connected: call connect() first")
 
-    def send(self, msg: m.PeerToMaster) -> None:
+    def send(self, *msgs: m.PeerToMaster) -> None:
+        """Frame ``msgs`` and write them together (one write: the master reads them as one
+        batch). Raises why the session ended if the connection is gone."""
         if self._writer is None or self._writer.is_closing():
             raise self.failure or MasterConnectionError("master connection closed")
-        self._writer.write(frame(m.encode(msg)))
+        self._writer.write(b"".join(frame(m.encode(msg)) for msg in msgs))
 
     def fail_all(self, exc: PcclError) -> None:
         """The session ended: every vote, the join and every collective fail with ``exc``."""
@@ -221,15 +221,11 @@ class ControlPlane:
         d, q = coll.dst, coll.quant
         init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
                                 int(q.algo) if q else 0, int(DataType.parse(q.dtype)) if q else 0)
-        if self._writer is None or self._writer.is_closing():
-            raise self.failure or MasterConnectionError("master connection closed")
-        data = frame(m.encode(init))
-        if awaited:
-            data += frame(m.encode(m.CollectiveWait(coll.tag)))
+        msgs = (init, m.CollectiveWait(coll.tag)) if awaited else (init,)
+        self.send(*msgs)
         self.colls[coll.tag] = coll
         coll.hooks.append(self._forget)
         coll.awaited = awaited
-        self._writer.write(data)
         coll.save_input()  # after the vote left: the copy overlaps the master's round trip
 
     def awaiting(self, coll: Collective) -> None:
@@ -318,7 +314,7 @@ class ControlPlane:
                 self._resolve("sync_done", msg)
             case m.VoteRejected(kind=kind, reason=reason, deadlock=deadlock):
                 cls = DeadlockError if deadlock else InvalidUsageError
-                self._reject(kind, cls(f"{_CALLS.get(kind, kind)} failed: {reason}"))
+                self._reject(kind, cls(f"{m.VOTE_CALLS.get(kind, kind)} failed: {reason}"))
             case m.PeersPendingAnswer(pending=pending):
                 self._resolve("pending", pending)
             case _:

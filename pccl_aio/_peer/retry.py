@@ -46,20 +46,22 @@ class MultiReduce:
             await deadline.within(asyncio.shield(self.done), timeout,
                                   "all_reduce_multiple_with_retry()")
         except PcclTimeoutError as exc:
-            self.error = self.error or exc
-            for coll in list(self.inflight.values()):
-                coll.cancel()
-            self._maybe_done()
+            self._abandon(exc)
             await asyncio.shield(self.done)  # the verdicts: inputs restored
             raise exc from None
         except asyncio.CancelledError:
-            self.error = self.error or asyncio.CancelledError()
-            for coll in list(self.inflight.values()):
-                coll.cancel()
+            self._abandon(asyncio.CancelledError())
             raise
         if self.error is not None:
             raise self.error
         return [i for i in self.infos if i is not None]
+
+    def _abandon(self, why: BaseException) -> None:
+        """Launch nothing more and abort what is in flight (its verdicts still arrive)."""
+        self.error = self.error or why
+        for coll in list(self.inflight.values()):
+            coll.cancel()
+        self._maybe_done()
 
     def _fill(self) -> None:
         while self.todo and len(self.inflight) < self.max_in_flight and self.error is None:

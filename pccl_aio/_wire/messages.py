@@ -23,6 +23,10 @@ from .._types import QUANTIZED_DTYPES, DataType, QuantAlgo, ReduceOp, SyncStrate
 
 PROTOCOL_VERSION: Final = 1
 
+#: The public call behind each kind of vote, for messages on both sides of the wire.
+VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pending()",
+                     "sync": "sync_shared_state()"}
+
 
 def _codes(cls: type[enum.IntEnum]) -> msgspec.Meta:
     """The range of an enum's wire values, which must be contiguous: membership as a range."""

@@ -22,6 +22,8 @@ import dataclasses
 from collections.abc import Collection, Iterable
 from typing import Literal, Protocol, TypeAlias
 
+from ..._wire.messages import VOTE_CALLS
+
 __all__ = ["Board", "Deadlock", "Item", "conflict", "find"]
 
 Kind: TypeAlias = Literal["topology", "pending", "sync", "collective"]
@@ -29,8 +31,6 @@ Kind: TypeAlias = Literal["topology", "pending", "sync", "collective"]
 Item: TypeAlias = tuple[Kind, int, int]
 _GLOBAL = ("topology", "pending")
 _HELD = ("topology", "sync")  # votes a peer cannot cast while a launch of its is unstarted
-_CALLS = {"topology": "update_topology()", "pending": "are_peers_pending()",
-          "sync": "sync_shared_state()"}
 _LISTED = 8  # peers named in a reason; the rest are counted
 
 
@@ -71,8 +71,8 @@ class Deadlock:
             return f"all_reduce(tag={tag}), which {_peers(miss)} never launched"
         held = [c for c in miss if c in self.held]
         if not held:
-            return _CALLS[kind]
-        return _CALLS[kind] + ", " + ", ".join(
+            return VOTE_CALLS[kind]
+        return VOTE_CALLS[kind] + ", " + ", ".join(
             f"which peer {c} cannot join before its all_reduce(tag={self.held[c][2]}) starts"
             for c in held[:_LISTED])
 
