@@ -99,8 +99,7 @@ class Communicator:
     def peer_group_world_size(self) -> int:
         """Accepted peers of this peer's group, itself included: the ring an all-reduce runs
         on, and what AVG divides by."""
-        ms = self._control.membership
-        return len(ms.ring) if ms else 0
+        return self._control.peer_group_world_size
 
     @property
     def num_peer_groups(self) -> int:
