@@ -15,7 +15,8 @@ from .._wire import messages as m
 from .core.config import PeerConfig
 from .core.scratch import ScratchPool
 from .link import Link
-from .receiver import Listener, Registry
+from .listener import Listener
+from .receiver import Registry
 
 
 class DataPlane:

@@ -49,6 +49,8 @@ Strategy: TypeAlias = Annotated[int, _codes(SyncStrategy)]
 #: An xxh3-128 digest (16 bytes), or empty; the length is checked by ``_check``.
 Hash: TypeAlias = Annotated[bytes, msgspec.Meta(max_length=16)]
 HASH_SIZE: Final = 16
+#: A wrapped pair key (``_wire/auth.py``): 32 bytes, or empty in a run without a secret.
+Key: TypeAlias = Annotated[bytes, msgspec.Meta(max_length=32)]
 _QDTYPES: Final = frozenset(int(d) for d in QUANTIZED_DTYPES)
 
 
@@ -172,13 +174,16 @@ class Rejected(_Msg, frozen=True, tag=65):
 
 
 class Membership(_Msg, frozen=True, tag=66):
-    """The run's membership as of ``epoch``; ``ring`` is this peer's group in ring order."""
+    """The run's membership as of ``epoch``; ``ring`` is this peer's group in ring order.
+    In a run with a secret, ``keys[i]`` is the key this peer shares with ``ring[i]``,
+    wrapped for this peer's master session (``auth.unwrap``); else ``keys`` is empty."""
 
     epoch: U64
     global_world_size: U64
     num_groups: U64
     largest_group_world_size: U64
     ring: list[PeerAddr]
+    keys: list[Key] = []
 
 
 class TopologyUpdated(_Msg, frozen=True, tag=67):
@@ -237,12 +242,13 @@ class MasterHeartbeat(_Msg, frozen=True, tag=74):
 
 class SyncPlan(_Msg, frozen=True, tag=76):
     """Result of the election: adopt ``revision``; fetch ``keys`` (verify ``hashes``, one per
-    key) from ``sources``."""
+    key) from ``sources``. ``fetchers`` are the peers that fetch: a source serves them only."""
 
     revision: U64
     keys: list[str]
     hashes: list[Hash]
     sources: list[PeerAddr]
+    fetchers: list[U64] = []
 
 
 class SyncComplete(_Msg, frozen=True, tag=77):
@@ -346,11 +352,14 @@ def _check(msg: _Msg, direction: str) -> None:
             bad = f"SyncPlan: {len(msg.keys)} keys but {len(msg.hashes)} hashes"
         elif any(len(h) not in (0, HASH_SIZE) for h in msg.hashes):
             bad = "SyncPlan.hashes: a hash is neither 0 nor 16 bytes long"
+    elif isinstance(msg, Membership) and msg.keys and (
+            len(msg.keys) != len(msg.ring) or any(len(k) != 32 for k in msg.keys)):
+        bad = f"Membership.keys: {len(msg.keys)} keys for {len(msg.ring)} peers (or not 32 bytes)"
     if bad:
         raise RemoteProtocolError(f"bad {direction} message: {bad}")
 
 
-_CHECKED: Final = frozenset({CollectiveInit, VoteSync, SyncPlan})
+_CHECKED: Final = frozenset({CollectiveInit, VoteSync, SyncPlan, Membership})
 
 
 def _explain(buf: bytes | memoryview, exc: Exception) -> str:
