@@ -90,8 +90,8 @@ def test_plan_names_what_each_voter_fetches_and_where_sources_serve() -> None:
     h.send(b, sync_vote(1, 5))
     acts = h.send(c, sync_vote(0, 6, fresh=True))  # outdated, other content
     srcs = [addr(a, 7001), addr(b, 7002)]
-    assert plans(acts) == {a: m.SyncPlan(1, [], [], srcs), b: m.SyncPlan(1, [], [], srcs),
-                           c: m.SyncPlan(1, ["w"], [digest(5)], srcs)}
+    assert plans(acts) == {a: m.SyncPlan(1, [], [], srcs, [c]), b: m.SyncPlan(1, [], [], srcs, [c]),
+                           c: m.SyncPlan(1, ["w"], [digest(5)], srcs, [c])}
 
 
 def test_syncs_of_peer_groups_are_independent() -> None:

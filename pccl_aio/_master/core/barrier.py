@@ -121,10 +121,11 @@ class SyncBarrier:
             self._parts[group] = alive
             self._syncing.update(alive)
             srcs = [self._roster.addr(c) for c in e.sources]
+            fetchers = [c for c in alive if c in e.plans and e.plans[c].keys]
             for c in alive:
                 plan = e.plans.get(c)
                 keys, hashes = (plan.keys, plan.hashes) if plan else ([], [])
-                out.append(Send(c, m.SyncPlan(e.revision, keys, hashes, srcs)))
+                out.append(Send(c, m.SyncPlan(e.revision, keys, hashes, srcs, fetchers)))
         for c, reason in e.kicks.items():
             self._roster.kick(c, reason, out)
 
