@@ -20,6 +20,7 @@ import msgspec
 
 from .._errors import RemoteProtocolError
 from .._types import QUANTIZED_DTYPES, DataType, QuantAlgo, ReduceOp, SyncStrategy
+from .state import MAX_KEY
 
 PROTOCOL_VERSION: Final = 1
 
@@ -52,6 +53,13 @@ HASH_SIZE: Final = 16
 #: A wrapped pair key (``_wire/auth.py``): 32 bytes, or empty in a run without a secret.
 Key: TypeAlias = Annotated[bytes, msgspec.Meta(max_length=32)]
 _QDTYPES: Final = frozenset(int(d) for d in QUANTIZED_DTYPES)
+#: Caps on what a peer sends the master (so a frame cannot make it hold more): a host name
+#: (DNS: 253 characters), a shared-state key (``_wire/state.py``'s MAX_KEY), a failure reason,
+#: the entries of a sync vote.
+HostName: TypeAlias = Annotated[str, msgspec.Meta(max_length=253)]
+StateKey: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_KEY)]
+Reason: TypeAlias = Annotated[str, msgspec.Meta(max_length=1024)]
+MAX_SYNC_ENTRIES: Final = 1 << 20
 
 
 class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
@@ -65,7 +73,7 @@ class Hello(_Msg, frozen=True, tag=1):
     version: U32
     peer_group: U32
     p2p_port: Port
-    advertise_host: str = ""
+    advertise_host: HostName = ""
     state_port: OptPort = 0
 
 
@@ -99,7 +107,7 @@ class CollectiveDone(_Msg, frozen=True, tag=6):
     tag: U64
     seq: U64
     ok: bool
-    reason: str = ""
+    reason: Reason = ""
 
 
 class Leave(_Msg, frozen=True, tag=7):
@@ -109,7 +117,7 @@ class Leave(_Msg, frozen=True, tag=7):
 class SyncEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One shared-state entry as voted: xxh3-128 ``hash`` of its bytes (empty if not compared)."""
 
-    key: str
+    key: StateKey
     dtype: DType
     nbytes: U64
     hash: Hash
@@ -121,7 +129,7 @@ class VoteSync(_Msg, frozen=True, tag=8):
 
     revision: U64
     strategy: Strategy
-    entries: list[SyncEntry]
+    entries: Annotated[list[SyncEntry], msgspec.Meta(max_length=MAX_SYNC_ENTRIES)]
     fresh: bool = False
 
 
@@ -129,7 +137,7 @@ class SyncDone(_Msg, frozen=True, tag=9):
     """This peer finished its part of the sync (served or fetched); ``ok`` False if it failed."""
 
     ok: bool
-    reason: str = ""
+    reason: Reason = ""
 
 
 class CollectiveWait(_Msg, frozen=True, tag=11):

@@ -124,6 +124,7 @@ def test_topology_vote_is_global_across_peer_groups() -> None:
 
 def test_membership_rings_are_ascending_peer_ids_and_use_advertised_host() -> None:
     h = Harness()
+    h.st = ms.MasterState(allow_any_advertise_host=True)  # 10.0.0.2 announces another host
     a, _ = h.join(0, host="10.0.0.1")
     b, _ = h.join(0, host="10.0.0.2", advertise_host="10.9.9.9")
     acts = h.send(a, m.VoteUpdateTopology())
@@ -147,6 +148,7 @@ def test_peers_pending_vote_answers_true_when_a_peer_waits_then_topology_admits_
     h = Harness()
     a, b = h.run(0, 0)
     p, _ = h.join(0)
+    h.send(p, m.Heartbeat())  # a joiner counts once heard from after its Hello
     assert h.send(b, m.VotePeersPending()) == []
     acts = h.send(a, m.VotePeersPending())
     assert msgs(acts, m.PeersPendingAnswer) == {a: [m.PeersPendingAnswer(True)],
@@ -165,7 +167,8 @@ def test_single_accepted_peer_gets_its_pending_answer_at_once() -> None:
     h = Harness()
     (a,) = h.run(0)
     assert h.send(a, m.VotePeersPending()) == [ms.Send(a, m.PeersPendingAnswer(False))]
-    h.join(0)
+    p, _ = h.join(0)
+    h.send(p, m.Heartbeat())  # a joiner counts once heard from after its Hello
     assert h.send(a, m.VotePeersPending()) == [ms.Send(a, m.PeersPendingAnswer(True))]
 
 
@@ -198,6 +201,7 @@ def test_topology_vote_next_to_a_pending_vote_is_withdrawn(topology_first: bool)
     h = Harness()
     a, b, c = h.run(0, 0, 1)
     p, _ = h.join(0)
+    h.send(p, m.Heartbeat())  # a joiner counts once heard from after its Hello
     if topology_first:
         assert h.send(a, m.VoteUpdateTopology()) == []
         acts = h.send(b, m.VotePeersPending())
@@ -291,7 +295,8 @@ def test_withdrawn_topology_vote_no_longer_counts_until_the_peer_votes_again() -
 def test_withdrawn_pending_vote_no_longer_counts_until_the_peer_votes_again() -> None:
     h = Harness()
     a, b, c = h.run(0, 0, 1)
-    h.join(0)
+    p, _ = h.join(0)
+    h.send(p, m.Heartbeat())  # a joiner counts once heard from after its Hello
     assert h.send(a, m.VotePeersPending()) == []
     assert h.send(a, m.WithdrawVote("pending")) == ack(a, "pending")
     assert h.send(b, m.VotePeersPending()) == []

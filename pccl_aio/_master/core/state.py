@@ -14,73 +14,46 @@ one terminal message (``CollectiveComplete``, ``CollectiveAbort`` or ``Collectiv
 per collective it voted for. ``WithdrawVote`` takes back a counted vote (acknowledged);
 ``CollectiveWait`` marks a voted collective as awaited. After every event, calls that can
 never complete fail at once. A peer silent for ``heartbeat_timeout`` is treated as dead.
-Anything illegal gets ``Kicked`` and a ``Close``; it never raises out of ``handle``.
+Anything illegal gets ``Kicked`` and a ``Close``; it never raises out of ``handle``. What a
+hostile client or member can make the master hold is bounded (``limits.py``): joiners count
+as pending once heard from after ``Hello`` and are admitted in batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
-
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
 from .barrier import SyncBarrier
-from .deadlock import Item, conflict, find
+from .deadlock import conflict, find
 from .events import Action, Close, Connected, Disconnected, Event, Malformed, Received, Send, Tick
+from .limits import Gate, Limits, advertise_error
 from .records import Op, Peer, describe, is_loopback, membership, version_reason
+from .view import View
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Malformed", "MasterState",
            "Received", "Send", "Tick"]
 
 
-class _View:
-    """A ``MasterState`` as the sync barrier (``barrier.Roster``) and deadlock detection
-    (``deadlock.Board``) see it."""
-
-    __slots__ = ("_state",)
-
-    def __init__(self, state: MasterState) -> None:
-        self._state = state
-
-    def accepted(self, group: int | None = None) -> list[int]:
-        return self._state.accepted(group)
-
-    def addr(self, conn: int) -> m.PeerAddr:
-        return self._state._peers[conn].addr()
-
-    def kick(self, conn: int, reason: str, out: list[Action]) -> None:
-        self._state._kick(conn, reason, out)
-
-    def members(self) -> dict[int, int]:
-        return {p.conn: p.group for p in self._state._peers.values() if p.accepted}
-
-    def waits(self) -> Iterator[tuple[Item, Collection[int], Collection[int]]]:
-        st = self._state
-        topology = [p.conn for p in st._peers.values() if p.voted_topology]
-        if topology:
-            yield ("topology", 0, 0), topology, topology
-        pending = [p.conn for p in st._peers.values() if p.voted_pending]
-        if pending:
-            yield ("pending", 0, 0), pending, pending
-        syncs: dict[int, list[int]] = {}
-        for c in st._sync.voters():
-            syncs.setdefault(st._peers[c].group, []).append(c)
-        for g, voters in syncs.items():
-            yield ("sync", g, 0), voters, voters
-        for (g, tag), op in st._ops.items():
-            if not op.seq:
-                yield ("collective", g, tag), op.descs, op.waits
-
-
 class MasterState:
     """Membership, votes and collective bookkeeping of one run. Single-threaded, no I/O."""
 
-    def __init__(self, *, heartbeat_timeout: float = 5.0) -> None:
+    def __init__(self, *, heartbeat_timeout: float = 5.0, max_collectives_per_peer: int = 1024,
+                 max_pending_peers: int = 256, hello_timeout: float = 5.0,
+                 admission_interval: float = 1.0, allow_any_advertise_host: bool = False) -> None:
+        """The keyword options after ``heartbeat_timeout`` bound what hostile clients and
+        members can make the master hold or do (``limits.Limits``)."""
         self.heartbeat_timeout = heartbeat_timeout
+        self.limits = Limits(max_collectives_per_peer=max_collectives_per_peer,
+                             max_pending_peers=max_pending_peers, hello_timeout=hello_timeout,
+                             admission_interval=admission_interval,
+                             allow_any_advertise_host=allow_any_advertise_host)
+        self._gate = Gate(self.limits)
+        self._now = 0.0  # of the event being handled
         self.epoch = 0
         self._peers: dict[int, Peer] = {}
         self._ops: dict[tuple[int, int], Op] = {}
         self._seq = 0
-        self._view = _View(self)
+        self._view = View(self)
         self._sync = SyncBarrier(self._view)
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
@@ -91,7 +64,7 @@ class MasterState:
 
     def pending(self) -> list[int]:
         """Registered peers waiting for admission."""
-        return sorted(p.conn for p in self._peers.values() if p.registered and not p.accepted)
+        return sorted(self._gate.joiners)
 
     def running(self, group: int) -> dict[int, int]:
         """tag -> seq of the group's collectives that started (for tests)."""
@@ -101,14 +74,17 @@ class MasterState:
     def handle(self, event: Event) -> list[Action]:
         """Apply one event; return the actions the transport must perform, in order."""
         out: list[Action] = []
+        self._now = event.now
         match event:
             case Connected(conn=conn, host=host, now=now):
                 self._peers[conn] = Peer(conn=conn, host=host, last_seen=now)
+                self._gate.connected(conn, now)
             case Received(conn=conn, msg=msg, now=now):
                 peer = self._peers.get(conn)
                 if peer is None:
                     return out
                 peer.last_seen = now
+                self._gate.heard(conn)
                 if isinstance(msg, m.Heartbeat):
                     return out
                 try:
@@ -130,6 +106,8 @@ class MasterState:
                 self._remove(conn, out)
                 self._settle(out)
             case Tick(now=now):
+                for c in self._gate.expired(now):
+                    self._close(c, f"no Hello within {self.limits.hello_timeout:g} s", out)
                 for peer in list(self._peers.values()):
                     if now - peer.last_seen > self.heartbeat_timeout:
                         self._close(peer.conn, "heartbeat timeout", out)
@@ -169,6 +147,8 @@ class MasterState:
                 self._require_accepted(peer, msg)
                 if msg.tag in peer.tags or peer.voted_topology:
                     raise RemoteProtocolError(f"collective tag {msg.tag} already running")
+                if len(peer.tags) >= self.limits.max_collectives_per_peer:
+                    raise RemoteProtocolError(f"more than {len(peer.tags)} collectives at once")
                 op = self._ops.setdefault((peer.group, msg.tag), Op())
                 if op.seq:
                     raise RemoteProtocolError(f"collective tag {msg.tag} already started")
@@ -231,14 +211,20 @@ class MasterState:
             raise RemoteProtocolError("Hello with an invalid peer group or port")
         host = msg.advertise_host or peer.host
         others = [p for p in self._peers.values() if p.registered]
-        if others and any(is_loopback(p.host) != is_loopback(host) for p in others):
-            self._reject(peer.conn, "loopback and non-loopback peers cannot be mixed in one run",
-                         out)
+        first = not self.accepted()
+        why = None if self.limits.allow_any_advertise_host else advertise_error(
+            msg.advertise_host, peer.host)
+        if why is None and others and any(is_loopback(p.host) != is_loopback(host) for p in others):
+            why = "loopback and non-loopback peers cannot be mixed in one run"
+        if why is None and not first and self._gate.full():
+            why = "too many peers waiting to join"
+        if why is not None:
+            self._reject(peer.conn, why, out)
             return
         peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
         peer.state_port = msg.state_port
-        first = not self.accepted()
         peer.accepted = first
+        self._gate.registered(peer.conn, joiner=not first)
         out.append(Send(peer.conn, m.Welcome(peer.conn, first)))
         if first:
             self.epoch += 1
@@ -289,6 +275,7 @@ class MasterState:
             return
         for c in self.pending():
             self._peers[c].accepted = True
+            self._gate.admitted(c)
         for c in voters:
             self._peers[c].voted_topology = False
         self.epoch += 1
@@ -300,7 +287,7 @@ class MasterState:
         voters = self.accepted()
         if not voters or not all(self._peers[c].voted_pending for c in voters):
             return
-        answer = m.PeersPendingAnswer(bool(self.pending()))
+        answer = m.PeersPendingAnswer(self._gate.batch_due(self._now))
         for c in voters:
             self._peers[c].voted_pending = False
             out.append(Send(c, answer))
@@ -368,6 +355,7 @@ class MasterState:
 
     def _remove(self, conn: int, out: list[Action]) -> None:
         peer = self._peers.pop(conn, None)
+        self._gate.forget(conn)
         if peer is None or not peer.accepted:
             return
         self._sync.drop(conn, peer.group)
@@ -391,6 +379,7 @@ class MasterState:
             # Nobody is left to vote the waiting peers in: admit them now.
             for c in self.pending():
                 self._peers[c].accepted = True
+                self._gate.admitted(c)
             self.epoch += 1
             out.extend(self._membership(self.accepted()))
             return

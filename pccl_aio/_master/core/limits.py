@@ -1,0 +1,129 @@
+"""The master's bounds against hostile clients and members, sans-IO (``MasterState`` holds them).
+
+Every resource a connection can make the master hold is bounded (``Limits``):
+
+- a connection must say ``Hello`` within ``hello_timeout`` (heartbeats do not count);
+- at most ``max_pending_peers`` registered peers wait for admission; the next ``Hello`` gets
+  ``Rejected("too many peers waiting to join")``;
+- a member has at most ``max_collectives_per_peer`` collectives launched and not ended; one
+  more is a protocol violation (kicked, its launches dropped like any departed peer's);
+- ``Hello.advertise_host`` must be empty or the connection's own address (``advertise_error``)
+  unless ``allow_any_advertise_host``: else a joiner could point other peers' traffic anywhere;
+- the wire caps every string and list a peer sends (``_wire/messages.py``), and a peer holds at
+  most one counted vote of each kind, so nothing else grows per member.
+
+Hello floods. A README-style loop runs ``update_topology()`` whenever ``are_peers_pending()``
+answers True, and that answered True whenever any joiner was registered. A client opening
+connections that each say ``Hello`` (and close, or stay silent) kept one joiner registered at
+every vote, so every step became a topology round: no all-reduce ran, and every joiner
+admitted that way was a member that never voted, which stalled the group until it left or its
+heartbeat timed out (and each of those departures re-sent the whole membership to everyone).
+Two rules (``Gate``) keep the run going: a joiner counts as pending only once the master heard
+from it after its ``Hello`` (a ``Communicator`` heartbeats every ``heartbeat_interval``, 0.5 s
+by default, so an honest joiner waits at most that long), and ``are_peers_pending()`` answers
+True at most once per ``admission_interval``: joiners are admitted in batches. A joiner that
+leaves before its batch is forgotten without any work for the group. ``update_topology()``
+itself still admits every joiner (the callers asked for it). What these rules cannot stop is
+a hostile client that speaks the protocol (heartbeats) and, once admitted, never votes: only
+a run secret keeps such a client out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+
+__all__ = ["Gate", "Limits", "advertise_error"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """The bounds of one master (see the module docstring); checked when built."""
+
+    max_collectives_per_peer: int = 1024
+    max_pending_peers: int = 256
+    hello_timeout: float = 5.0
+    admission_interval: float = 1.0
+    allow_any_advertise_host: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_collectives_per_peer < 1 or self.max_pending_peers < 1:
+            raise ValueError("max_collectives_per_peer and max_pending_peers must be >= 1")
+        if not (self.hello_timeout > 0 and self.admission_interval >= 0):
+            raise ValueError("hello_timeout must be > 0 and admission_interval >= 0")
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an address (an IPv4-mapped IPv6 one as its IPv4), or None."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])  # no zone: fe80::1%eth0
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def advertise_error(advertised: str, host: str) -> str | None:
+    """Why a connection from ``host`` may not advertise ``advertised`` (None: it may)."""
+    if not advertised:
+        return None
+    ip = _ip(advertised)
+    if ip is None:
+        return (f"advertise_host {advertised[:64]!r} is not an IP address; advertise this "
+                "peer's address as seen by the master, or leave it empty")
+    if ip != _ip(host):
+        return (f"advertise_host {advertised} is not this connection's address {host}; "
+                "leave it empty or start the master with allow_any_advertise_host")
+    return None
+
+
+class Gate:
+    """Who may join, and when: connections without ``Hello`` (since when) and joiners
+    (registered, not yet accepted: heard from since their ``Hello``?)."""
+
+    __slots__ = ("_next", "_unnamed", "joiners", "limits")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._unnamed: dict[int, float] = {}  # conn -> connect time, no Hello yet
+        self.joiners: dict[int, bool] = {}  # conn -> heard from after its Hello
+        self._next = -math.inf  # earliest time of the next batch of joiners
+
+    def connected(self, conn: int, now: float) -> None:
+        self._unnamed[conn] = now
+
+    def heard(self, conn: int) -> None:
+        """Anything from ``conn``: a joiner is now known to be alive."""
+        if conn in self.joiners:
+            self.joiners[conn] = True
+
+    def full(self) -> bool:
+        return len(self.joiners) >= self.limits.max_pending_peers
+
+    def registered(self, conn: int, joiner: bool) -> None:
+        """``conn`` said ``Hello``: accepted at once, or (``joiner``) waits for admission."""
+        self._unnamed.pop(conn, None)
+        if joiner:
+            self.joiners[conn] = False
+
+    def admitted(self, conn: int) -> None:
+        self.joiners.pop(conn, None)
+
+    def forget(self, conn: int) -> None:
+        self._unnamed.pop(conn, None)
+        self.joiners.pop(conn, None)
+
+    def expired(self, now: float) -> list[int]:
+        """Connections without ``Hello`` for longer than ``hello_timeout``."""
+        return [c for c, since in self._unnamed.items()
+                if now - since > self.limits.hello_timeout]
+
+    def batch_due(self, now: float) -> bool:
+        """The answer to a completed ``are_peers_pending()`` vote at ``now``: True if a live
+        joiner waits and no batch was announced within ``admission_interval``."""
+        if now < self._next or not any(self.joiners.values()):
+            return False
+        self._next = now + self.limits.admission_interval
+        return True

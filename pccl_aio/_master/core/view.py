@@ -1,0 +1,55 @@
+"""How the sync barrier (``barrier.Roster``) and deadlock detection (``deadlock.Board``) see
+a ``MasterState`` (sans-IO)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING
+
+from ..._wire import messages as m
+from .deadlock import Item
+from .events import Action
+
+if TYPE_CHECKING:
+    from .state import MasterState
+
+__all__ = ["View"]
+
+
+class View:
+    """A ``MasterState`` as the sync barrier (``barrier.Roster``) and deadlock detection
+    (``deadlock.Board``) see it."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: MasterState) -> None:
+        self._state = state
+
+    def accepted(self, group: int | None = None) -> list[int]:
+        return self._state.accepted(group)
+
+    def addr(self, conn: int) -> m.PeerAddr:
+        return self._state._peers[conn].addr()
+
+    def kick(self, conn: int, reason: str, out: list[Action]) -> None:
+        self._state._kick(conn, reason, out)
+
+    def members(self) -> dict[int, int]:
+        return {p.conn: p.group for p in self._state._peers.values() if p.accepted}
+
+    def waits(self) -> Iterator[tuple[Item, Collection[int], Collection[int]]]:
+        st = self._state
+        topology = [p.conn for p in st._peers.values() if p.voted_topology]
+        if topology:
+            yield ("topology", 0, 0), topology, topology
+        pending = [p.conn for p in st._peers.values() if p.voted_pending]
+        if pending:
+            yield ("pending", 0, 0), pending, pending
+        syncs: dict[int, list[int]] = {}
+        for c in st._sync.voters():
+            syncs.setdefault(st._peers[c].group, []).append(c)
+        for g, voters in syncs.items():
+            yield ("sync", g, 0), voters, voters
+        for (g, tag), op in st._ops.items():
+            if not op.seq:
+                yield ("collective", g, tag), op.descs, op.waits
