@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from ._errors import (
+    AuthenticationError,
     DeadlockError,
     InvalidUsageError,
     KickedError,
@@ -25,6 +26,7 @@ from ._errors import (
     VersionMismatchError,
 )
 from ._master.server import Master
+from ._net.credentials import load_secret, tls_contexts
 from ._peer.communicator import AllReduceHandle, Communicator
 from ._peer.core.shared_state import SharedState
 from ._types import (
@@ -40,6 +42,7 @@ from ._version import __version__
 
 __all__ = [
     "AllReduceHandle",
+    "AuthenticationError",
     "Communicator",
     "DataType",
     "DeadlockError",
@@ -63,7 +66,9 @@ __all__ = [
     "TooFewPeersError",
     "VersionMismatchError",
     "__version__",
+    "load_secret",
     "run",
+    "tls_contexts",
 ]
 
 _T = TypeVar("_T")

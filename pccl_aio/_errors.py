@@ -64,6 +64,12 @@ class MasterConnectionError(PcclError, ConnectionError):
     code = "MASTER_CONNECTION_FAILED"
 
 
+class AuthenticationError(MasterConnectionError):
+    """The master refused this peer's run secret or TLS (or could not prove its own)."""
+
+    code = "AUTHENTICATION_FAILED"
+
+
 class VersionMismatchError(MasterConnectionError):
     """The master speaks another protocol version; retrying will not help."""
 

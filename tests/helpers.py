@@ -86,3 +86,15 @@ def record_sends(comm: pccl.Communicator) -> list[object]:
 
     comm._control.send = spy  # type: ignore[method-assign]
     return sent
+
+
+async def raw_master(port: int, secret: str | bytes | None = None
+                     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A bare connection to a master on 127.0.0.1 that completed the handshake with
+    ``secret`` (none: a run without a secret), as a hand-written client would."""
+    from pccl_aio._net.handshake import greet
+    from pccl_aio._wire import auth
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await asyncio.wait_for(greet(reader, writer, auth.ROLE_MASTER, auth.secret_key(secret), 0, 0), 5)
+    return reader, writer

@@ -13,18 +13,26 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 import signal
 import socket
+import ssl as _ssl
 import sys
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
 
-from .._errors import RemoteProtocolError
+import msgspec
+
+from .._errors import InvalidUsageError, RemoteProtocolError
+from .._net.credentials import load_secret, tls_contexts
+from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
 from .._net.stream import own_socket, read_frame, set_nodelay
+from .._wire import auth
 from .._wire import messages as m
 from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
+from .core.records import is_loopback
 
 __all__ = ["Master", "main"]
 
@@ -39,17 +47,31 @@ class Master:
         port: TCP port; 0 lets the OS choose (read ``port`` after ``start()``).
         heartbeat_interval: seconds between the master's liveness ticks.
         heartbeat_timeout: a peer silent this long is treated as dead (default 5 s).
-        max_frame_size: larger control frames close the connection that sent them.
+        max_frame_size: larger control frames close the connection that sent them (before
+            its ``Hello``, a connection may send frames of at most 64 KiB).
+        secret: the run secret every peer must prove (``str`` or ``bytes``); None reads
+            ``$PCCL_AIO_SECRET_FILE`` or ``$PCCL_AIO_SECRET`` and runs without one if neither
+            is set. A connection that fails the handshake is closed before anything else
+            is read (README, "Security").
+        ssl: a server ``ssl.SSLContext``: every peer connection is TLS.
+        handshake_timeout: a connection must complete the handshake within this many seconds.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, *,
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
-                 max_frame_size: int = MAX_FRAME_SIZE) -> None:
+                 max_frame_size: int = MAX_FRAME_SIZE, secret: str | bytes | None = None,
+                 ssl: _ssl.SSLContext | None = None,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
         self.host = host
         self._port = port
         self.heartbeat_interval = heartbeat_interval
         self.state = ms.MasterState(heartbeat_timeout=heartbeat_timeout)
         self._max_frame = max_frame_size
+        self._key = auth.secret_key(secret if secret is not None else load_secret())
+        self._run_key = secrets.token_bytes(auth.KEY_SIZE) if self._key else b""  # pair keys
+        self._ssl = ssl
+        self.gate = Gate("pccl_aio master", handshake_timeout)
+        self._sessions: dict[int, bytes] = {}  # conn -> session key (wraps its pair keys)
         self._server: asyncio.Server | None = None
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -68,10 +90,17 @@ class Master:
 
     async def start(self) -> None:
         """Bind and start serving; returns once the socket listens. Raises OSError on bind failure."""
-        self._server = await asyncio.start_server(self._on_client, self.host, self._port)
+        self._server = await asyncio.start_server(self._on_client, self.host, self._port,
+                                                  ssl=self._ssl)
         self._port = self._server.sockets[0].getsockname()[1]
         self._spawn(self._ticker())
-        log.info("pccl_aio master listening on %s:%d", self.host, self._port)
+        log.info("pccl_aio master listening on %s:%d (%s, %s)", self.host, self._port,
+                 "run secret" if self._key else "no run secret",
+                 "TLS" if self._ssl else "no TLS")
+        if not self._key and not all(is_loopback(s.getsockname()[0])
+                                     for s in self._server.sockets):
+            log.warning("listening on %s without a run secret: anyone who reaches this port "
+                        "can join the run (set --secret-file or PCCL_AIO_SECRET)", self.host)
 
     async def close(self) -> None:
         """Stop listening, close every peer connection and wait for all tasks to end."""
@@ -113,11 +142,22 @@ class Master:
                 continue
             if isinstance(act, ms.Send):
                 if not writer.is_closing():
-                    writer.write(frame(m.encode(act.msg)))
+                    msg = act.msg
+                    if isinstance(msg, m.Membership) and self._run_key:
+                        msg = self._with_keys(act.conn, msg)
+                    writer.write(frame(m.encode(msg)))
             else:
                 log.info("closing connection %d: %s", act.conn, act.reason)
                 self._writers.pop(act.conn, None)
                 writer.close()
+
+    def _with_keys(self, conn: int, msg: m.Membership) -> m.Membership:
+        """``msg`` with the key ``conn`` shares with each peer of its ring, wrapped for its
+        session: only the two peers of a pair can prove that pair's key."""
+        session = self._sessions[conn]
+        keys = [auth.wrap(session, msg.epoch, p.peer_id,
+                          auth.pair_key(self._run_key, conn, p.peer_id)) for p in msg.ring]
+        return msgspec.structs.replace(msg, keys=keys)
 
     def _handle(self, event: ms.Event) -> None:
         self._apply(self.state.handle(event))
@@ -131,19 +171,27 @@ class Master:
     def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._spawn(self._serve_client(reader, writer))
 
+    async def _key_for(self, opening: auth.Opening) -> bytes | None:
+        return self._key if opening.role == auth.ROLE_MASTER else None
+
     async def _serve_client(self, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
-        conn = next(self._ids)
         set_nodelay(writer.transport)
+        admitted = await self.gate.admit(reader, writer, self._key_for)
+        if admitted is None:
+            return
+        conn = next(self._ids)
+        self._sessions[conn] = admitted[1]
         peername = writer.get_extra_info("peername") or ("?", 0)
         self._writers[conn] = writer
         self._handle(ms.Connected(conn, str(peername[0]), loop.time()))
         log.debug("connection %d from %s", conn, peername)
+        limit = _BEFORE_HELLO
         try:
             while conn in self._writers:
                 try:
-                    body = await read_frame(reader, self._max_frame)
+                    body = await read_frame(reader, limit)
                 except RemoteProtocolError as exc:
                     self._handle(ms.Malformed(conn, str(exc), loop.time()))
                     break
@@ -154,12 +202,15 @@ class Master:
                     break
                 if isinstance(msg, m.CollectiveDone) and not msg.ok:
                     self._reap_closed(conn)
+                elif isinstance(msg, m.Hello):
+                    limit = self._max_frame
                 self._handle(ms.Received(conn, msg, loop.time()))
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:
             self._handle(ms.Disconnected(conn, loop.time()))
             self._writers.pop(conn, None)
+            self._sessions.pop(conn, None)
             writer.close()
 
     def _reap_closed(self, reporter: int) -> None:
@@ -185,6 +236,7 @@ class Master:
                 writer.close()
 
 
+_BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its Hello
 _TCP_CLOSED_BY_PEER = (7, 8)  # Linux tcp_info states TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN)
 
 
@@ -245,11 +297,28 @@ def _parser() -> argparse.ArgumentParser:
                    help="a peer silent this long is treated as dead")
     p.add_argument("--log-level", type=str.upper, choices=_LEVELS, default="INFO",
                    help="least severe log messages shown (any case)")
+    sec = p.add_argument_group("security (README, 'Security')")
+    sec.add_argument("--secret-file", metavar="PATH",
+                     help="file holding the run secret every peer must prove (default: "
+                          "$PCCL_AIO_SECRET_FILE, else $PCCL_AIO_SECRET, else no secret)")
+    sec.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve over TLS")
+    sec.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    sec.add_argument("--tls-ca", metavar="PEM",
+                     help="CA of the peers' certificates: peers must present one (mutual TLS)")
     return p
 
 
 async def _run_cli(args: argparse.Namespace) -> int:
-    master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout)
+    try:
+        if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
+            raise InvalidUsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
+        context = tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)[0] if args.tls_cert else None
+        secret = load_secret(args.secret_file)
+    except InvalidUsageError as exc:
+        print(f"pccl_aio.master: {exc}", file=sys.stderr)
+        return 2
+    master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
+                    secret=secret or b"", ssl=context)
     try:
         await master.start()
     except OSError as exc:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as _ssl
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from .._errors import InvalidUsageError, TooFewPeersError
+from .._net.credentials import load_secret
+from .._net.handshake import Gate
 from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+from .._wire import auth
 from .._wire import messages as m
 from . import deadline
 from .collective import Collective
@@ -26,6 +30,7 @@ from .core.config import PeerConfig
 from .core.shared_state import SharedState
 from .dataplane import DataPlane
 from .handle import AllReduceHandle
+from .keys import KeyRing
 from .retry import MultiReduce
 from .sync import SharedStateSync
 
@@ -51,6 +56,13 @@ class Communicator:
             The event loop must not be blocked for longer than that.
         data_timeout: an all-reduce that receives nothing for this long reports a failure
             and is aborted for the group (default 10 s); also bounds connecting a data link.
+        secret: the run secret (``str`` or ``bytes``, the master's); every connection of the
+            run proves it. None reads ``$PCCL_AIO_SECRET_FILE`` or ``$PCCL_AIO_SECRET`` and
+            runs without one if neither is set (README, "Security").
+        ssl: a client ``ssl.SSLContext``: the master connection is TLS, and so are the
+            connections to other peers when ``ssl_server`` is given too.
+        ssl_server: a server ``ssl.SSLContext`` for this peer's listeners: TLS between peers
+            (every peer of the run must use it). ``pccl_aio.tls_contexts`` makes both.
 
     A communicator belongs to the event loop it connected on: a call from another loop or
     thread raises ``InvalidUsageError`` before anything is sent. Use as
@@ -60,16 +72,24 @@ class Communicator:
     def __init__(self, master: str, *, peer_group: int = 0, p2p_connections: int = 1,
                  listen_host: str = "0.0.0.0", advertise_host: str = "",
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
-                 data_timeout: float = 10.0) -> None:
+                 data_timeout: float = 10.0, secret: str | bytes | None = None,
+                 ssl: _ssl.SSLContext | None = None,
+                 ssl_server: _ssl.SSLContext | None = None) -> None:
+        if secret is not None and not isinstance(secret, (str, bytes)):
+            raise InvalidUsageError(f"secret must be str or bytes, not {type(secret).__name__}")
         self.config = PeerConfig.parse(
             master, peer_group=peer_group, p2p_connections=p2p_connections,
             listen_host=listen_host, advertise_host=advertise_host,
             heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
-            data_timeout=data_timeout)
+            data_timeout=data_timeout,
+            key=auth.secret_key(secret if secret is not None else load_secret()),
+            ssl=ssl, ssl_server=ssl_server)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._keys = KeyRing(bool(self.config.key))
         self._control = ControlPlane(self.config, self._on_membership)
-        self._data = DataPlane(self.config, self._control.report)
-        self._sync = SharedStateSync(self._control, data_timeout)
+        self.gate = Gate("pccl_aio peer listener")  # both listeners' handshakes
+        self._data = DataPlane(self.config, self._control.report, self._keys, self.gate)
+        self._sync = SharedStateSync(self._control, self.config, self._keys, self.gate)
 
     async def __aenter__(self) -> Communicator:
         return self
@@ -138,7 +158,7 @@ class Communicator:
         try:
             try:
                 await self._data.start()
-                await self._sync.server.start(cfg.listen_host)
+                await self._sync.server.start(cfg.listen_host, cfg.ssl_server)
             except OSError as exc:
                 raise InvalidUsageError(
                     f"cannot listen on {cfg.listen_host!r}: {exc.strerror or exc}") from exc
@@ -184,6 +204,7 @@ class Communicator:
         self._control.check_usable()
 
     def _on_membership(self, msg: m.Membership) -> None:
+        self._keys.update(self._control.peer_id, msg, self._control.session)
         self._data.on_membership(msg, self._control.peer_id)
 
     # ---- votes ------------------------------------------------------------------------------

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 from .._errors import (
+    AuthenticationError,
     DeadlockError,
     InvalidUsageError,
     KickedError,
@@ -25,9 +27,11 @@ from .._errors import (
     SharedStateError,
     VersionMismatchError,
 )
+from .._net.handshake import HandshakeError, greet
 from .._net.stream import read_frame, set_nodelay
 from .._net.tasks import TaskSet
 from .._types import DataType
+from .._wire import auth
 from .._wire import messages as m
 from .._wire.framing import frame
 from .collective import Collective
@@ -59,6 +63,7 @@ class ControlPlane:
         self._withdrawing: dict[str, int] = {}  # kind -> WithdrawVotes not yet acknowledged
         self._carried: dict[str, Any] = {}  # kind -> answer of a round a withdrawn vote made
         self._writer: asyncio.StreamWriter | None = None
+        self.session = b""  # the master session's key (unwraps pair keys)
         self._joined: asyncio.Future[None] | None = None
         self._last_master = 0.0
         self._tasks = TaskSet("pccl_aio control plane")
@@ -73,8 +78,9 @@ class ControlPlane:
         """Open the master connection, say ``hello`` and wait until accepted into the run.
 
         Retries ``attempts`` times with exponential back-off while no master answers; the
-        handshake (connect and ``Welcome``) of each attempt is bounded by the heartbeat
-        timeout. Raises ``MasterConnectionError`` (``VersionMismatchError``),
+        handshake (connect, run secret, ``Welcome``) of each attempt is bounded by the
+        heartbeat timeout. Raises ``MasterConnectionError`` (``VersionMismatchError``,
+        ``AuthenticationError`` for a refused or failed handshake or TLS),
         ``PcclTimeoutError`` for a master that accepts and never answers. Cancelling leaves
         the connection for ``close`` to release.
         """
@@ -86,9 +92,14 @@ class ControlPlane:
         for i in range(attempts):
             try:
                 async with asyncio.timeout(cfg.heartbeat_timeout):
-                    reader, writer = await asyncio.open_connection(cfg.master_host,
-                                                                   cfg.master_port)
+                    reader, writer = await asyncio.open_connection(
+                        cfg.master_host, cfg.master_port, ssl=cfg.ssl,
+                        server_hostname=cfg.master_host if cfg.ssl else None)
                 break
+            except ssl.SSLError as exc:
+                raise AuthenticationError(
+                    f"TLS with the master at {cfg.master_host}:{cfg.master_port} failed: "
+                    f"{exc}") from exc
             except (OSError, TimeoutError) as exc:
                 last = exc
                 if i + 1 < attempts:
@@ -99,10 +110,17 @@ class ControlPlane:
                 f"attempt(s): {last!r}") from last
         set_nodelay(writer.transport)
         self._writer = writer
-        writer.write(frame(m.encode(hello)))
         try:
             async with asyncio.timeout(cfg.heartbeat_timeout):
+                self.session = await greet(reader, writer, auth.ROLE_MASTER, cfg.key, 0, 0)
+                writer.write(frame(m.encode(hello)))
                 reply = m.decode_master_to_peer(await read_frame(reader))
+        except HandshakeError as exc:
+            if exc.status == auth.BAD_VERSION:
+                raise VersionMismatchError(f"the master refused this peer: {exc}") from None
+            raise AuthenticationError(
+                f"the master at {cfg.master_host}:{cfg.master_port} refused this peer: "
+                f"{exc}") from None
         except TimeoutError:
             raise PcclTimeoutError(
                 f"the master at {cfg.master_host}:{cfg.master_port} accepted the connection "

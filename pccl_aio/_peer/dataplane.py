@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .._net.handshake import Gate
 from .._net.tasks import TaskSet
+from .._wire import auth
 from .._wire import messages as m
 from .core.config import PeerConfig
 from .core.scratch import ScratchPool
+from .keys import KeyRing
 from .link import Link
 from .listener import Listener
 from .receiver import Registry
@@ -22,13 +25,15 @@ from .receiver import Registry
 class DataPlane:
     """Listener, links, buffers and collective tasks of one communicator."""
 
-    def __init__(self, config: PeerConfig, report: Callable[[int, int, bool, str], None]) -> None:
+    def __init__(self, config: PeerConfig, report: Callable[[int, int, bool, str], None],
+                 keys: KeyRing, gate: Gate) -> None:
         self.config = config
         self.report = report  # CollectiveDone to the master
         self.registry = Registry()
         self.scratch = ScratchPool()
         self.tasks = TaskSet("pccl_aio data plane")
-        self.listener = Listener(self.registry)
+        self.keys = keys
+        self.listener = Listener(self.registry, keys.accepting(auth.ROLE_DATA), gate)
         self._links: dict[int, Link] = {}
         self._ring: list[m.PeerAddr] = []
         self.peer_id = 0
@@ -43,7 +48,7 @@ class DataPlane:
 
     async def start(self) -> None:
         """Open the listener; ``listener.port`` tells where."""
-        await self.listener.start(self.config.listen_host)
+        await self.listener.start(self.config.listen_host, tls=self.config.ssl_server)
 
     def on_membership(self, msg: m.Membership, peer_id: int) -> None:
         """A new ring: close the links to peers that left it."""
@@ -62,8 +67,7 @@ class DataPlane:
             addr = next((p for p in self._ring if p.peer_id == peer_id), None)
             if addr is None:
                 raise ConnectionError(f"peer {peer_id} is not in the ring")
-            link = Link(peer_id, addr.host, addr.port, self.config.p2p_connections,
-                        self.peer_id, self.tasks, self.config.data_timeout)
+            link = Link(addr, self.keys.key(peer_id), self.config, self.peer_id, self.tasks)
             self._links[peer_id] = link
         await link.open()
         return link

@@ -10,9 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
+from .._net.handshake import Handoff, greet
 from .._net.stream import set_nodelay
 from .._net.tasks import TaskSet
+from .._wire import auth
+from .._wire import messages as m
 from .._wire.data import HELLO, pack_hello
+from .core.config import PeerConfig
 
 
 class _Sender(asyncio.Protocol):
@@ -72,11 +76,13 @@ class Link:
     sum of the streams' rates, not ``k`` times the slowest one's.
     """
 
-    def __init__(self, peer_id: int, host: str, port: int, k: int, me: int,
-                 tasks: TaskSet, connect_timeout: float) -> None:
-        self.peer_id, self.host, self.port, self.k, self.me = peer_id, host, port, k, me
+    def __init__(self, addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int,
+                 tasks: TaskSet) -> None:
+        self.peer_id, self.host, self.port, self.me = addr.peer_id, addr.host, addr.port, me
+        self.k, self._key = config.p2p_connections, key
+        self._tls = config.ssl if config.ssl_server is not None else None
         self.senders: list[_Sender] = []
-        self._tasks, self._timeout = tasks, connect_timeout
+        self._tasks, self._timeout = tasks, config.data_timeout
         self._ready: asyncio.Task[None] | None = None
         self._room: asyncio.Future[None] | None = None
         self._failed = False
@@ -84,8 +90,8 @@ class Link:
     async def open(self) -> None:
         """Connect all ``k`` connections (once; concurrent callers share the attempt).
 
-        Raises ``ConnectionError`` if any connection fails or the attempt takes longer than
-        the connect timeout; the ones that did connect are closed and the link is ``broken``,
+        Raises ``ConnectionError`` if any connection fails (its handshake included) or the
+        attempt takes longer than the connect timeout; the ones that did connect are closed and the link is ``broken``,
         so the next collective builds a fresh one. Cancelling stops waiting only.
         """
         if self._ready is None:
@@ -103,7 +109,16 @@ class Link:
         opened: list[_Sender] = []
 
         async def one(i: int) -> None:
-            _, proto = await loop.create_connection(lambda: _Sender(self), self.host, self.port)
+            transport, conn = await loop.create_connection(
+                Handoff, self.host, self.port, ssl=self._tls,
+                server_hostname=self.host if self._tls else None)
+            try:
+                await greet(conn, conn, auth.ROLE_DATA, self._key, self.me, self.peer_id)
+            except BaseException:
+                transport.abort()
+                raise
+            proto = _Sender(self)
+            conn.hand_over(proto)
             opened.append(proto)
             assert proto.transport is not None
             proto.transport.write(pack_hello(self.me, i))

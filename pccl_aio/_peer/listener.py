@@ -1,28 +1,44 @@
-"""The data plane's listening socket: accepts receive connections for ``receiver._Receiver``."""
+"""The data plane's listening socket: every connection completes the handshake
+(``_net/handshake.py``) before its bytes reach a ``receiver._Receiver``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 
+from .._net.handshake import Gate, Handoff, KeyFor
+from .._net.tasks import TaskSet
 from .receiver import Registry, _Receiver
 
 
 class Listener:
-    """The p2p listening socket of one communicator."""
+    """The p2p listening socket of one communicator. ``key_for`` decides who may connect
+    (``KeyRing.accepting``); ``gate`` bounds the handshakes and counts refusals."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, key_for: KeyFor, gate: Gate) -> None:
         self.registry = registry
         self.conns: set[_Receiver] = set()
+        self._key_for, self._gate = key_for, gate
         self._server: asyncio.Server | None = None
+        self._tasks = TaskSet("pccl_aio data listener")
         self.port = 0
 
-    async def start(self, host: str, port: int = 0) -> None:
-        """Listen on ``host:port`` (0: the OS chooses; ``port`` tells it)."""
+    async def start(self, host: str, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
+        """Listen on ``host:port`` (0: the OS chooses; ``port`` tells it), over TLS with ``tls``."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Receiver(self.registry, self.conns), host, port)
+            lambda: Handoff(lambda c: self._tasks.spawn(self._accept(c))), host, port, ssl=tls)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _accept(self, conn: Handoff) -> None:
+        admitted = await self._gate.admit(conn, conn, self._key_for)
+        if admitted is None:
+            return
+        if self._server is None or not self._server.is_serving():
+            conn.transport.abort()
+            return
+        conn.hand_over(_Receiver(self.registry, self.conns))
 
     def abort(self) -> None:
         """Stop listening and drop every receive connection at once."""
@@ -32,8 +48,10 @@ class Listener:
             c.close()
 
     async def close(self) -> None:
-        """``abort``, then wait (at most 1 s) until the listening socket is closed."""
+        """``abort``, then wait (at most 1 s) until the listening socket is closed and every
+        handshake ended."""
         self.abort()
+        await self._tasks.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)

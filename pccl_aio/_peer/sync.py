@@ -9,14 +9,19 @@ whole group is done (``SyncComplete``), serving others meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from .._errors import InvalidUsageError, PcclTimeoutError, SharedStateError
+from .._net.handshake import Gate
 from .._types import SyncInfo, SyncStrategy
+from .._wire import auth
 from .._wire import messages as m
 from . import deadline
+from .core.config import PeerConfig
 from .core.shared_state import SharedState, hash_bytes
 from .env import SyncControl
-from .transfer import StateServer, fetch_ranges, split
+from .keys import KeyRing
+from .transfer import Source, StateServer, fetch_ranges, split
 
 _THREAD_HASH_BYTES = 32 << 20  # hash in a worker thread above this, so the loop keeps beating
 
@@ -30,15 +35,31 @@ async def _hashes(state: SharedState) -> dict[str, bytes]:
 class SharedStateSync:
     """Shared-state sync of one communicator: its state server and the state it serves."""
 
-    def __init__(self, control: SyncControl, data_timeout: float) -> None:
+    def __init__(self, control: SyncControl, config: PeerConfig, keys: KeyRing,
+                 gate: Gate) -> None:
         self.control = control
-        self.data_timeout = data_timeout
-        self.server = StateServer(self._lookup)
+        self.config = config
+        self.data_timeout = config.data_timeout
+        self.keys = keys
+        self.server = StateServer(self._lookup, keys.accepting(auth.ROLE_STATE), gate)
         self.serving: SharedState | None = None  # the state of the sync in progress
+        self.plan: m.SyncPlan | None = None  # its plan, once the master sent it
+        self._planned = asyncio.Event()
 
-    def _lookup(self, key: str, revision: int) -> memoryview | None:
-        state = self.serving
-        if state is None or key not in state.keys:
+    async def _lookup(self, peer: int, key: str, revision: int) -> memoryview | None:
+        """What to serve ``peer``: an entry of the sync in progress, only to a fetcher its
+        plan names and only at the plan's revision. A request may come before this peer
+        read the plan (the master sends it to all at once): waits for it, at most
+        ``data_timeout``."""
+        if self.serving is None:
+            return None
+        if self.plan is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.data_timeout):
+                    await self._planned.wait()
+        plan, state = self.plan, self.serving
+        if (plan is None or state is None or plan.revision != revision
+                or peer not in plan.fetchers or key not in state.keys):
             return None
         return state.view(key)
 
@@ -73,6 +94,8 @@ class SharedStateSync:
             vote = m.VoteSync(state.revision, int(strategy), entries, state.fresh)
             plan = await deadline.within(control.vote("sync", vote), left(), what)
             assert isinstance(plan, m.SyncPlan)
+            self.plan = plan
+            self._planned.set()
             done = control.expect("sync_done")
             rx, error = 0, None
             if plan.keys:
@@ -93,11 +116,13 @@ class SharedStateSync:
             state.fresh = False
             return SyncInfo(self.server.tx - tx0, rx, plan.revision)
         finally:
-            self.serving = None
+            self.serving = self.plan = None
+            self._planned.clear()
 
     async def _fetch(self, state: SharedState, plan: m.SyncPlan) -> int:
         me = self.control.peer_id
-        sources = [(s.host, s.state_port) for s in plan.sources if s.peer_id != me]
+        sources = [Source(s.host, s.state_port, s.peer_id, self.keys.key(s.peer_id))
+                   for s in plan.sources if s.peer_id != me]
         if not sources:
             raise SharedStateError(f"no peer can serve revision {plan.revision}")
         # Rotate so that requesters spread over the sources, then share ranges between them.
@@ -106,7 +131,8 @@ class SharedStateSync:
         pieces = []
         for key in plan.keys:
             pieces.extend(split(key, state.view(key)))
-        rx = await fetch_ranges(sources, plan.revision, pieces, self.data_timeout)
+        tls = self.config.ssl if self.config.ssl_server is not None else None
+        rx = await fetch_ranges(sources, plan.revision, pieces, self.data_timeout, me, tls)
         for key, want in zip(plan.keys, plan.hashes):
             if want and hash_bytes(state.view(key)) != want:
                 raise SharedStateError(

@@ -1,18 +1,23 @@
 """Shared-state transfer between peers: a server that serves byte ranges during a sync, and a
 fetcher that pulls dirty entries straight into the requester's tensors.
 
-The wire format is ``_wire/state.py``. The fetcher spreads byte ranges over all sources through a shared work queue; a
-source that fails hands its range back and the others finish the job.
+The wire format is ``_wire/state.py``; every connection first completes the handshake of
+``_net/handshake.py``, which names the requesting peer. The fetcher spreads byte ranges over
+all sources through a shared work queue; a source that fails hands its range back and the
+others finish the job.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import cast
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple, cast
 
+from .._net.handshake import Gate, Handoff, KeyFor, greet
 from .._net.stream import set_nodelay
 from .._net.tasks import TaskSet
+from .._wire import auth
 from .._wire.state import (
     BAD_RANGE,
     NOT_SERVING,
@@ -27,24 +32,36 @@ from .._wire.state import (
 
 PIECE = 8 << 20
 
-Lookup = Callable[[str, int], memoryview | None]
+#: (requesting peer, key, revision) -> what to serve, or None to refuse (may wait for a plan).
+Lookup = Callable[[int, str, int], Awaitable[memoryview | None]]
+
+
+class Source(NamedTuple):
+    """A peer to fetch from, and the key for its handshake."""
+
+    host: str
+    port: int
+    peer_id: int
+    key: bytes
 
 
 class StateServer:
     """Answers range requests with what ``lookup`` serves (nothing outside a sync), counting
-    bytes sent. Connection handlers are tasks of its own ``TaskSet``, ended by ``close``."""
+    bytes sent. Connections pass ``gate`` with a key from ``key_for`` first. Connection
+    handlers are tasks of its own ``TaskSet``, ended by ``close``."""
 
-    def __init__(self, lookup: Lookup) -> None:
+    def __init__(self, lookup: Lookup, key_for: KeyFor, gate: Gate) -> None:
         self.lookup: Lookup | None = lookup
+        self._key_for, self._gate = key_for, gate
         self.tx = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks = TaskSet("pccl_aio state server")
         self.port = 0
 
-    async def start(self, host: str) -> None:
-        """Listen on an OS-chosen port of ``host`` (``port`` tells it)."""
-        self._server = await asyncio.start_server(self._serve, host, 0)
+    async def start(self, host: str, tls: ssl.SSLContext | None = None) -> None:
+        """Listen on an OS-chosen port of ``host`` (``port`` tells it), over TLS with ``tls``."""
+        self._server = await asyncio.start_server(self._serve, host, 0, ssl=tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     def abort(self) -> None:
@@ -66,13 +83,17 @@ class StateServer:
         set_nodelay(writer.transport)
         self._writers.add(writer)
         try:
+            admitted = await self._gate.admit(reader, writer, self._key_for)
+            if admitted is None:
+                return
+            peer = admitted[0].client_id
             while True:
                 req = parse_request(await reader.readexactly(REQ.size))
                 if req is None:
                     break
                 klen, revision, off, length = req
                 key = (await reader.readexactly(klen)).decode("utf-8", "replace")
-                view = self.lookup(key, revision) if self.lookup is not None else None
+                view = await self.lookup(peer, key, revision) if self.lookup is not None else None
                 if view is None:
                     writer.write(pack_response(NOT_SERVING))
                 elif off + length > view.nbytes:
@@ -153,9 +174,9 @@ class _FetchProtocol(asyncio.BufferedProtocol):
         await self._waiter
 
 
-async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
-                       pieces: list[tuple[str, int, memoryview]], timeout: float,
-                       streams: int = 2) -> int:
+async def fetch_ranges(sources: list[Source], revision: int,
+                       pieces: list[tuple[str, int, memoryview]], timeout: float, me: int,
+                       tls: ssl.SSLContext | None = None, streams: int = 2) -> int:
     """Fetch every (key, offset, target) piece from any of ``sources``; returns bytes received.
 
     Pieces are shared by ``streams`` workers (one connection each) per source; a failing
@@ -169,11 +190,22 @@ async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
     changed = asyncio.Event()
     errors: list[BaseException] = []
 
-    async def worker(host: str, port: int) -> None:
+    async def connect(src: Source) -> _FetchProtocol:
+        transport, conn = await loop.create_connection(
+            Handoff, src.host, src.port, ssl=tls, server_hostname=src.host if tls else None)
+        try:
+            await greet(conn, conn, auth.ROLE_STATE, src.key, me, src.peer_id)
+        except BaseException:
+            transport.abort()
+            raise
+        proto = _FetchProtocol()
+        conn.hand_over(proto)
+        return proto
+
+    async def worker(src: Source) -> None:
         nonlocal received, busy
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(_FetchProtocol, host, port), timeout)
+            proto = await asyncio.wait_for(connect(src), timeout)
         except (OSError, TimeoutError) as exc:
             errors.append(exc)
             return
@@ -201,7 +233,7 @@ async def fetch_ranges(sources: list[tuple[str, int]], revision: int,
             if proto.transport is not None:
                 proto.transport.close()
 
-    await asyncio.gather(*(worker(h, p) for h, p in sources for _ in range(streams)))
+    await asyncio.gather(*(worker(src) for src in sources for _ in range(streams)))
     if queue:
         raise ConnectionError(f"{len(queue)} piece(s) left after every source failed: "
                               f"{errors[-1] if errors else 'no source'}")

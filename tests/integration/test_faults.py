@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._net.handshake import Gate
+from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.framing import frame
-from tests.helpers import FAST, crash
+from tests.helpers import FAST, crash, raw_master
 
 
 @contextlib.contextmanager
@@ -200,8 +202,7 @@ async def test_master_loss_fails_pending_and_later_calls(master, peers):
 
 
 async def _raw(master):
-    reader, writer = await asyncio.open_connection("127.0.0.1", master.port)
-    return reader, writer
+    return await raw_master(master.port)
 
 
 @pytest.mark.parametrize("payload", [
@@ -232,7 +233,8 @@ async def test_other_protocol_version_refused_clearly(master):
 
 
 async def test_peer_refuses_master_of_other_version():
-    async def fake_master(reader, writer):
+    async def fake_master(reader, writer):  # passes the handshake, refuses the Hello
+        assert await Gate("fake").admit(reader, writer, _no_secret) is not None
         await reader.read(100)
         writer.write(frame(m.encode(m.Rejected("protocol version 1 is not supported", 2))))
         writer.close()
@@ -241,6 +243,23 @@ async def test_peer_refuses_master_of_other_version():
     port = server.sockets[0].getsockname()[1]
     async with server, pccl.Communicator(f"127.0.0.1:{port}", **FAST) as c:
         with pytest.raises(pccl.VersionMismatchError):
+            await c.connect(attempts=1)
+
+
+async def _no_secret(opening):
+    return b""
+
+
+async def test_peer_refuses_master_of_other_handshake_version():
+    async def fake_master(reader, writer):
+        await reader.readexactly(auth.OPEN.size)
+        writer.write(auth.refusal(auth.BAD_VERSION))
+        writer.close()
+
+    server = await asyncio.start_server(fake_master, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, pccl.Communicator(f"127.0.0.1:{port}", **FAST) as c:
+        with pytest.raises(pccl.VersionMismatchError, match="handshake version"):
             await c.connect(attempts=1)
 
 

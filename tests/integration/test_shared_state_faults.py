@@ -41,7 +41,7 @@ async def test_received_bytes_not_matching_the_elected_hash_fail_the_requester(p
     honest = state_server(a).lookup
     served = []
 
-    def liar(key, revision):
+    async def liar(peer, key, revision):
         served.append(key)
         return memoryview(bytearray(b"x" * 1024))
 
@@ -66,7 +66,7 @@ async def test_a_bad_source_among_honest_ones_is_caught_by_the_hash(peers):
     states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 1, 0])]
     lied = []
 
-    def liar(key, rev):
+    async def liar(peer, key, rev):
         lied.append(key)
         return memoryview(bytearray(n))
 
@@ -91,11 +91,11 @@ async def test_a_crashed_requester_does_not_block_the_others(peers):
     for src in comms[:2]:
         real = state_server(src).lookup
 
-        def lookup(key, rev, real=real):
+        async def lookup(peer, key, rev, real=real):
             if not served:
                 vanish(comms[2], tasks[2])
             served.append(key)
-            return real(key, rev)
+            return await real(peer, key, rev)
 
         state_server(src).lookup = lookup
     infos = await asyncio.gather(tasks[0], tasks[1])
@@ -150,7 +150,7 @@ async def test_distributor_crash_mid_transfer_fails_over_to_another_source(peers
     tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
     calls = []
 
-    def crash_on_first_request(key, rev):
+    async def crash_on_first_request(peer, key, rev):
         calls.append(key)
         vanish(comms[0], tasks[0])
         return None
@@ -184,7 +184,7 @@ async def test_distributor_crash_after_the_other_source_finished(peers, monkeypa
     tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
     stalled, fetched = Tally(), Tally()
 
-    def stall(key, rev):
+    async def stall(peer, key, rev):
         stalled.add(key)
         return _Stalled(good.nbytes)
 
@@ -225,7 +225,7 @@ async def test_only_distributor_crash_fails_cleanly_and_a_later_sync_recovers(pe
     states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 0, 0])]
     tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
 
-    def crash_on_first_request(key, rev):
+    async def crash_on_first_request(peer, key, rev):
         vanish(comms[0], tasks[0])
         return None
 

@@ -103,9 +103,9 @@ async def big(comm: pccl.Communicator, mib: int) -> None:
         assert orig is not None
         told = False
 
-        def spy(key: str, rev: int) -> memoryview | None:
+        async def spy(peer: int, key: str, rev: int) -> memoryview | None:
             nonlocal told
-            view = orig(key, rev)
+            view = await orig(peer, key, rev)
             if not told and view is not None:  # a range of this sync is being served
                 told = True
                 emit(event="serving", key=key)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from tests.helpers import raw_master
 from tests.process.procs import HERE
 
 pytestmark = pytest.mark.timeout(60)
@@ -117,7 +118,7 @@ async def test_log_level_is_case_insensitive():
         assert proc.stderr is not None
         line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
         port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        _, writer = await raw_master(port)
         line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
         assert " DEBUG pccl_aio.master: connection 1 from " in line
         writer.close()

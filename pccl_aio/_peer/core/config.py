@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ssl as _ssl
 
 from ..._errors import InvalidUsageError
 
@@ -20,6 +21,9 @@ class PeerConfig:
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 5.0
     data_timeout: float = 10.0
+    key: bytes = b""  # the run secret's key (``auth.secret_key``); empty: no secret
+    ssl: _ssl.SSLContext | None = None  # client side: the master and, with ssl_server, peers
+    ssl_server: _ssl.SSLContext | None = None  # this peer's listeners; TLS between peers
 
     @classmethod
     def parse(cls, master: str, **options: object) -> PeerConfig:
@@ -44,3 +48,9 @@ class PeerConfig:
                 f"p2p_connections must be in 1..256, not {self.p2p_connections}")
         if min(self.heartbeat_interval, self.heartbeat_timeout, self.data_timeout) <= 0:
             raise InvalidUsageError("timeouts must be positive")
+        for name in ("ssl", "ssl_server"):
+            if not isinstance(getattr(self, name), (_ssl.SSLContext, type(None))):
+                raise InvalidUsageError(f"{name} must be an ssl.SSLContext or None")
+        if self.ssl_server is not None and self.ssl is None:
+            raise InvalidUsageError(
+                "ssl_server (TLS between peers) needs ssl, the client context peers connect with")

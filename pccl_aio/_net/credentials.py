@@ -1,0 +1,55 @@
+"""Where a run's credentials come from: the run secret (argument, file or environment) and
+TLS contexts made from PEM files."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from typing import Final
+
+from .._errors import InvalidUsageError
+
+SECRET_ENV: Final = "PCCL_AIO_SECRET"
+SECRET_FILE_ENV: Final = "PCCL_AIO_SECRET_FILE"
+
+
+def load_secret(path: str | None = None) -> bytes | None:
+    """The run secret: the contents of ``path`` if given, else of the file named by
+    ``$PCCL_AIO_SECRET_FILE``, else ``$PCCL_AIO_SECRET``, else None (a run without a
+    secret). Surrounding whitespace (a trailing newline) is stripped. Raises
+    ``InvalidUsageError`` if the file cannot be read or the secret is empty."""
+    path = path or os.environ.get(SECRET_FILE_ENV) or None
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            raise InvalidUsageError(f"cannot read the secret file {path!r}: {exc.strerror}") from exc
+        if not secret:
+            raise InvalidUsageError(f"the secret file {path!r} is empty")
+        return secret
+    value = os.environ.get(SECRET_ENV, "").strip()
+    return value.encode() if value else None
+
+
+def tls_contexts(cert: str, key: str, ca: str | None = None
+                 ) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server context, client context) from PEM files: this host's certificate chain and
+    key, and the CA that signed every member's certificate (default: the system's).
+
+    With ``ca``, both sides verify each other (mutual TLS): a peer needs a certificate of
+    the run's CA to connect at all. Pass the server context as ``Master(ssl=...)`` or
+    ``Communicator(ssl_server=...)`` and the client context as ``Communicator(ssl=...)``.
+    Raises ``InvalidUsageError`` for an unreadable or mismatched file.
+    """
+    try:
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=ca)
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        for ctx in (server, client):
+            ctx.load_cert_chain(cert, key)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidUsageError(f"cannot load TLS files ({cert}, {key}, {ca}): {exc}") from exc
+    if ca is not None:
+        server.verify_mode = ssl.CERT_REQUIRED
+    return server, client
