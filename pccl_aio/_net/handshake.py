@@ -174,26 +174,26 @@ class Gate:
             self.stats["evicted"] += 1
             _abort(oldest)
         self._pending[writer] = None
-        why = ""
         try:
             async with asyncio.timeout(self.timeout):
                 why, result = await self._run(reader, writer, key_for)
         except TimeoutError:
             why, result = "timed_out", None
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            why, result = "closed", None  # evicted or gone: nothing to say
+            why, result = "closed during the handshake", None
         except BaseException:
+            self._pending.pop(writer, None)
             _abort(writer)
             raise
-        finally:
-            self._pending.pop(writer, None)
+        if writer not in self._pending:  # evicted: counted and closed already
+            return None
+        del self._pending[writer]
         if result is not None:
             self.stats["accepted"] += 1
             return result
-        if why != "closed":
-            self.stats["refused" if why != "timed_out" else "timed_out"] += 1
-            log.warning("%s: refused a connection from %s: %s", self.name,
-                        _address(writer), why.replace("_", " "))
+        self.stats["timed_out" if why == "timed_out" else "refused"] += 1
+        log.warning("%s: refused a connection from %s: %s", self.name, _address(writer),
+                    "timed out" if why == "timed_out" else why)
         _abort(writer)
         return None
 

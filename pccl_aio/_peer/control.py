@@ -96,11 +96,11 @@ class ControlPlane:
                         cfg.master_host, cfg.master_port, ssl=cfg.ssl,
                         server_hostname=cfg.master_host if cfg.ssl else None)
                 break
-            except ssl.SSLError as exc:
-                raise AuthenticationError(
-                    f"TLS with the master at {cfg.master_host}:{cfg.master_port} failed: "
-                    f"{exc}") from exc
             except (OSError, TimeoutError) as exc:
+                if cfg.ssl is not None and isinstance(exc, (ssl.SSLError, ConnectionResetError)):
+                    raise AuthenticationError(  # the TCP connect succeeded: TLS failed
+                        f"TLS with the master at {cfg.master_host}:{cfg.master_port} failed: "
+                        f"{exc!r}") from exc
                 last = exc
                 if i + 1 < attempts:
                     await asyncio.sleep(min(backoff * 2**i, 2.0))  # back-off, not a sync
