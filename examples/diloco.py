@@ -148,7 +148,8 @@ async def main(args: argparse.Namespace) -> int:
     about = f", about {args.steps * args.inner_time:.0f} s" if args.inner_time else ""
     print(f"running {args.steps} outer steps{about} (--steps, --inner-time); master "
           f"{args.master}", flush=True)
-    async with pccl.Communicator(args.master) as comm:
+    secret = pccl.load_secret(args.secret_file)  # else $PCCL_AIO_SECRET(_FILE), else none
+    async with pccl.Communicator(args.master, secret=secret or b"") as comm:
         await comm.connect(attempts=args.attempts)
         print(f"joined peer={comm.peer_id} world={comm.world_size}", flush=True)
         if comm.peer_group_world_size < args.min_peers:  # the first step waits for them
@@ -219,6 +220,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--min-peers", type=int, default=2,
                     help="peers the run waits for before its first step (joiners skip this)")
     ap.add_argument("--attempts", type=int, default=20, help="master connection attempts")
+    ap.add_argument("--secret-file", metavar="PATH",
+                    help="the run secret (default: $PCCL_AIO_SECRET_FILE or $PCCL_AIO_SECRET)")
     return ap.parse_args(argv)
 
 

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -31,6 +32,7 @@ import numpy as np
 
 from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, TooFewPeersError, run
 from ._compute import front
+from ._net.credentials import SECRET_ENV
 from ._peer.core.shared_state import hash_bytes
 
 
@@ -132,13 +134,14 @@ async def _peer(addr: str, steps: int, count: int, stop_file: str, die_at: int,
         return 1 if bad else 0
 
 
-async def _spawn(addr: str, args: argparse.Namespace, stop_file: str,
+async def _spawn(addr: str, args: argparse.Namespace, stop_file: str, secret: str,
                  die_at: int = 0) -> asyncio.subprocess.Process:
+    """One peer process; it reads the run ``secret`` from its environment."""
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pccl_aio.demo", "--peer", addr, "--steps", str(args.steps),
         "--count", str(args.count), "--peers", str(args.peers), "--stop-file", stop_file,
         "--die-at", str(die_at), stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1", SECRET_ENV: secret})
 
 
 async def _controller(args: argparse.Namespace) -> int:
@@ -155,7 +158,9 @@ def _ids(peers: Iterable[int]) -> str:
 
 async def _control(args: argparse.Namespace, stop_file: str) -> int:
     victim = 2  # index of the process that dies mid-all-reduce
-    async with Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0) as master:
+    secret = secrets.token_hex(16)  # a fresh run secret, handed to the peers' environment
+    async with Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0,
+                      secret=secret) as master:
         print(f"master on {master.address}; starting {args.peers} peers "
               f"({args.count * 4 / 2**20:.2f} MiB float32 per all-reduce, {args.steps} steps)",
               flush=True)
@@ -171,7 +176,7 @@ async def _control(args: argparse.Namespace, stop_file: str) -> int:
             await events.put((i, {"event": "exited"}))
 
         async def start(die_at: int = 0) -> None:
-            p = await _spawn(master.address, args, stop_file, die_at)
+            p = await _spawn(master.address, args, stop_file, secret, die_at)
             procs.append(p)
             pumps.append(asyncio.ensure_future(pump(len(procs) - 1, p)))
 

@@ -55,17 +55,33 @@ class Master:
             is read (README, "Security").
         ssl: a server ``ssl.SSLContext``: every peer connection is TLS.
         handshake_timeout: a connection must complete the handshake within this many seconds.
+        hello_timeout: ... and then say ``Hello`` within this many seconds.
+        allow_any_advertise_host: accept a peer's ``advertise_host`` that is not the address
+            its connection comes from (else it is refused: a joiner could point the other
+            peers' traffic anywhere).
+        max_pending_peers: peers waiting for admission at once; more are refused.
+        max_collectives_per_peer: collectives a member may have launched and not ended; one
+            more closes its connection.
+        admission_interval: ``are_peers_pending()`` answers True at most once per interval,
+            so joiners are admitted in batches and a flood of them cannot stall the run.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, *,
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
                  max_frame_size: int = MAX_FRAME_SIZE, secret: str | bytes | None = None,
                  ssl: _ssl.SSLContext | None = None,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT, hello_timeout: float = 5.0,
+                 allow_any_advertise_host: bool = False, max_pending_peers: int = 256,
+                 max_collectives_per_peer: int = 1024, admission_interval: float = 1.0) -> None:
         self.host = host
         self._port = port
         self.heartbeat_interval = heartbeat_interval
-        self.state = ms.MasterState(heartbeat_timeout=heartbeat_timeout)
+        self.state = ms.MasterState(
+            heartbeat_timeout=heartbeat_timeout, hello_timeout=hello_timeout,
+            allow_any_advertise_host=allow_any_advertise_host,
+            max_pending_peers=max_pending_peers,
+            max_collectives_per_peer=max_collectives_per_peer,
+            admission_interval=admission_interval)
         self._max_frame = max_frame_size
         self._key = auth.secret_key(secret if secret is not None else load_secret())
         self._run_key = secrets.token_bytes(auth.KEY_SIZE) if self._key else b""  # pair keys
@@ -301,6 +317,9 @@ def _parser() -> argparse.ArgumentParser:
     sec.add_argument("--secret-file", metavar="PATH",
                      help="file holding the run secret every peer must prove (default: "
                           "$PCCL_AIO_SECRET_FILE, else $PCCL_AIO_SECRET, else no secret)")
+    sec.add_argument("--allow-any-advertise-host", action="store_true",
+                     help="let peers advertise an address other than the one they connect "
+                          "from (behind NAT or proxies)")
     sec.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve over TLS")
     sec.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     sec.add_argument("--tls-ca", metavar="PEM",
@@ -318,7 +337,8 @@ async def _run_cli(args: argparse.Namespace) -> int:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)
         return 2
     master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
-                    secret=secret or b"", ssl=context)
+                    secret=secret or b"", ssl=context,
+                    allow_any_advertise_host=args.allow_any_advertise_host)
     try:
         await master.start()
     except OSError as exc:
