@@ -27,7 +27,7 @@ import msgspec
 from .._errors import InvalidUsageError, RemoteProtocolError
 from .._net.credentials import load_secret, tls_contexts
 from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
-from .._net.stream import own_socket, read_frame, set_nodelay
+from .._net.stream import FrameBudget, own_socket, read_frame, set_nodelay
 from .._wire import auth
 from .._wire import messages as m
 from .._wire.framing import MAX_FRAME_SIZE, frame
@@ -48,7 +48,8 @@ class Master:
         heartbeat_interval: seconds between the master's liveness ticks.
         heartbeat_timeout: a peer silent this long is treated as dead (default 5 s).
         max_frame_size: larger control frames close the connection that sent them (before
-            its ``Hello``, a connection may send frames of at most 64 KiB).
+            its ``Hello``, a connection may send frames of at most 64 KiB, and frames above
+            64 KiB being received at once share 32 MiB over all connections).
         secret: the run secret every peer must prove (``str`` or ``bytes``); None reads
             ``$PCCL_AIO_SECRET_FILE`` or ``$PCCL_AIO_SECRET`` and runs without one if neither
             is set. A connection that fails the handshake is closed before anything else
@@ -83,6 +84,7 @@ class Master:
             max_collectives_per_peer=max_collectives_per_peer,
             admission_interval=admission_interval)
         self._max_frame = max_frame_size
+        self._budget = FrameBudget(_LARGE_FRAMES)
         self._key = auth.secret_key(secret if secret is not None else load_secret())
         self._run_key = secrets.token_bytes(auth.KEY_SIZE) if self._key else b""  # pair keys
         self._ssl = ssl
@@ -207,7 +209,7 @@ class Master:
         try:
             while conn in self._writers:
                 try:
-                    body = await read_frame(reader, limit)
+                    body = await read_frame(reader, limit, self._budget)
                 except RemoteProtocolError as exc:
                     self._handle(ms.Malformed(conn, str(exc), loop.time()))
                     break
@@ -253,6 +255,7 @@ class Master:
 
 
 _BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its Hello
+_LARGE_FRAMES = 32 << 20  # bytes of frames above 64 KiB being received at once, all peers
 _TCP_CLOSED_BY_PEER = (7, 8)  # Linux tcp_info states TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN)
 
 

@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 
+from .._errors import RemoteProtocolError
 from .._wire import framing as _framing
 
 
@@ -26,12 +27,33 @@ def own_socket(transport: asyncio.BaseTransport) -> socket.socket | None:
         return None
 
 
-async def read_frame(reader: asyncio.StreamReader, max_size: int = _framing.MAX_FRAME_SIZE) -> bytes:
+class FrameBudget:
+    """Bytes of large frames being received at once, over every connection of a server: a
+    frame above ``small`` bytes reserves its length until it is complete, and a frame that
+    would exceed ``total`` is a protocol error. Memory is taken as bytes arrive, but a
+    length prefix alone must not let a client make the server hold more than ``total``."""
+
+    def __init__(self, total: int, small: int = 64 << 10) -> None:
+        self.total, self.small, self.reserved = total, small, 0
+
+
+async def read_frame(reader: asyncio.StreamReader, max_size: int = _framing.MAX_FRAME_SIZE,
+                     budget: FrameBudget | None = None) -> bytes:
     """Read one length-prefixed frame body.
 
     Blocks until a whole frame arrived. Raises ``asyncio.IncompleteReadError`` at EOF and
-    ``RemoteProtocolError`` for an oversized frame. Cancelling leaves the stream mid-frame:
-    close the connection afterwards.
+    ``RemoteProtocolError`` for an oversized frame or one over ``budget``. Cancelling leaves
+    the stream mid-frame: close the connection afterwards.
     """
-    header = await reader.readexactly(_framing.HEADER_SIZE)
-    return await reader.readexactly(_framing.body_length(header, max_size))
+    n = _framing.body_length(await reader.readexactly(_framing.HEADER_SIZE), max_size)
+    if budget is None or n <= budget.small:
+        return await reader.readexactly(n)
+    if budget.reserved + n > budget.total:
+        raise RemoteProtocolError(
+            f"a frame of {n} bytes while {budget.reserved} bytes of large frames are being "
+            f"received (at most {budget.total})")
+    budget.reserved += n
+    try:
+        return await reader.readexactly(n)
+    finally:
+        budget.reserved -= n

@@ -1,0 +1,144 @@
+"""Issue 17's findings, each reproduced against a real master and peers on 127.0.0.1 and
+shown refused or harmless. (Injection and the seq flood: ``test_dataplane_guard.py``; the
+master's memory: ``tests/process/test_findings_memory.py``; outsiders and sybils in a run
+with a secret: ``test_security.py``.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import pccl_aio as pccl
+from pccl_aio._net.handshake import greet
+from pccl_aio._wire import auth
+from pccl_aio._wire import messages as m
+from pccl_aio._wire.framing import frame
+from pccl_aio._wire.state import NOT_SERVING, RESP, pack_request, parse_response
+from tests.helpers import FAST, join_peers, raw_master
+
+
+async def _request(port: int, me: int, source: int, key: str, revision: int, n: int) -> int:
+    """A bare state-transfer request as peer ``me`` (a run without a secret: the handshake
+    passes with the empty key); the status of the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await greet(reader, writer, auth.ROLE_STATE, b"", me, source)
+        writer.write(pack_request(key, revision, 0, n))
+        answer = parse_response(await asyncio.wait_for(reader.readexactly(RESP.size), 5))
+        assert answer is not None
+        return answer[0]
+    finally:
+        writer.close()
+
+
+async def test_the_state_server_serves_only_planned_fetchers_at_the_planned_revision(peers):
+    """Finding: "the state server hands any entry to anyone while a sync is open (the
+    requested revision is ignored)". While a real fetch is held open, an outsider and a
+    fetcher asking for another revision get NOT_SERVING; the fetcher's own request is served."""
+    a, b = await peers(2)
+    n = 8192
+    wa, wb = np.arange(n // 4, dtype=np.float32), np.zeros(n // 4, np.float32)
+    sa, sb = pccl.SharedState({"w": wa}, revision=3), pccl.SharedState({"w": wb}, revision=0)
+    server = a._sync.server
+    real = server.lookup
+    assert real is not None
+    probes: dict[str, int] = {}
+
+    async def lookup(peer: int, key: str, revision: int) -> memoryview | None:
+        if peer == b.peer_id and not probes:  # b's real fetch: probe while it waits
+            probes["outsider"] = await _request(server.port, 999, a.peer_id, "w", 3, n)
+            probes["a itself"] = await _request(server.port, a.peer_id, a.peer_id, "w", 3, n)
+            probes["old revision"] = await _request(server.port, b.peer_id, a.peer_id, "w", 2, n)
+            probes["other key"] = await _request(server.port, b.peer_id, a.peer_id, "v", 3, n)
+        return await real(peer, key, revision)
+
+    server.lookup = lookup
+    await asyncio.gather(a.sync_shared_state(sa), b.sync_shared_state(sb))
+    assert probes == {"outsider": NOT_SERVING, "a itself": NOT_SERVING,
+                      "old revision": NOT_SERVING, "other key": NOT_SERVING}
+    np.testing.assert_array_equal(wb, wa)
+    # outside a sync nothing is served, even to a member at the current revision
+    assert await _request(server.port, b.peer_id, a.peer_id, "w", 3, n) == NOT_SERVING
+
+
+async def test_a_flood_of_hellos_does_not_turn_a_readme_loop_into_topology_rounds(master, peers):
+    """Finding: "a client that keeps sending Hellos cuts a README-style loop's throughput by
+    99 %". 300 connections each say Hello and go, during 30 steps of the README's loop: no
+    step is spent admitting them, and every step's all-reduce is exact."""
+    comms = await peers(2)
+    stop = asyncio.Event()
+
+    async def flood() -> int:
+        sent = 0
+        while not stop.is_set() and sent < 300:
+            _, w = await raw_master(master.port)
+            w.write(frame(m.encode(m.Hello(m.PROTOCOL_VERSION, 0, 1))))
+            await w.drain()
+            w.close()
+            sent += 1
+        return sent
+
+    rounds = [0, 0]
+
+    async def loop(i: int, c: pccl.Communicator) -> None:
+        for step in range(30):
+            if await c.are_peers_pending():
+                rounds[i] += 1
+                await c.update_topology()
+            x = np.full(1024, float(i + 1 + step), np.float32)
+            await c.all_reduce(x)
+            assert (x == 3 + 2 * step).all()
+
+    flooder = asyncio.ensure_future(flood())
+    try:
+        await asyncio.gather(*(loop(i, c) for i, c in enumerate(comms)))
+    finally:
+        stop.set()
+        sent = await flooder
+    assert sent > 0 and rounds == [0, 0], (sent, rounds)
+    assert [c.world_size for c in comms] == [2, 2]
+
+
+async def test_a_connection_that_only_heartbeats_is_expired():
+    """Finding: "connections that only heartbeat and never say Hello are never expired"."""
+    async with pccl.Master("127.0.0.1", 0, heartbeat_interval=0.1, hello_timeout=0.5) as mst:
+        reader, writer = await raw_master(mst.port)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+
+        async def beat() -> None:
+            while True:
+                writer.write(frame(m.encode(m.Heartbeat())))
+                await asyncio.sleep(0.1)  # the client's pace, not a synchronisation
+
+        beating = asyncio.ensure_future(beat())
+        try:
+            while await asyncio.wait_for(reader.read(1 << 16), 5):
+                pass  # master heartbeats, until the master closes the connection
+        except ConnectionError:
+            pass
+        finally:
+            beating.cancel()
+            writer.close()
+        assert 0.5 <= loop.time() - t0 < 3
+
+
+@pytest.mark.parametrize("allow", [False, True])
+async def test_advertise_host_must_be_the_connections_own_address(allow):
+    """Finding: "the master trusts Hello.advertise_host, so a hostile joiner can point other
+    peers' traffic at any host and port"."""
+    async with pccl.Master("127.0.0.1", 0, allow_any_advertise_host=allow) as mst:
+        c = pccl.Communicator(mst.address, advertise_host="127.0.0.2", **FAST)
+        try:
+            if allow:
+                await c.connect(attempts=1)
+                assert c._control.membership.ring[0].host == "127.0.0.2"
+            else:
+                with pytest.raises(pccl.MasterConnectionError, match="advertise_host"):
+                    await c.connect(attempts=1)
+        finally:
+            await c.close()
+        ok = await join_peers(mst, 1, advertise_host="127.0.0.1")  # its own address is fine
+        await ok[0].close()
