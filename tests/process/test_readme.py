@@ -16,8 +16,10 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trustme
 
 import pccl_aio as pccl
 from tests.process.readme_blocks import Block, blocks, python_blocks
@@ -71,13 +73,28 @@ class Peers:
                     p.kill()
 
 
+def _secured(tmp: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """For a block whose marker asks for "a run secret and TLS": the master's options and
+    the peers' environment (a secret file, and TLS_DIR with a certificate of a fresh CA)."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp / "peer.pem"))
+    cert.private_key_pem.write_to_path(str(tmp / "peer.key"))
+    ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
+    (tmp / "run.secret").write_text("a secret of this run\n")
+    server = pccl.tls_contexts(str(tmp / "peer.pem"), str(tmp / "peer.key"), str(tmp / "ca.pem"))[0]
+    env = {"PCCL_AIO_SECRET_FILE": str(tmp / "run.secret"), "TLS_DIR": str(tmp)}
+    return {"secret": "a secret of this run", "ssl": server}, env
+
+
 async def _run(block: Block, tmp: Path, peers: int, staggered: bool, steps: int = 30,
                head: list[str] | None = None) -> list[tuple[int, str, str]]:
     """Run ``block`` as ``peers`` processes against a fresh master (``STEPS=steps``)."""
     path = tmp / f"readme_line_{block.line}.py"
     path.write_text(block.code)
-    async with pccl.Master("127.0.0.1", 0) as master:
-        run = Peers(path, {**ENV, "STEPS": str(steps), "MASTER": master.address})
+    options, env = _secured(tmp) if "run secret and TLS" in block.note else ({}, {})
+    async with pccl.Master("127.0.0.1", 0, **options) as master:
+        run = Peers(path, {**ENV, **env, "STEPS": str(steps), "MASTER": master.address})
         try:
             for _ in range(peers):
                 proc = await run.start()
@@ -139,6 +156,9 @@ async def test_each_python_block_runs(block: Block, tmp_path: Path):
         assert code == 0 and "Traceback" not in err, f"status {code}\n{out}\n{err[-3000:]}"
     if block is USE:
         _check_use_run(results, 30, joiner=False)
+    if "run secret and TLS" in block.note:  # the Security example: both peers reduced
+        sums = [re.findall(r": sum (\S+) over 2 peers, all TLS", out) for _, out, _ in results]
+        assert len(sums) == 2 and sums[0] == sums[1] and len(sums[0]) == 1, results
 
 
 @pytest.mark.slow
