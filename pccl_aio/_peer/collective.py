@@ -273,7 +273,15 @@ class Collective:
             self._poke()
 
     def on_error(self, reason: str) -> None:
-        self._stream_error = reason
+        """The frames broke the plan (a repeated (phase, offset), a wrong sender): the run
+        task reports the failure; if it already reported success (a forged frame came first)
+        this reports it, so the master aborts the collective instead of completing it."""
+        if self._stream_error is None:
+            self._stream_error = reason
+            if self.active and self._run is not None and self._run.done():
+                log.warning("all-reduce tag=%d seq=%d: %s after it was reported done",
+                            self.tag, self.seq, reason)
+                self.env.report(self.tag, self.seq, False, reason)
         self._poke()
 
     def _poke(self) -> None:

@@ -6,6 +6,13 @@ has not yet been told about (newer seq) pause that connection until the master's
 ``CollectiveStart`` arrives. Receive is zero-copy: ``_Receiver`` is an
 ``asyncio.BufferedProtocol`` whose ``get_buffer`` hands the kernel the destination slice (or
 the collective's receive slot) directly. The sending side is ``link.py``.
+
+Only what the plan says is trusted (``core/guard.py`` holds the limits). A frame of a running
+collective must come from a connection of its predecessor, and each (phase, offset) it expects
+arrives once: anything else fails the collective for the group (``Sink.on_error``) and closes
+the connection. A connection may hold one frame of an unannounced seq, not absurdly far ahead
+and for at most ``Registry.park_timeout`` seconds. Connections are capped per sending peer and
+in total at their HELLO. Each rule broken closes the connection (``_violation``), logged once.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Final, Protocol, cast
 
 from .._net.stream import own_socket, set_nodelay
 from .._wire.data import HEADER, HELLO, MAGIC, parse_hello, unpack_header
+from .core.guard import PARK_TIMEOUT, ConnCaps, seq_too_far
 
 log = logging.getLogger("pccl_aio.dataplane")
 
@@ -39,16 +47,19 @@ class Sink(Protocol):
         """A whole payload arrived."""
 
     def on_error(self, reason: str) -> None:
-        """The frame stream broke the protocol."""
+        """The frame stream broke the protocol: fail the collective for the group."""
 
 
 class Registry:
-    """seq -> running collective, shared by all receive connections of one communicator."""
+    """seq -> running collective, shared by all receive connections of one communicator;
+    also their caps (``caps``) and the parked connections (each with its deadline)."""
 
-    def __init__(self) -> None:
+    def __init__(self, park_timeout: float = PARK_TIMEOUT, caps: ConnCaps | None = None) -> None:
         self.sinks: dict[int, Sink] = {}
         self.max_seq = 0
-        self._parked: list[_Receiver] = []
+        self.park_timeout = park_timeout
+        self.caps = caps if caps is not None else ConnCaps()
+        self._parked: dict[_Receiver, None] = {}  # in parking order
 
     def add(self, seq: int, sink: Sink) -> None:
         """Register a collective; wakes connections parked on its frames."""
@@ -58,7 +69,7 @@ class Registry:
     def skip(self, seq: int) -> None:
         """``seq`` is known now: re-route parked connections (its frames are stale unless ``add``ed)."""
         self.max_seq = max(self.max_seq, seq)
-        parked, self._parked = self._parked, []
+        parked, self._parked = self._parked, {}
         for r in parked:
             r.unpark()
 
@@ -74,21 +85,29 @@ class Registry:
                 sink.on_error(reason)
 
     def park(self, r: _Receiver) -> None:
-        self._parked.append(r)
+        self._parked[r] = None
 
     def forget(self, r: _Receiver) -> None:
-        with contextlib.suppress(ValueError):
-            self._parked.remove(r)
+        self._parked.pop(r, None)
+
+    @property
+    def parked(self) -> int:
+        """How many connections hold a frame of an unannounced seq."""
+        return len(self._parked)
 
 
 _S_HELLO, _S_HEADER, _S_PAYLOAD, _S_DISCARD = range(4)
 
 
 class _Receiver(asyncio.BufferedProtocol):
-    """One incoming data connection; writes payloads straight into collectives' buffers."""
+    """One incoming data connection; writes payloads straight into collectives' buffers.
 
-    def __init__(self, registry: Registry, conns: set[_Receiver]) -> None:
+    ``peer >= 0`` is the sender's id as an authenticated handshake established it: the
+    HELLO must then name the same id. Nothing here blocks; the callbacks run in the loop."""
+
+    def __init__(self, registry: Registry, conns: set[_Receiver], peer: int = -1) -> None:
         self._reg = registry
+        self._auth = peer
         self._conns = conns
         self._state = _S_HELLO
         self._hdr = bytearray(max(HEADER.size, HELLO.size))
@@ -104,11 +123,19 @@ class _Receiver(asyncio.BufferedProtocol):
         self._sock: socket.socket | None = None  # for SO_RCVLOWAT; None if refused
         self._lowat = 1
         self._peer = -1  # the sending peer's id, from its HELLO
+        self._admitted = False  # counted in the registry's caps
+        self._violated = False
+        self._park_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Also called after ``transport.set_protocol(self)`` on an open (TLS) transport."""
         self._transport = cast(asyncio.Transport, transport)
         set_nodelay(transport)
-        self._sock = own_socket(transport)  # for SO_RCVLOWAT, set twice per frame
+        # SO_RCVLOWAT, set twice per frame, on a socket object of our own. Never under TLS:
+        # the plaintext may already sit decrypted above the socket, so a raw low-water mark
+        # could hold back a wake-up that nothing else would bring.
+        if transport.get_extra_info("ssl_object") is None:
+            self._sock = own_socket(transport)
         self._conns.add(self)
 
     def _set_lowat(self, n: int) -> None:
@@ -127,9 +154,13 @@ class _Receiver(asyncio.BufferedProtocol):
                 self._sock, self._lowat = None, 1
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._peer >= 0:
-            why = f"connection reset ({exc!r})" if exc is not None else "connection closed"
-            self._reg.lost(self._peer, f"data connection from peer {self._peer} lost: {why}")
+        self._unpark_timer()
+        if self._admitted:
+            self._admitted = False
+            self._reg.caps.release(self._peer)
+            if not self._violated:  # a violator's frames already failed what they touched
+                why = f"connection reset ({exc!r})" if exc is not None else "connection closed"
+                self._reg.lost(self._peer, f"data connection from peer {self._peer} lost: {why}")
         self._conns.discard(self)
         self._reg.forget(self)
         self._transport = None
@@ -170,7 +201,12 @@ class _Receiver(asyncio.BufferedProtocol):
             hello = parse_hello(self._hdr)
             if hello is None:
                 return self._violation("bad data-plane hello")
-            self._peer = hello[0]
+            if 0 <= self._auth != hello[0]:
+                return self._violation(f"hello names peer {hello[0]}, authenticated {self._auth}")
+            refused = self._reg.caps.admit(hello[0])
+            if refused is not None:
+                return self._violation(refused)
+            self._peer, self._admitted = hello[0], True
             self._expect_header()
         elif state == _S_HEADER:
             magic, phase, _tag, seq, off, length, p0, p1 = unpack_header(self._hdr)
@@ -186,44 +222,88 @@ class _Receiver(asyncio.BufferedProtocol):
         self._set_lowat(1)
 
     def _route(self, seq: int, phase: int, off: int, length: int) -> bool:
-        """Pick where the payload goes; True if the connection was parked instead."""
+        """Pick where the payload goes; True if the connection was parked or closed instead."""
         self._want_len = length
         self._got, self._want = 0, length
-        sink = self._reg.sinks.get(seq)
+        reg = self._reg
+        sink = reg.sinks.get(seq)
         if sink is None:
-            if seq > self._reg.max_seq and self._transport is not None:
+            if seq > reg.max_seq and self._transport is not None:
                 # A collective we have not heard of yet: wait for the master's CollectiveStart.
+                if seq_too_far(seq, reg.max_seq):
+                    self._violation(f"frame for seq {seq}, far beyond seq {reg.max_seq}")
+                    return True
                 self._state = _S_HEADER
                 self._got, self._want = HEADER.size, HEADER.size
                 self._transport.pause_reading()
-                self._reg.park(self)
+                reg.park(self)
+                if self._park_timer is None:  # parked since: the deadline is not renewed
+                    self._park_timer = asyncio.get_running_loop().call_later(
+                        reg.park_timeout, self._park_expired)
                 return True
             self._state = _S_DISCARD  # stale frame of an aborted attempt
+        elif sink.predecessor != self._peer:  # not the connection the plan says
+            return self._refuse(sink, f"frame of seq {seq} from peer {self._peer}, "
+                                f"not from its predecessor {sink.predecessor}", False)
         else:
-            target = sink.target(phase, off, length)
+            target = sink.target(phase, off, length)  # None for a repeated (phase, offset)
             if target is None:
-                sink.on_error(f"unexpected frame phase={phase} offset={off} length={length}")
-                self._state = _S_DISCARD
-            else:
-                self._sink, self._target, self._state = sink, target, _S_PAYLOAD
-                self._set_lowat(max(1, min(length, LOWAT_CAP)))
+                return self._refuse(sink, f"unexpected frame of seq {seq} phase={phase} "
+                                    f"offset={off} length={length}", True)
+            self._sink, self._target, self._state = sink, target, _S_PAYLOAD
+            self._set_lowat(max(1, min(length, LOWAT_CAP)))
         if length == 0:
             self.buffer_updated(0)
         return False
+
+    def _refuse(self, sink: Sink, reason: str, all_of_sender: bool) -> bool:
+        """A frame broke the plan of a running collective: fail it for the group (this
+        peer reports the failure, the master aborts it everywhere) and close the connection.
+        ``all_of_sender``: a frame the plan does not expect (a repeated one) also closes every
+        other connection naming the same sender: which of them carried a forged frame, the
+        first or this one, cannot be told without an authenticated handshake."""
+        if sink.active:
+            sink.on_error(reason)
+        self._violation(reason)
+        if all_of_sender:
+            for r in [c for c in self._conns if c._peer == self._peer and c is not self]:
+                r._violation(f"another connection from peer {self._peer}: {reason}")
+        return True
 
     def unpark(self) -> None:
         """Re-route the held header now that the registry changed, then resume reading."""
         if self._transport is None:
             return
         seq, phase, off, _p0, _p1 = self._frame
-        if not self._route(seq, phase, off, self._want_len) and self._transport is not None:
-            with contextlib.suppress(Exception):
-                self._transport.resume_reading()
+        if not self._route(seq, phase, off, self._want_len):
+            self._unpark_timer()
+            if self._transport is not None:
+                with contextlib.suppress(Exception):
+                    self._transport.resume_reading()
+
+    def _unpark_timer(self) -> None:
+        if self._park_timer is not None:
+            self._park_timer.cancel()
+            self._park_timer = None
+
+    def _park_expired(self) -> None:
+        self._park_timer = None
+        seq = self._frame[0]
+        self._violation(f"held a frame of unannounced seq {seq} for more than "
+                        f"{self._reg.park_timeout:g} s")
 
     def eof_received(self) -> bool:
         return False
 
     def _violation(self, reason: str) -> None:
-        log.warning("closing data connection: %s", reason)
+        """Close the connection at once (its buffered bytes are never read); logged once."""
+        if not self._violated:
+            self._violated = True
+            log.warning("closing data connection from peer %d: %s", self._peer, reason)
+        # Whatever still reaches us (a TLS layer may hold decrypted bytes) is dropped unread.
+        self._state, self._got, self._want = _S_DISCARD, 0, 1 << 62
+        self._sink = self._target = None
+        self._reg.forget(self)
+        self._unpark_timer()
         if self._transport is not None:
             self._transport.abort()

@@ -47,9 +47,10 @@ class FakeTransport:
 class Sink:
     def __init__(self, length: int) -> None:
         self.active = True
-        self.predecessor = 0  # not the test's sender (peer 1): a close does not fail it
+        self.predecessor = 1  # the test's sender: frames from anyone else are refused
         self.buf = bytearray(length)
         self.done: list[tuple[int, int]] = []
+        self.errors: list[str] = []
 
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         return memoryview(self.buf)[:length]
@@ -57,8 +58,8 @@ class Sink:
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         self.done.append((offset, length))
 
-    def on_error(self, reason: str) -> None:
-        raise AssertionError(reason)
+    def on_error(self, reason: str) -> None:  # (the test's close fails the collective)
+        self.errors.append(reason)
 
 
 def _feed(r: dp._Receiver, data: bytes, chunk: int, t: FakeTransport, owed: list[int]) -> None:
@@ -96,6 +97,7 @@ def test_lowat_follows_each_frame_and_never_exceeds_what_is_owed() -> None:
     assert sink.done == [(0, size), (size, 10)]
     assert t.lowat == 1  # back to 1 between frames
     assert max(t.seen) == dp.LOWAT_CAP  # it was actually used, on the real socket
+    assert sink.errors == []
     r.connection_lost(None)
     assert r._sock is None  # the receiver's own socket object is closed with the connection
     t.close()
@@ -115,7 +117,7 @@ def test_lowat_shrinks_for_a_frame_discarded_mid_payload() -> None:
     _feed(r, data[:half], 300_000, t, owed)
     sink.active = False  # the collective was aborted: the rest of the frame is discarded
     _feed(r, data[half:], 100_000, t, owed)
-    assert sink.done == []
+    assert sink.done == [] and sink.errors == []
     assert t.lowat == 1
     r.connection_lost(None)
     t.close()
