@@ -108,8 +108,9 @@ class Master:
 
     async def start(self) -> None:
         """Bind and start serving; returns once the socket listens. Raises OSError on bind failure."""
-        self._server = await asyncio.start_server(self._on_client, self.host, self._port,
-                                                  ssl=self._ssl)
+        self._server = await asyncio.start_server(
+            self._on_client, self.host, self._port, ssl=self._ssl,
+            ssl_handshake_timeout=self.gate.timeout if self._ssl else None)
         self._port = self._server.sockets[0].getsockname()[1]
         self._spawn(self._ticker())
         log.info("pccl_aio master listening on %s:%d (%s, %s)", self.host, self._port,

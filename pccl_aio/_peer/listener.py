@@ -28,7 +28,8 @@ class Listener:
         """Listen on ``host:port`` (0: the OS chooses; ``port`` tells it), over TLS with ``tls``."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Handoff(lambda c: self._tasks.spawn(self._accept(c))), host, port, ssl=tls)
+            lambda: Handoff(lambda c: self._tasks.spawn(self._accept(c))), host, port, ssl=tls,
+            ssl_handshake_timeout=self._gate.timeout if tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _accept(self, conn: Handoff) -> None:

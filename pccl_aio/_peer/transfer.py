@@ -61,7 +61,9 @@ class StateServer:
 
     async def start(self, host: str, tls: ssl.SSLContext | None = None) -> None:
         """Listen on an OS-chosen port of ``host`` (``port`` tells it), over TLS with ``tls``."""
-        self._server = await asyncio.start_server(self._serve, host, 0, ssl=tls)
+        self._server = await asyncio.start_server(
+            self._serve, host, 0, ssl=tls,
+            ssl_handshake_timeout=self._gate.timeout if tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
 
     def abort(self) -> None:
