@@ -165,6 +165,12 @@ class Master:
                     if isinstance(msg, m.Membership) and self._run_key:
                         msg = self._with_keys(act.conn, msg)
                     writer.write(frame(m.encode(msg)))
+                    if writer.transport.get_write_buffer_size() > _BACKLOG:
+                        log.warning("closing connection %d: it does not read what the master "
+                                    "sends (%d bytes waiting)", act.conn,
+                                    writer.transport.get_write_buffer_size())
+                        self._writers.pop(act.conn, None)
+                        writer.transport.abort()  # its reader task reports the disconnect
             else:
                 log.info("closing connection %d: %s", act.conn, act.reason)
                 self._writers.pop(act.conn, None)
@@ -257,6 +263,7 @@ class Master:
 
 _BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its Hello
 _LARGE_FRAMES = 32 << 20  # bytes of frames above 64 KiB being received at once, all peers
+_BACKLOG = 1 << 20  # bytes waiting to be sent to one connection: more, and it is closed
 _TCP_CLOSED_BY_PEER = (7, 8)  # Linux tcp_info states TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN)
 
 

@@ -6,6 +6,7 @@ with a secret: ``test_security.py``.)"""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import numpy as np
 import pytest
@@ -142,3 +143,25 @@ async def test_advertise_host_must_be_the_connections_own_address(allow):
             await c.close()
         ok = await join_peers(mst, 1, advertise_host="127.0.0.1")  # its own address is fine
         await ok[0].close()
+
+
+async def test_a_client_that_does_not_read_is_closed_before_the_master_grows(master):
+    """Found by the socket fuzz's probe: a joiner that sends WithdrawVotes and never reads
+    made the master queue every VoteWithdrawn (559 MiB in a minute). Now a connection with
+    more than 1 MiB waiting to be sent is closed."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fill up sooner
+    sock.connect(("127.0.0.1", master.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    await greet(reader, writer, auth.ROLE_MASTER, b"", 0, 0)
+    writer.write(frame(m.encode(m.Hello(m.PROTOCOL_VERSION, 0, 1))))
+    batch = frame(m.encode(m.WithdrawVote("pending"))) * 10_000
+    sent = 0
+    with pytest.raises(ConnectionError):
+        while sent < 150:  # 1.5 M frames: far more than the kernel buffers and the cap hold
+            writer.write(batch)
+            await asyncio.wait_for(writer.drain(), 10)
+            sent += 1
+    assert sent < 150
+    assert master.state.accepted() == []  # and its peer record is gone
+    writer.close()
