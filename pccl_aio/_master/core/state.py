@@ -210,11 +210,13 @@ class MasterState:
                 and 0 <= msg.state_port < 65536):  # (decoding checks it: for direct callers)
             raise RemoteProtocolError("Hello with an invalid peer group or port")
         host = msg.advertise_host or peer.host
-        others = [p for p in self._peers.values() if p.registered]
+        # Registered peers are all loopback or all not (this rule): one stands for all, so a
+        # Hello costs O(1) address parses, not one per registered peer.
+        other = next((p for p in self._peers.values() if p.registered), None)
         first = not self.accepted()
         why = None if self.limits.allow_any_advertise_host else advertise_error(
             msg.advertise_host, peer.host)
-        if why is None and others and any(is_loopback(p.host) != is_loopback(host) for p in others):
+        if why is None and other and is_loopback(other.host) != is_loopback(host):
             why = "loopback and non-loopback peers cannot be mixed in one run"
         if why is None and not first and self._gate.full():
             why = "too many peers waiting to join"
