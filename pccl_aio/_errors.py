@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AuthenticationError",
     "DeadlockError",
     "InvalidUsageError",
     "KickedError",

@@ -39,7 +39,7 @@ class Listener:
         if self._server is None or not self._server.is_serving():
             conn.transport.abort()
             return
-        conn.hand_over(_Receiver(self.registry, self.conns))
+        conn.hand_over(_Receiver(self.registry, self.conns, peer=admitted[0].client_id))
 
     def abort(self) -> None:
         """Stop listening and drop every receive connection at once."""

@@ -19,11 +19,13 @@ import pytest
 import pccl_aio as pccl
 from pccl_aio._peer.collective import SEGMENT_BYTES
 from pccl_aio._peer.core import ring
+from pccl_aio._wire import auth
 from pccl_aio._wire import data as wire
+from tests.helpers import join_peers
 
 pytestmark = pytest.mark.timeout(120)
 N = 1 << 14  # float32 elements per all-reduce: one segment per chunk
-ROUNDS = 12
+ROUNDS = 14  # x 3 forged collectives each
 CLOSED = 5.0  # bound on waiting for the victim to close the attacker's connection
 
 
@@ -52,7 +54,17 @@ def forged(comm: pccl.Communicator, seqs: range) -> bytes:
 
 async def attacker(comm: pccl.Communicator, claim: int, data: bytes
                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect as peer ``claim``: the handshake with the empty key passes in a run without a
+    secret and is refused in a run with one (then nothing more is sent)."""
     r, w = await asyncio.open_connection("127.0.0.1", comm._data.listener.port)
+    opening = auth.open_message(auth.ROLE_DATA, claim, comm.peer_id)
+    w.write(opening)
+    _, status, nonce, _ = auth.CHALLENGE.unpack(await r.readexactly(auth.CHALLENGE.size))
+    if status == auth.OK:  # prove the empty key, whatever the listener proved
+        w.write(auth.PROOF.pack(auth._mac(b"", b"client", opening, nonce)))
+        status = auth.parse_verdict(await r.readexactly(auth.VERDICT.size))
+    if status != auth.OK:
+        return r, w
     w.write(wire.pack_hello(claim, 0) + data)  # not drained: the victim may never read it all
     return r, w
 
@@ -124,15 +136,21 @@ async def test_injected_frames_never_give_wrong_bytes(peers, claim):
         assert await one_round(comms) == "ok"
 
 
-@pytest.mark.xfail(reason="without an authenticated handshake an outsider naming the "
-                   "predecessor's id is that predecessor to the data plane: its frames, queued "
-                   "before the collective starts, fill the slots first and the group can "
-                   "complete before the genuine duplicates arrive (the receiver then reports "
-                   "the failure, too late). Closed once listener.py passes the handshake's "
-                   "peer id to _Receiver(peer=...) and only members hold the secret", strict=False)
-async def test_injected_frames_naming_the_predecessor_never_give_wrong_bytes(peers):
-    comms = await peers(3)
-    await inject(comms, "predecessor")
+async def test_injected_frames_naming_the_predecessor_are_refused_in_a_run_with_a_secret():
+    """Issue 17's injection finding as reported: the outsider names the victim's ring
+    predecessor. Without a secret nothing can tell it from the predecessor (README,
+    Security); with one its handshake fails, and of 42 forged collectives none gives a
+    wrong result and none aborts."""
+    async with pccl.Master("127.0.0.1", 0, secret="s", heartbeat_interval=0.2,
+                           heartbeat_timeout=2.0) as master:
+        comms = await join_peers(master, 3, secret="s")
+        try:
+            refused = comms[1].gate.stats["refused"]
+            outcomes = await inject(comms, "predecessor")
+            assert len(outcomes) * 3 >= 40 and outcomes == ["ok"] * len(outcomes)
+            assert comms[1].gate.stats["refused"] == refused + len(outcomes)
+        finally:
+            await asyncio.gather(*(c.close() for c in comms))
 
 
 @pytest.mark.parametrize("claim", ["predecessor", "not-predecessor"])

@@ -12,12 +12,13 @@ import pccl_aio as pccl
 from pccl_aio import _errors, _types, _version
 
 EXPECTED_ALL = {
-    "AllReduceHandle", "Communicator", "DataType", "DeadlockError", "InvalidUsageError",
+    "AllReduceHandle", "AuthenticationError", "Communicator", "DataType", "DeadlockError",
+    "InvalidUsageError",
     "KickedError", "Master",
     "MasterConnectionError", "PcclError", "PcclTimeoutError", "PeerLostError", "ProtocolError",
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
     "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "VersionMismatchError",
-    "__version__", "run",
+    "__version__", "load_secret", "run", "tls_contexts",
 }
 
 
@@ -36,7 +37,7 @@ def test_every_exported_name_exists_and_star_import_matches() -> None:
 
 def test_exported_objects_are_what_they_claim() -> None:
     assert callable(pccl_aio.run)
-    for name in EXPECTED_ALL - {"__version__", "run"}:
+    for name in EXPECTED_ALL - {"__version__", "run", "load_secret", "tls_contexts"}:
         assert isinstance(getattr(pccl_aio, name), type), name
     assert pccl_aio.RemoteProtocolError is _errors.RemoteProtocolError
     assert pccl_aio.Master.__module__.startswith("pccl_aio.")
@@ -47,7 +48,7 @@ def test_version() -> None:
     assert isinstance(pccl_aio.__version__, str) and pccl_aio.__version__
 
 
-ERRORS = ["DeadlockError", "InvalidUsageError", "KickedError", "MasterConnectionError",
+ERRORS = ["AuthenticationError", "DeadlockError", "InvalidUsageError", "KickedError", "MasterConnectionError",
           "PcclTimeoutError", "PeerLostError", "ProtocolError", "RemoteProtocolError",
           "SharedStateError", "TooFewPeersError", "VersionMismatchError"]
 
@@ -83,6 +84,7 @@ def test_exception_builtin_bases(name: str, builtin: type, expected: bool) -> No
 def test_exception_tree_inside_pccl() -> None:
     e = _errors
     assert issubclass(e.VersionMismatchError, e.MasterConnectionError)
+    assert issubclass(e.AuthenticationError, e.MasterConnectionError)
     assert issubclass(e.RemoteProtocolError, e.ProtocolError)
     assert not issubclass(e.PeerLostError, e.MasterConnectionError)
     assert e.PeerLostError.code == "RANK_CONNECTION_LOST"
