@@ -25,7 +25,8 @@ async def admit(accepted: list[pccl.Communicator], joiner: pccl.Communicator) ->
     task = asyncio.ensure_future(joiner.connect())
     # are_peers_pending is a joint vote, so every round trip is a real protocol exchange.
     while not all(await asyncio.gather(*(c.are_peers_pending() for c in accepted))):
-        assert not task.done() or task.exception() is None
+        if task.done():
+            await task  # raises why the joiner could not connect
     await asyncio.gather(*(c.update_topology() for c in accepted))
     await task
 
