@@ -85,3 +85,15 @@ async def test_bad_arguments(peers):
     # a lone peer syncs with itself: nothing to move
     info = await a.sync_shared_state(pccl.SharedState({"k": u8(1)}, 3))
     assert (info.tx_bytes, info.rx_bytes, info.revision) == (0, 0, 3)
+
+
+def test_a_key_longer_than_the_wire_allows_is_refused_at_once():
+    """The master refuses keys over 4096 UTF-8 bytes (it would kick the peer at its vote)."""
+    pccl.SharedState({"k" * 4096: np.zeros(1, np.uint8)})
+    with pytest.raises(pccl.InvalidUsageError, match="4096 UTF-8 bytes"):
+        pccl.SharedState({"é" * 2049: np.zeros(1, np.uint8)})
+
+
+def test_an_advertise_host_longer_than_an_address_is_refused_at_once():
+    with pytest.raises(pccl.InvalidUsageError, match="advertise_host"):
+        pccl.Communicator("127.0.0.1:1", advertise_host="h" * 254)

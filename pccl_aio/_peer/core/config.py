@@ -43,6 +43,8 @@ class PeerConfig:
     def check(self) -> None:
         if not 0 <= self.peer_group < 2**32:
             raise InvalidUsageError(f"peer_group must be a u32, not {self.peer_group}")
+        if len(self.advertise_host) > 253:
+            raise InvalidUsageError("advertise_host must be an address (at most 253 characters)")
         if not 1 <= self.p2p_connections <= 256:
             raise InvalidUsageError(
                 f"p2p_connections must be in 1..256, not {self.p2p_connections}")

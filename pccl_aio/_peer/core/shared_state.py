@@ -14,6 +14,7 @@ from typing import Any
 import xxhash
 
 from ..._errors import InvalidUsageError
+from ..._wire.state import MAX_KEY
 from .buffers import Buffer, as_buffer
 
 __all__ = ["SharedState", "hash_bytes"]
@@ -56,6 +57,9 @@ class SharedState:
         for key, t in tensors.items():
             if not isinstance(key, str) or not key:
                 raise InvalidUsageError(f"shared-state keys must be non-empty str, not {key!r}")
+            if len(key.encode()) > MAX_KEY:
+                raise InvalidUsageError(
+                    f"shared-state key {key[:40]!r}... is longer than {MAX_KEY} UTF-8 bytes")
             entries.append(_Entry(key, as_buffer(t, writable=True, what=f"entry {key!r}"),
                                   key in loose))
         self._entries = entries
