@@ -99,3 +99,26 @@ async def raw_master(port: int, secret: str | bytes | None = None
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     await asyncio.wait_for(greet(reader, writer, auth.ROLE_MASTER, auth.secret_key(secret), 0, 0), 5)
     return reader, writer
+
+
+async def closed(r: asyncio.StreamReader, within: float = 5.0) -> bool:
+    """True once the other side closed the connection (EOF or reset) within ``within`` s,
+    discarding whatever it sent before."""
+    try:
+        async with asyncio.timeout(within):
+            while await r.read(1 << 16):
+                pass
+    except TimeoutError:
+        return False
+    except (ConnectionError, OSError):
+        pass
+    return True
+
+
+def rss(pid: int) -> int:
+    """Resident memory of process ``pid`` in bytes (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError(f"no VmRSS for process {pid}")

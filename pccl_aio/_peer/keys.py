@@ -33,7 +33,7 @@ class KeyRing:
         self.me = me
         if self.secured:
             self._keys = {p.peer_id: auth.wrap(session, msg.epoch, p.peer_id, k)
-                          for p, k in zip(msg.ring, msg.keys, strict=True) if p.peer_id != me}
+                          for p, k in zip(msg.ring, msg.keys, strict=False) if p.peer_id != me}
         else:
             self._keys = {p.peer_id: b"" for p in msg.ring if p.peer_id != me}
         changed, self._changed = self._changed, asyncio.Event()

@@ -21,7 +21,7 @@ from pccl_aio._peer.collective import SEGMENT_BYTES
 from pccl_aio._peer.core import ring
 from pccl_aio._wire import auth
 from pccl_aio._wire import data as wire
-from tests.helpers import join_peers
+from tests.helpers import closed, join_peers
 
 pytestmark = pytest.mark.timeout(120)
 N = 1 << 14  # float32 elements per all-reduce: one segment per chunk
@@ -69,19 +69,6 @@ async def attacker(comm: pccl.Communicator, claim: int, data: bytes
     return r, w
 
 
-async def closed(r: asyncio.StreamReader) -> bool:
-    """True once the victim closed the connection (EOF or reset), within ``CLOSED`` s."""
-    try:
-        async with asyncio.timeout(CLOSED):
-            while await r.read(1 << 16):
-                pass
-    except TimeoutError:
-        return False
-    except (ConnectionError, OSError):
-        pass
-    return True
-
-
 async def one_round(comms: list[pccl.Communicator]) -> str:
     """One all-reduce of the group: "ok" (exact everywhere) or "aborted" (raised everywhere,
     inputs restored); anything else fails the test."""
@@ -119,7 +106,7 @@ async def inject(comms: list[pccl.Communicator], claim: str) -> list[str]:
         nxt = victim._data.registry.max_seq + 1
         r, w = await attacker(victim, who, forged(victim, range(nxt, nxt + 3)))
         outcomes.append(await one_round(comms))
-        assert await closed(r), "the attacker's connection is still open"
+        assert await closed(r, CLOSED), "the attacker's connection is still open"
         w.close()
     return outcomes
 
@@ -165,7 +152,7 @@ async def test_a_seq_flood_is_cut_off_and_the_group_recovers_within_a_second(pee
                      for seq in range(1, top))
     r, w = await attacker(victim, who, flood)
     await one_round(comms)  # its first header of a running collective aborts it, at most
-    assert await closed(r), "the flooding connection is still open"
+    assert await closed(r, CLOSED), "the flooding connection is still open"
     w.close()  # gone
     with contextlib.suppress(ConnectionError):
         await w.wait_closed()

@@ -10,18 +10,10 @@ import struct
 
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.framing import frame
-from tests.helpers import raw_master
+from tests.helpers import raw_master, rss
 from tests.process.procs import HERE, spawn
 
 FRAME = 16 << 20
-
-
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) << 10
-    raise AssertionError("no VmRSS")
 
 
 async def _hold_partial_frame(port: int, hello: bool) -> asyncio.StreamWriter:
@@ -45,9 +37,9 @@ async def test_48_partial_16_mib_frames_grow_the_master_by_less_than_64_mib(proc
     port = int(await master.line())
     _, probe = await raw_master(port)  # warm up the master's code paths
     probe.close()
-    before = _rss(master.proc.pid)
+    before = rss(master.proc.pid)
     writers = [await _hold_partial_frame(port, hello=i % 2 == 1) for i in range(48)]
-    grown = _rss(master.proc.pid) - before
+    grown = rss(master.proc.pid) - before
     for w in writers:
         w.close()
     assert grown < 64 << 20, f"master grew by {grown >> 20} MiB"

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from tests.helpers import FAST, admit, raw_master
+from tests.helpers import FAST, admit, raw_master, rss
 from tests.process.procs import HERE as PROCESS
 from tests.process.procs import Proc, spawn
 
@@ -27,14 +27,6 @@ FRAMES = 100_000
 SEED = 17
 COUNT = 64 << 10  # float32 elements per all-reduce
 HEARTBEAT_TIMEOUT = 2.0
-
-
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) << 10
-    raise AssertionError("no VmRSS")
 
 
 async def _lines(stream: asyncio.StreamReader | None, into: list[str]) -> None:
@@ -72,7 +64,7 @@ class Group:
             assert sizes == [(2, 2)] * 2, f"step {self.steps}: world sizes {sizes}"
             self.done_at.append(loop.time())
             if self.watch is not None:
-                self.rss.append(_rss(self.watch))
+                self.rss.append(rss(self.watch))
 
 
 async def _fuzz(port: int, secret: str, frames: int, seed: int, group: Group
@@ -121,12 +113,12 @@ async def test_socket_fuzz_of_the_authenticated_master_while_a_group_reduces():
         # Warm-up: the master's code paths (and allocator) see every kind of fuzz once.
         warm, _, _, _ = await _fuzz(port, secret, 5_000, SEED + 1, group)
         assert not warm["anomalies"], warm["anomalies"]
-        before = _rss(master.proc.pid)
+        before = rss(master.proc.pid)
         group.watch = master.proc.pid
 
         stats, steps, gap, seconds = await _fuzz(port, secret, FRAMES, SEED, group)
         group.watch = None
-        after = _rss(master.proc.pid)
+        after = rss(master.proc.pid)
         peak = max([after, *group.rss])
         group.stop.set()
         await asyncio.wait_for(reducing, 10)

@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import trustme
 
 from pccl_aio._peer import receiver as rx
 from pccl_aio._peer.core import ring
 from pccl_aio._peer.core.buffers import as_buffer
 from pccl_aio._peer.core.scratch import ScratchPool
 from pccl_aio._wire import data as wire
+from tests.helpers import closed
 
 pytestmark = pytest.mark.timeout(30)
 CLOSED = 5.0  # the bound on waiting for a connection to be closed by the receiver
@@ -116,19 +116,6 @@ async def served(reg: rx.Registry, changed: asyncio.Event, peer: Callable[[], in
             c.close()
 
 
-async def closed(r: asyncio.StreamReader) -> bool:
-    """True once the receiver closed the connection (EOF or reset), within ``CLOSED`` s."""
-    try:
-        async with asyncio.timeout(CLOSED):
-            while await r.read(1 << 16):
-                pass
-    except TimeoutError:
-        return False
-    except (ConnectionError, OSError):
-        pass
-    return True
-
-
 async def until(cond: Callable[[], bool], changed: asyncio.Event) -> None:
     """Wait until ``cond()``, checked after each receiver or sink callback (``changed``);
     bounded by the test's timeout."""
@@ -145,7 +132,7 @@ async def test_a_frame_from_another_peers_connection_fails_the_collective_and_is
         _good, _gw = await s.connect(1, frame(5, ring.RS, 0, b"g" * 8))
         await until(lambda: len(sink.done) == 1, ev)
         bad, _bw = await s.connect(2, frame(5, ring.RS, 8, b"x" * 8))
-        assert await closed(bad)
+        assert await closed(bad, CLOSED)
         assert len(sink.errors) == 1 and "not from its predecessor 1" in sink.errors[0]
         assert sink.done == [(ring.RS, 0, b"g" * 8)]  # the forged payload was never written
         assert (ring.RS, 8) in sink.expected  # and it took no place of a genuine frame
@@ -161,7 +148,7 @@ async def test_a_repeated_phase_offset_fails_the_collective_and_closes_that_send
         first, _fw = await s.connect(1, frame(3, ring.RS, 0, b"a" * 8), index=0)
         await until(lambda: len(sink.done) == 1, ev)
         second, _sw = await s.connect(1, frame(3, ring.RS, 0, b"b" * 8), index=1)
-        assert await closed(second) and await closed(first)  # which one forged is unknown
+        assert await closed(second, CLOSED) and await closed(first, CLOSED)  # which one forged is unknown
         assert len(sink.errors) == 1 and "unexpected frame" in sink.errors[0]
         assert sink.done == [(ring.RS, 0, b"a" * 8)]
 
@@ -172,7 +159,7 @@ async def test_a_frame_of_the_wrong_length_fails_the_collective() -> None:
     reg.add(3, sink)
     async with served(reg, ev) as s:
         r, _w = await s.connect(1, frame(3, ring.RS, 0, b""))  # a bare header
-        assert await closed(r)
+        assert await closed(r, CLOSED)
         assert sink.done == [] and len(sink.errors) == 1
 
 
@@ -185,7 +172,7 @@ async def test_a_frame_far_ahead_of_the_announced_seqs_closes_the_connection() -
         _near, _nw = await s.connect(1, frame(10 + guard.SEQ_AHEAD, ring.RS, 0, b"n"))
         await until(lambda: reg.parked == 1, ev)
         far, _fw = await s.connect(1, frame(11 + guard.SEQ_AHEAD, ring.RS, 0, b"f"))
-        assert await closed(far)
+        assert await closed(far, CLOSED)
         assert reg.parked == 1 and len(s.conns) == 1  # the near one waits, parked
 
 
@@ -200,7 +187,7 @@ async def test_a_connection_holds_one_parked_frame_and_is_closed_at_the_park_dea
         await until(lambda: reg.parked == 1, ev)
         (conn,) = s.conns
         assert conn._frame[0] == 2  # one header taken; the rest waits in the kernel, unread
-        assert await closed(r)
+        assert await closed(r, CLOSED)
         elapsed = loop.time() - t0
         assert 0.25 <= elapsed < 2.0, elapsed
         assert reg.parked == 0 and not s.conns
@@ -246,7 +233,7 @@ async def test_connections_are_capped_per_sending_peer_and_in_total() -> None:
         ones = [await s.connect(1, index=i) for i in range(3)]
         await until(lambda: reg.caps.of(1) == 3, ev)
         fourth, _ = await s.connect(1, index=3)
-        assert await closed(fourth)
+        assert await closed(fourth, CLOSED)
         twos = [await s.connect(2, index=i) for i in range(2)]
         await until(lambda: reg.caps.count == 5, ev)
         third_peer, _ = await s.connect(3)
@@ -265,22 +252,18 @@ async def test_the_hello_must_name_the_authenticated_peer() -> None:
     reg, ev = rx.Registry(), asyncio.Event()
     async with served(reg, ev, peer=lambda: 3) as s:
         liar, _lw = await s.connect(4)
-        assert await closed(liar)
+        assert await closed(liar, CLOSED)
         _honest, _hw = await s.connect(3)
         await until(lambda: reg.caps.of(3) == 1, ev)
         assert reg.caps.of(4) == 0
 
 
 def _self_signed(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl to make a test certificate")
-    key, cert = tmp / "key.pem", tmp / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-                    str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1", "-days", "1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    ca = trustme.CA()
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(cafile=str(cert))
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
     return server, client
 
 
@@ -381,7 +364,7 @@ async def test_a_repeated_frame_after_the_success_report_reports_a_failure() -> 
         assert env.reports == [(9, True)]
         ph, off = min(expected)
         again, _aw = await s.connect(0, frame(9, ph, off, bytes(expected[(ph, off)])), index=1)
-        assert await closed(again) and await closed(first)
+        assert await closed(again, CLOSED) and await closed(first, CLOSED)
         await until(lambda: len(env.reports) == 2, env.reported)
         assert env.reports == [(9, True), (9, False)]
     coll.on_abort("the master aborted it")
