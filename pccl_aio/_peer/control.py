@@ -115,6 +115,8 @@ class ControlPlane:
                 self.session = await greet(reader, writer, auth.ROLE_MASTER, cfg.key, 0, 0)
                 writer.write(frame(m.encode(hello)))
                 reply = m.decode_master_to_peer(await read_frame(reader))
+                while isinstance(reply, m.MasterHeartbeat):  # a tick may precede the Welcome
+                    reply = m.decode_master_to_peer(await read_frame(reader))
         except HandshakeError as exc:
             if exc.status == auth.BAD_VERSION:
                 raise VersionMismatchError(f"the master refused this peer: {exc}") from None

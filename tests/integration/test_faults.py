@@ -250,6 +250,24 @@ async def _no_secret(opening):
     return b""
 
 
+async def test_a_master_heartbeat_before_the_welcome_is_skipped():
+    """Found by bench/security.py over a 100 ms WAN: the master's tick reached a joiner before
+    its Welcome, and connect() failed with "unexpected first message MasterHeartbeat()"."""
+    async def fake_master(reader, writer):
+        assert await Gate("fake").admit(reader, writer, _no_secret) is not None
+        await reader.read(100)  # the Hello
+        writer.write(frame(m.encode(m.MasterHeartbeat())) + frame(m.encode(m.MasterHeartbeat()))
+                     + frame(m.encode(m.Welcome(1, True)))
+                     + frame(m.encode(m.Membership(1, 1, 1, 1, [m.PeerAddr(1, "127.0.0.1", 9)]))))
+        await reader.read()  # until the peer leaves
+
+    server = await asyncio.start_server(fake_master, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, pccl.Communicator(f"127.0.0.1:{port}", **FAST) as c:
+        await c.connect(attempts=1)
+        assert c.peer_id == 1 and c.world_size == 1
+
+
 async def test_peer_refuses_master_of_other_handshake_version():
     async def fake_master(reader, writer):
         await reader.readexactly(auth.OPEN.size)
