@@ -163,7 +163,8 @@ class Communicator:
                 raise InvalidUsageError(
                     f"cannot listen on {cfg.listen_host!r}: {exc.strerror or exc}") from exc
             hello = m.Hello(m.PROTOCOL_VERSION, cfg.peer_group, self._data.listener.port,
-                            cfg.advertise_host, self._sync.server.port)
+                            cfg.advertise_host, self._sync.server.port,
+                            cfg.ssl_server is not None)
             await deadline.within(self._control.connect(hello, attempts, backoff), limit,
                                   "connect()")
         except BaseException:

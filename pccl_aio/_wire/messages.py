@@ -68,13 +68,15 @@ class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"
 
 # ---- peer -> master ------------------------------------------------------------------------
 class Hello(_Msg, frozen=True, tag=1):
-    """First message of a session; the master refuses another protocol ``version``."""
+    """First message of a session; the master refuses another protocol ``version``. ``tls``:
+    this peer's listeners speak TLS (all peers of a run must agree)."""
 
     version: U32
     peer_group: U32
     p2p_port: Port
     advertise_host: HostName = ""
     state_port: OptPort = 0
+    tls: bool = False
 
 
 class Heartbeat(_Msg, frozen=True, tag=2):

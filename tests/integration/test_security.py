@@ -270,3 +270,17 @@ def test_tls_contexts_from_files(ca, tmp_path):
     assert server.verify_mode == ssl.CERT_REQUIRED and client.check_hostname
     with pytest.raises(pccl.InvalidUsageError, match="cannot load"):
         pccl.tls_contexts(str(tmp_path / "missing.pem"), str(tmp_path / "key.pem"))
+
+
+async def test_peers_with_and_without_tls_between_them_cannot_be_mixed(ca):
+    """A peer whose listeners speak TLS and one whose do not could never connect: the second
+    is refused at its Hello with the reason, instead of failing every collective."""
+    server, client = _contexts(ca)
+    async with pccl.Master("127.0.0.1", 0, ssl=server) as m:
+        first = await join_peers(m, 1, ssl=client, ssl_server=server)
+        try:
+            async with pccl.Communicator(m.address, ssl=client, **FAST) as c:
+                with pytest.raises(pccl.MasterConnectionError, match="use TLS between them"):
+                    await c.connect(attempts=1)
+        finally:
+            await first[0].close()

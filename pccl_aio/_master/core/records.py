@@ -27,6 +27,7 @@ class Peer:
     voted_pending: bool = False
     tags: set[int] = dataclasses.field(default_factory=set)
     state_port: int = 0
+    tls: bool = False  # its listeners speak TLS
 
     def addr(self) -> m.PeerAddr:
         return m.PeerAddr(self.conn, self.host, self.port, self.state_port)

@@ -218,13 +218,16 @@ class MasterState:
             msg.advertise_host, peer.host)
         if why is None and other and is_loopback(other.host) != is_loopback(host):
             why = "loopback and non-loopback peers cannot be mixed in one run"
+        if why is None and other and other.tls != msg.tls:
+            why = (f"this run's peers {'' if other.tls else 'do not '}use TLS between them "
+                   f"(Communicator(ssl_server=)); this peer does{'' if msg.tls else ' not'}")
         if why is None and not first and self._gate.full():
             why = "too many peers waiting to join"
         if why is not None:
             self._reject(peer.conn, why, out)
             return
         peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
-        peer.state_port = msg.state_port
+        peer.state_port, peer.tls = msg.state_port, msg.tls
         peer.accepted = first
         self._gate.registered(peer.conn, joiner=not first)
         out.append(Send(peer.conn, m.Welcome(peer.conn, first)))
