@@ -164,7 +164,8 @@ class Gate:
         self.stats = {"accepted": 0, "refused": 0, "timed_out": 0, "evicted": 0}
         self._pending: dict[Writer, None] = {}  # in arrival order
 
-    async def admit(self, reader: Reader, writer: Writer, key_for: KeyFor) -> tuple[auth.Opening, bytes] | None:
+    async def admit(self, reader: Reader, writer: Writer, key_for: KeyFor
+                    ) -> tuple[auth.Opening, bytes] | None:
         """Run the server's side; returns (the client's ``OPEN``, the session key), or None
         after closing a connection that failed. Blocks at most ``timeout``; cancelling
         closes the connection."""
@@ -178,7 +179,7 @@ class Gate:
             async with asyncio.timeout(self.timeout):
                 why, result = await self._run(reader, writer, key_for)
         except TimeoutError:
-            why, result = "timed_out", None
+            why, result = "timed out", None
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             why, result = "closed during the handshake", None
         except BaseException:
@@ -191,13 +192,13 @@ class Gate:
         if result is not None:
             self.stats["accepted"] += 1
             return result
-        self.stats["timed_out" if why == "timed_out" else "refused"] += 1
-        log.warning("%s: refused a connection from %s: %s", self.name, _address(writer),
-                    "timed out" if why == "timed_out" else why)
+        self.stats["timed_out" if why == "timed out" else "refused"] += 1
+        log.warning("%s: refused a connection from %s: %s", self.name, _address(writer), why)
         _abort(writer)
         return None
 
-    async def _run(self, reader: Reader, writer: Writer, key_for: KeyFor) -> tuple[str, tuple[auth.Opening, bytes] | None]:
+    async def _run(self, reader: Reader, writer: Writer, key_for: KeyFor
+                   ) -> tuple[str, tuple[auth.Opening, bytes] | None]:
         opening = auth.parse_open(await reader.readexactly(auth.OPEN.size))
         if opening is None:
             return "not a pccl_aio handshake (or TLS on one side only)", None
