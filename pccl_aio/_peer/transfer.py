@@ -10,6 +10,8 @@ others finish the job.
 from __future__ import annotations
 
 import asyncio
+import collections
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, cast
@@ -31,6 +33,8 @@ from .._wire.state import (
 )
 
 PIECE = 8 << 20
+MAX_PER_PEER = 16  # connections one peer may hold to a state server (the fetcher opens 2)
+log = logging.getLogger("pccl_aio.state")
 
 #: (requesting peer, key, revision) -> what to serve, or None to refuse (may wait for a plan).
 Lookup = Callable[[int, str, int], Awaitable[memoryview | None]]
@@ -53,6 +57,7 @@ class StateServer:
     def __init__(self, lookup: Lookup, key_for: KeyFor, gate: Gate) -> None:
         self.lookup: Lookup | None = lookup
         self._key_for, self._gate = key_for, gate
+        self._by_peer: collections.Counter[int] = collections.Counter()  # open connections
         self.tx = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -89,27 +94,42 @@ class StateServer:
             if admitted is None:
                 return
             peer = admitted[0].client_id
-            while True:
-                req = parse_request(await reader.readexactly(REQ.size))
-                if req is None:
-                    break
-                klen, revision, off, length = req
-                key = (await reader.readexactly(klen)).decode("utf-8", "replace")
-                view = await self.lookup(peer, key, revision) if self.lookup is not None else None
-                if view is None:
-                    writer.write(pack_response(NOT_SERVING))
-                elif off + length > view.nbytes:
-                    writer.write(pack_response(BAD_RANGE))
-                else:
-                    writer.write(pack_response(OK, length))
-                    writer.write(view[off : off + length])
-                    self.tx += length
-                await writer.drain()
+            if self._by_peer[peer] >= MAX_PER_PEER:
+                log.warning("state server: closing connection %d from peer %d (at most %d)",
+                            self._by_peer[peer] + 1, peer, MAX_PER_PEER)
+                return
+            self._by_peer[peer] += 1
+            try:
+                await self._answer(peer, reader, writer)
+            finally:
+                self._by_peer[peer] -= 1
+                if not self._by_peer[peer]:
+                    del self._by_peer[peer]
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    async def _answer(self, peer: int, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        """Answer ``peer``'s requests until it closes or breaks the protocol."""
+        while True:
+            req = parse_request(await reader.readexactly(REQ.size))
+            if req is None:
+                return
+            klen, revision, off, length = req
+            key = (await reader.readexactly(klen)).decode("utf-8", "replace")
+            view = await self.lookup(peer, key, revision) if self.lookup is not None else None
+            if view is None:
+                writer.write(pack_response(NOT_SERVING))
+            elif off + length > view.nbytes:
+                writer.write(pack_response(BAD_RANGE))
+            else:
+                writer.write(pack_response(OK, length))
+                writer.write(view[off : off + length])
+                self.tx += length
+            await writer.drain()
 
 
 class _FetchProtocol(asyncio.BufferedProtocol):

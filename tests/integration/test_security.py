@@ -284,3 +284,27 @@ async def test_peers_with_and_without_tls_between_them_cannot_be_mixed(ca):
                     await c.connect(attempts=1)
         finally:
             await first[0].close()
+
+
+async def test_a_member_holds_at_most_16_connections_to_a_state_server(secret_master):
+    from pccl_aio._peer.transfer import MAX_PER_PEER
+    from tests.helpers import closed
+
+    a, b = comms = await join_peers(secret_master, 2, secret=SECRET)
+    held = []
+    try:
+        port = b._sync.server.port
+        for _ in range(MAX_PER_PEER):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            await greet(r, w, auth.ROLE_STATE, a._keys.key(b.peer_id), a.peer_id, b.peer_id)
+            held.append(w)
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        await greet(r, w, auth.ROLE_STATE, a._keys.key(b.peer_id), a.peer_id, b.peer_id)
+        held.append(w)
+        assert await closed(r)  # one too many
+        assert b._sync.server._by_peer[a.peer_id] == MAX_PER_PEER
+        await _exact(comms)
+    finally:
+        for w in held:
+            w.close()
+        await asyncio.gather(*(c.close() for c in comms))
