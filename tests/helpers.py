@@ -16,7 +16,12 @@ FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
 
 @pytest.fixture
 async def master() -> AsyncIterator[pccl.Master]:
-    async with pccl.Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0) as m:
+    """A master on an OS-chosen port. Joiners are admitted as soon as they are heard from
+    (``admission_interval=0``): tests join peers one after another, and batching them once
+    a second (the default) would only make the suite slower; ``test_master_bounds.py`` and
+    the README's process tests run with the default."""
+    async with pccl.Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0,
+                           admission_interval=0.0) as m:
         yield m
 
 
