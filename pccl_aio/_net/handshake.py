@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -21,6 +23,7 @@ log = logging.getLogger("pccl_aio.security")
 
 HANDSHAKE_TIMEOUT: Final = 5.0
 MAX_PENDING: Final = 64
+LOG_BURST, LOG_WINDOW = 10, 10.0  # refusals logged one by one per window; then a count
 
 #: The server's key for an ``OPEN``, or None to refuse it as not a member (may wait).
 KeyFor = Callable[[auth.Opening], Awaitable[bytes | None]]
@@ -153,8 +156,9 @@ class Gate:
     """Admission to one listener: every connection must complete the handshake within
     ``timeout`` seconds before any other byte is parsed. At most ``max_pending`` handshakes
     run at once; a new connection beyond that drops the oldest (so connections that stall
-    cannot lock out the run's members). Failures are logged once with the address and
-    counted in ``stats``."""
+    cannot lock out the run's members). Failures are counted in ``stats`` and logged once
+    each with the address, at most ``LOG_BURST`` per ``LOG_WINDOW`` seconds (then one line
+    counts the rest), so a flood cannot fill the disk or block on a full log pipe."""
 
     def __init__(self, name: str, timeout: float = HANDSHAKE_TIMEOUT,
                  max_pending: int = MAX_PENDING) -> None:
@@ -163,6 +167,8 @@ class Gate:
         self.max_pending = max_pending
         self.stats = {"accepted": 0, "refused": 0, "timed_out": 0, "evicted": 0}
         self._pending: dict[Writer, None] = {}  # in arrival order
+        self.clock: Callable[[], float] = time.monotonic
+        self._window, self._logged, self._quiet = -math.inf, 0, 0
 
     async def admit(self, reader: Reader, writer: Writer, key_for: KeyFor
                     ) -> tuple[auth.Opening, bytes] | None:
@@ -193,9 +199,22 @@ class Gate:
             self.stats["accepted"] += 1
             return result
         self.stats["timed_out" if why == "timed out" else "refused"] += 1
-        log.warning("%s: refused a connection from %s: %s", self.name, _address(writer), why)
+        self._log(_address(writer), why)
         _abort(writer)
         return None
+
+    def _log(self, address: str, why: str) -> None:
+        now = self.clock()
+        if now - self._window >= LOG_WINDOW:
+            if self._quiet:
+                log.warning("%s: refused %d more connections in %.0f s", self.name,
+                            self._quiet, now - self._window)
+            self._window, self._logged, self._quiet = now, 0, 0
+        if self._logged < LOG_BURST:
+            self._logged += 1
+            log.warning("%s: refused a connection from %s: %s", self.name, address, why)
+        else:
+            self._quiet += 1
 
     async def _run(self, reader: Reader, writer: Writer, key_for: KeyFor
                    ) -> tuple[str, tuple[auth.Opening, bytes] | None]:
