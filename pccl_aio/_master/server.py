@@ -90,6 +90,7 @@ class Master:
         self._ssl = ssl
         self.gate = Gate("pccl_aio master", handshake_timeout)
         self._sessions: dict[int, bytes] = {}  # conn -> session key (wraps its pair keys)
+        self._gone: dict[int, asyncio.Future[None]] = {}  # conn -> resolved when it closed
         self._server: asyncio.Server | None = None
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -226,6 +227,7 @@ class Master:
                     self._handle(ms.Malformed(conn, str(exc), loop.time(), body))
                     break
                 if isinstance(msg, m.CollectiveDone) and not msg.ok:
+                    await self._await_suspect(msg.suspect)
                     self._reap_closed(conn)
                 elif isinstance(msg, m.Hello):
                     limit = self._max_frame
@@ -237,14 +239,27 @@ class Master:
             self._writers.pop(conn, None)
             self._sessions.pop(conn, None)
             writer.close()
+            gone = self._gone.pop(conn, None)
+            if gone is not None and not gone.done():
+                gone.set_result(None)
+
+    async def _await_suspect(self, suspect: int) -> None:
+        """A peer reports that its data connection with ``suspect`` broke. If ``suspect``'s
+        control connection is still open, give it up to ``SUSPECT_GRACE`` s to close: a
+        killed process's sockets do not all close at once (under load its data connection
+        can close milliseconds before its control connection), and the abort must reach
+        the survivors after the membership update. Blocks only this reporter's reader."""
+        if suspect not in self._writers:
+            return
+        gone = self._gone.setdefault(suspect, asyncio.get_running_loop().create_future())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(gone), SUSPECT_GRACE)
 
     def _reap_closed(self, reporter: int) -> None:
         """Before a peer's failure report aborts a collective, drop every other peer whose
         connection is already at EOF or reset, so the abort reaches the survivors after the
-        membership update (their world size is then fresh). A SIGKILLed peer's control
-        connection is closed by its kernel together with its data connections, so its EOF is
-        here by the time a neighbour reports the broken data link, even if the loop has not
-        read it yet. Never blocks: one non-blocking peek per peer."""
+        membership update (their world size is then fresh): a connection whose EOF the loop
+        has not read yet. Never blocks: one non-blocking peek per peer."""
         loop = asyncio.get_running_loop()
         for conn, writer in list(self._writers.items()):
             if conn == reporter or writer.is_closing():
@@ -261,6 +276,7 @@ class Master:
                 writer.close()
 
 
+SUSPECT_GRACE = 0.1  # s a failure report waits for the suspect's control connection to close
 _BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its Hello
 _LARGE_FRAMES = 32 << 20  # bytes of frames above 64 KiB being received at once, all peers
 _BACKLOG = 1 << 20  # bytes waiting to be sent to one connection: more, and it is closed

@@ -107,6 +107,7 @@ class Collective:
         self._last_rx = 0.0  # loop time of the last arrival (the data deadline counts from it)
         self._local_failure: Exception | None = None  # raised while processing inline
         self._stream_error: str | None = None  # the predecessor's frames broke the protocol
+        self._suspect = 0  # the peer whose data connection broke, if that failed it
         self._qdt, self._algo = ((int(DataType.parse(self.quant.dtype)), int(self.quant.algo))
                                  if self.quant else (0, 0))
         self.plan: ring.RingPlan | None = None  # set at the start
@@ -272,12 +273,12 @@ class Collective:
         if self._remaining == 0 or self._local_failure is not None:
             self._poke()
 
-    def on_error(self, reason: str) -> None:
+    def on_error(self, reason: str, suspect: int = 0) -> None:
         """The frames broke the plan (a repeated (phase, offset), a wrong sender): the run
         task reports the failure; if it already reported success (a forged frame came first)
         this reports it, so the master aborts the collective instead of completing it."""
         if self._stream_error is None:
-            self._stream_error = reason
+            self._stream_error, self._suspect = reason, suspect
             if self.active and self._run is not None and self._run.done():
                 log.warning("all-reduce tag=%d seq=%d: %s after it was reported done",
                             self.tag, self.seq, reason)
@@ -298,7 +299,9 @@ class Collective:
             raise
         except Exception as exc:  # report, then wait for the master's abort
             log.debug("collective tag=%d seq=%d failed locally: %r", self.tag, self.seq, exc)
-            self.env.report(self.tag, self.seq, False, repr(exc))
+            if not self._suspect and isinstance(exc, ConnectionError):  # the link to succ
+                self._suspect = succ
+            self.env.report(self.tag, self.seq, False, repr(exc), self._suspect)
             return
         self.env.report(self.tag, self.seq, True, "")
 

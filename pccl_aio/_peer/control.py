@@ -260,10 +260,10 @@ class ControlPlane:
         if self.colls.get(coll.tag) is coll:
             del self.colls[coll.tag]
 
-    def report(self, tag: int, seq: int, ok: bool, reason: str) -> None:
+    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
         """``CollectiveDone`` for (tag, seq); dropped if the session is over."""
         with contextlib.suppress(PcclError):
-            self.send(m.CollectiveDone(tag, seq, ok, reason[:200]))
+            self.send(m.CollectiveDone(tag, seq, ok, reason[:200], suspect))
 
     # ---- tasks ----------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:

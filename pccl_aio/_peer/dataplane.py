@@ -25,10 +25,10 @@ from .receiver import Registry
 class DataPlane:
     """Listener, links, buffers and collective tasks of one communicator."""
 
-    def __init__(self, config: PeerConfig, report: Callable[[int, int, bool, str], None],
+    def __init__(self, config: PeerConfig, report: Callable[[int, int, bool, str, int], None],
                  keys: KeyRing, gate: Gate) -> None:
         self.config = config
-        self.report = report  # CollectiveDone to the master
+        self._report = report  # CollectiveDone to the master
         self.registry = Registry()
         self.scratch = ScratchPool()
         self.tasks = TaskSet("pccl_aio data plane")
@@ -37,6 +37,9 @@ class DataPlane:
         self._links: dict[int, Link] = {}
         self._ring: list[m.PeerAddr] = []
         self.peer_id = 0
+
+    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
+        self._report(tag, seq, ok, reason, suspect)
 
     @property
     def p2p_connections(self) -> int:

@@ -46,8 +46,9 @@ class Sink(Protocol):
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         """A whole payload arrived."""
 
-    def on_error(self, reason: str) -> None:
-        """The frame stream broke the protocol: fail the collective for the group."""
+    def on_error(self, reason: str, suspect: int = 0) -> None:
+        """The frame stream broke the protocol (or the connection from peer ``suspect``
+        closed): fail the collective for the group."""
 
 
 class Registry:
@@ -82,7 +83,7 @@ class Registry:
         receives from it now, instead of waiting for its data deadline."""
         for sink in list(self.sinks.values()):
             if sink.active and sink.predecessor == peer_id:
-                sink.on_error(reason)
+                sink.on_error(reason, peer_id)
 
     def park(self, r: _Receiver) -> None:
         self._parked[r] = None

@@ -104,12 +104,14 @@ class CollectiveInit(_Msg, frozen=True, tag=5):
 
 
 class CollectiveDone(_Msg, frozen=True, tag=6):
-    """This peer finished its part of collective (tag, seq); ``ok`` False reports a failure."""
+    """This peer finished its part of collective (tag, seq); ``ok`` False reports a failure,
+    ``suspect`` the peer whose data connection broke, if that is why (else 0)."""
 
     tag: U64
     seq: U64
     ok: bool
     reason: Reason = ""
+    suspect: U64 = 0
 
 
 class Leave(_Msg, frozen=True, tag=7):
