@@ -11,9 +11,8 @@ slot (reduce-scatter; the quantized path uses a full-size scratch) or ``dst`` (a
 the receive callback reduces each reduce-scatter segment with the Cython kernel and forwards
 it at once when the link has room (else the run task does, once it has), so receive, reduce
 and send overlap. In place, ``core.backup.InputBackup`` keeps what an abort must put back.
-
-Dependencies are narrow: the collective sees its communicator only as a ``CollectiveEnv``
-(buffers, the receive registry, links, a task set and the report to the master).
+The collective sees its communicator only as a ``CollectiveEnv`` (buffers, the receive
+registry, links, a task set and the report to the master).
 """
 
 from __future__ import annotations
@@ -299,9 +298,8 @@ class Collective:
             raise
         except Exception as exc:  # report, then wait for the master's abort
             log.debug("collective tag=%d seq=%d failed locally: %r", self.tag, self.seq, exc)
-            if not self._suspect and isinstance(exc, ConnectionError):  # the link to succ
-                self._suspect = succ
-            self.env.report(self.tag, self.seq, False, repr(exc), self._suspect)
+            suspect = self._suspect or (succ if isinstance(exc, ConnectionError) else 0)
+            self.env.report(self.tag, self.seq, False, repr(exc), suspect)
             return
         self.env.report(self.tag, self.seq, True, "")
 
