@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
@@ -150,6 +151,22 @@ async def greet(reader: Reader, writer: Writer, role: int,
             why = "the other side could not prove the run secret (the secrets differ)"
         raise HandshakeError(f"handshake {why}", status)
     return auth.session_key(key, opening, nonce)
+
+
+async def connect(host: str, port: int, tls: ssl.SSLContext | None, role: int, key: bytes,
+                  me: int, them: int, protocol: asyncio.BaseProtocol) -> None:
+    """Open a connection to peer ``them`` (over TLS with ``tls``), complete the handshake for
+    ``role`` and hand the transport to ``protocol``. Raises ``OSError`` (``HandshakeError``
+    included) with nothing left open; cancelling closes the connection too. Bound it with a
+    timeout."""
+    transport, conn = await asyncio.get_running_loop().create_connection(
+        Handoff, host, port, ssl=tls, server_hostname=host if tls else None)
+    try:
+        await greet(conn, conn, role, key, me, them)
+    except BaseException:
+        transport.abort()
+        raise
+    conn.hand_over(protocol)
 
 
 class Gate:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from .._net.handshake import Handoff, greet
+from .._net.handshake import connect
 from .._net.stream import set_nodelay
 from .._net.tasks import TaskSet
 from .._wire import auth
@@ -105,20 +105,12 @@ class Link:
             ) from exc
 
     async def _connect(self) -> None:
-        loop = asyncio.get_running_loop()
         opened: list[_Sender] = []
 
         async def one(i: int) -> None:
-            transport, conn = await loop.create_connection(
-                Handoff, self.host, self.port, ssl=self._tls,
-                server_hostname=self.host if self._tls else None)
-            try:
-                await greet(conn, conn, auth.ROLE_DATA, self._key, self.me, self.peer_id)
-            except BaseException:
-                transport.abort()
-                raise
             proto = _Sender(self)
-            conn.hand_over(proto)
+            await connect(self.host, self.port, self._tls, auth.ROLE_DATA, self._key, self.me,
+                          self.peer_id, proto)
             opened.append(proto)
             assert proto.transport is not None
             proto.transport.write(pack_hello(self.me, i))

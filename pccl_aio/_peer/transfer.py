@@ -16,7 +16,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, cast
 
-from .._net.handshake import Gate, Handoff, KeyFor, greet
+from .._net.handshake import Gate, KeyFor, connect
 from .._net.stream import set_nodelay
 from .._net.tasks import TaskSet
 from .._wire import auth
@@ -206,28 +206,20 @@ async def fetch_ranges(sources: list[Source], revision: int,
     ``TimeoutError`` if a piece makes no progress for ``timeout`` seconds.
     """
     queue: list[tuple[str, int, memoryview]] = list(reversed(pieces))
-    loop = asyncio.get_running_loop()
     received = 0
     busy = 0  # pieces in flight: a failing one comes back, so idle workers must wait
     changed = asyncio.Event()
     errors: list[BaseException] = []
 
-    async def connect(src: Source) -> _FetchProtocol:
-        transport, conn = await loop.create_connection(
-            Handoff, src.host, src.port, ssl=tls, server_hostname=src.host if tls else None)
-        try:
-            await greet(conn, conn, auth.ROLE_STATE, src.key, me, src.peer_id)
-        except BaseException:
-            transport.abort()
-            raise
+    async def open_source(src: Source) -> _FetchProtocol:
         proto = _FetchProtocol()
-        conn.hand_over(proto)
+        await connect(src.host, src.port, tls, auth.ROLE_STATE, src.key, me, src.peer_id, proto)
         return proto
 
     async def worker(src: Source) -> None:
         nonlocal received, busy
         try:
-            proto = await asyncio.wait_for(connect(src), timeout)
+            proto = await asyncio.wait_for(open_source(src), timeout)
         except (OSError, TimeoutError) as exc:
             errors.append(exc)
             return
