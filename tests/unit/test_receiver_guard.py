@@ -52,7 +52,7 @@ class Sink:
         self.done.append((phase, offset, bytes(self.buf[:length])))
         self.changed.set()
 
-    def on_error(self, reason: str) -> None:
+    def on_error(self, reason: str, suspect: int = 0) -> None:
         self.errors.append(reason)
         self.changed.set()
 
