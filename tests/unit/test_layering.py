@@ -24,7 +24,7 @@ PKG = Path(__file__).resolve().parents[2] / "pccl_aio"
 FORBIDDEN = {"asyncio", "socket", "time", "selectors"}
 SANS_IO_FOLDERS = {"_wire", "_compute", "core"}
 SHELL_FOLDERS = {"_net", "_master", "_peer"}
-PUBLIC_ENTRY = {"__init__.py", "master.py", "demo.py"}
+PUBLIC_ENTRY = {"__init__.py", "master.py", "demo.py", "blocking.py"}
 
 
 def layer(path: Path) -> str:

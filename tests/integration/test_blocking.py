@@ -1,0 +1,198 @@
+"""The blocking facade (``pccl_aio.blocking``) as a plain training script uses it: user
+threads, no event loop of their own, real sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pccl_aio as pccl
+from pccl_aio import blocking
+
+FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
+
+
+@pytest.fixture
+def master() -> Iterator[blocking.Master]:
+    with blocking.Master("127.0.0.1", 0, admission_interval=0.0, **FAST) as m:
+        yield m
+
+
+def _join(master: blocking.Master, n: int, **kw: Any) -> list[blocking.Communicator]:
+    """``n`` blocking communicators, the first alone, each next one admitted by the others."""
+    comms = [blocking.Communicator(master.address, **FAST, **kw) for _ in range(n)]
+    comms[0].connect()
+    with ThreadPoolExecutor(n) as pool:
+        for i in range(1, n):
+            joining = pool.submit(comms[i].connect)
+            while not all(pool.map(lambda c: c.are_peers_pending(), comms[:i])):
+                assert not joining.done() or joining.exception() is None
+            list(pool.map(lambda c: c.update_topology(), comms[:i]))
+            joining.result()
+    return comms
+
+
+def _in_threads(fns: list[Callable[[], Any]]) -> list[Any]:
+    with ThreadPoolExecutor(len(fns)) as pool:
+        return [f.result() for f in [pool.submit(fn) for fn in fns]]
+
+
+def test_peers_in_their_own_threads_reduce_exactly(master: blocking.Master) -> None:
+    comms = _join(master, 3)
+    try:
+        xs = [np.arange(1 << 16, dtype=np.float32) * (i + 1) for i in range(3)]
+        infos = _in_threads([lambda c=c, x=x: c.all_reduce(x) for c, x in zip(comms, xs)])
+        want = np.arange(1 << 16, dtype=np.float32) * 6
+        assert [i.world_size for i in infos] == [3, 3, 3]
+        for x in xs:
+            np.testing.assert_array_equal(x, want)
+    finally:
+        for c in comms:
+            c.close()
+
+
+def test_one_communicator_used_from_two_user_threads_at_once(master: blocking.Master) -> None:
+    """Each peer launches tags 1 and 2 in the same order (the README's rule: the same calls
+    in the same order on every peer), then two of its threads wait on them at the same time
+    while a third reads the communicator's attributes."""
+    comms = _join(master, 2)
+    stop = threading.Event()
+
+    def watch(c: blocking.Communicator) -> int:
+        seen = 0
+        while not stop.is_set():
+            assert c.world_size == 2 and c.peer_group_world_size == 2
+            seen += 1
+        return seen
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            watchers = [pool.submit(watch, c) for c in comms]
+            for step in range(20):
+                xs = {(p, t): np.full(4096, float(p + 1 + step + 100 * t), np.float32)
+                      for p in range(2) for t in (1, 2)}
+                hs = {(p, t): c.all_reduce_async(xs[p, t], tag=t)
+                      for p, c in enumerate(comms) for t in (1, 2)}
+                list(pool.map(lambda h: h.wait(timeout=10), hs.values()))
+                for (_, t), x in xs.items():
+                    assert (x == 3 + 2 * step + 200 * t).all()
+            stop.set()
+            assert all(w.result() > 0 for w in watchers)
+    finally:
+        stop.set()
+        for c in comms:
+            c.close()
+
+
+def test_handles_wait_done_and_cancel(master: blocking.Master) -> None:
+    a, _ = comms = _join(master, 2)
+    try:
+        xs = [np.ones(1 << 20, np.float32) for _ in comms]
+        hs = [c.all_reduce_async(x, tag=5) for c, x in zip(comms, xs)]
+        assert [h.wait(timeout=10).world_size for h in hs] == [2, 2]
+        assert all(h.done() for h in hs) and (xs[0] == 2).all()
+        lone = a.all_reduce_async(np.ones(8, np.float32), tag=6)  # b never joins it
+        assert not lone.done()
+        lone.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):  # as awaiting the async one
+            lone.wait(timeout=5)
+        ys = [np.full(8, i + 1.0, np.float32) for i in range(2)]  # both usable after it
+        _in_threads([lambda c=c, y=y: c.all_reduce(y, tag=6) for c, y in zip(comms, ys)])
+        assert (ys[0] == 3).all() and (ys[1] == 3).all()
+    finally:
+        for c in comms:
+            c.close()
+
+
+def test_errors_are_the_async_apis_typed_errors(master: blocking.Master) -> None:
+    a, _ = comms = _join(master, 2)
+    try:
+        with pytest.raises(pccl.InvalidUsageError):
+            a.all_reduce("not a tensor")
+        with pytest.raises(pccl.PcclTimeoutError):
+            a.all_reduce(np.ones(8, np.float32), timeout=0.3)  # b never calls
+        with pytest.raises(pccl.InvalidUsageError):
+            blocking.Communicator("no-port")
+        x = [np.full(8, i + 1.0, np.float32) for i in range(2)]
+        _in_threads([lambda c=c, v=v: c.all_reduce(v) for c, v in zip(comms, x)])
+        assert (x[0] == 3).all()  # usable after the timeout
+    finally:
+        for c in comms:
+            c.close()
+
+
+def test_heartbeats_go_on_while_the_user_thread_computes(master: blocking.Master) -> None:
+    """The user's step takes longer than the heartbeat timeout (2 s): nobody is dropped."""
+    comms = _join(master, 2)
+    try:
+        def step(c: blocking.Communicator, i: int) -> float:
+            time.sleep(3.0)  # the user's compute, not a synchronisation
+            x = np.full(16, i + 1.0, np.float32)
+            c.all_reduce(x)
+            return float(x[0])
+
+        assert _in_threads([lambda c=c, i=i: step(c, i) for i, c in enumerate(comms)]) == [3, 3]
+        assert [c.world_size for c in comms] == [2, 2]
+    finally:
+        for c in comms:
+            c.close()
+
+
+def _facade_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("pccl_aio blocking")]
+
+
+def test_close_and_garbage_collection_stop_the_thread(master: blocking.Master) -> None:
+    before = len(_facade_threads())
+    c = blocking.Communicator(master.address, **FAST)
+    c.connect()
+    assert len(_facade_threads()) == before + 1
+    c.close()
+    c.close()  # idempotent
+    assert c.closed and len(_facade_threads()) == before
+    d = blocking.Communicator(master.address, **FAST)
+    d.connect()
+    del d
+    gc.collect()
+    assert len(_facade_threads()) == before
+
+
+EXIT_SCRIPT = """
+import numpy as np
+from pccl_aio import blocking
+m = blocking.Master("127.0.0.1", 0).start()
+c = blocking.Communicator(m.address)
+c.connect()
+assert c.are_peers_pending() is False
+print("voted", flush=True)
+# no close(): interpreter exit must end both cleanly
+"""
+
+
+def test_interpreter_exit_without_close_neither_hangs_nor_warns() -> None:
+    proc = subprocess.run([sys.executable, "-W", "always", "-X", "dev", "-c", EXIT_SCRIPT],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout == "voted\n", proc
+    assert proc.stderr == "", proc.stderr
+
+
+def test_a_blocking_call_from_the_loop_thread_is_refused(master: blocking.Master) -> None:
+    c = blocking.Communicator(master.address, **FAST)
+    try:
+        async def inside() -> None:
+            c.are_peers_pending()
+
+        with pytest.raises(RuntimeError, match="its own event loop thread"):
+            c._runner.call(inside())
+    finally:
+        c.close()
