@@ -27,6 +27,7 @@ from ._errors import (
 )
 from ._master.server import Master
 from ._net.credentials import load_secret, tls_contexts
+from ._peer.buckets import Buckets
 from ._peer.communicator import AllReduceHandle, Communicator
 from ._peer.core.shared_state import SharedState
 from ._types import (
@@ -43,6 +44,7 @@ from ._version import __version__
 __all__ = [
     "AllReduceHandle",
     "AuthenticationError",
+    "Buckets",
     "Communicator",
     "DataType",
     "DeadlockError",

@@ -12,7 +12,7 @@ import pccl_aio as pccl
 from pccl_aio import _errors, _types, _version
 
 EXPECTED_ALL = {
-    "AllReduceHandle", "AuthenticationError", "Communicator", "DataType", "DeadlockError",
+    "AllReduceHandle", "AuthenticationError", "Buckets", "Communicator", "DataType", "DeadlockError",
     "InvalidUsageError",
     "KickedError", "Master",
     "MasterConnectionError", "PcclError", "PcclTimeoutError", "PeerLostError", "ProtocolError",

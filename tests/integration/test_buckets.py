@@ -1,0 +1,100 @@
+"""``Buckets``: many tensors all-reduced through a few flat reusable buffers give what
+per-tensor all-reduces give, on every peer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import pccl_aio as pccl
+from pccl_aio import blocking
+
+
+def _torch_tensors(peer: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(peer)
+    wide = torch.randn(64, 48, generator=g)
+    return [torch.randn(1000, generator=g), torch.randn(300, generator=g).to(torch.bfloat16),
+            torch.randint(-50, 50, (77,), generator=g), wide.t(),  # not contiguous
+            torch.randn(5000, generator=g), torch.randn(3, generator=g)]
+
+
+async def test_buckets_match_per_tensor_all_reduces_bit_for_bit(peers):
+    """Two peers (a float sum of two terms has one order), mixed dtypes, a non-contiguous
+    tensor, a 8 KiB cap: several buckets, reused by a second call."""
+    comms = await peers(2)
+    mine = [_torch_tensors(i) for i in range(2)]
+    ref = [[t.clone() for t in ts] for ts in mine]
+    buckets = [pccl.Buckets(ts, bucket_cap_mb=8 / 1024) for ts in mine]
+    assert len(buckets[0].flat) > 3 and [len(f) for f in buckets[0].flat] == [
+        len(f) for f in buckets[1].flat]
+    flats = [[f.data_ptr() for f in b.flat] for b in buckets]
+    for _ in range(2):
+        infos = await asyncio.gather(*(b.all_reduce(c) for b, c in zip(buckets, comms)))
+        assert all(i.world_size == 2 for i in infos[0])
+        for i in range(len(ref[0])):
+            pair = [ref[0][i].contiguous(), ref[1][i].contiguous()]
+            await asyncio.gather(*(c.all_reduce(p, tag=100 + i) for c, p in zip(comms, pair)))
+            ref[0][i], ref[1][i] = pair
+        for a, b, r in zip(mine[0], mine[1], ref[0]):
+            assert a.dtype == r.dtype and torch.equal(a, r) and torch.equal(b, r)
+    assert flats == [[f.data_ptr() for f in b.flat] for b in buckets]  # reused, not remade
+
+
+async def test_numpy_buckets_on_three_peers_and_a_quantized_exchange(peers):
+    comms = await peers(3)
+    arrays = [[np.arange(500, dtype=np.int32) * (p + 1), np.full((20, 30), p, np.int64)]
+              for p in range(3)]
+    buckets = [pccl.Buckets(a, bucket_cap_mb=1 / 1024) for a in arrays]
+    await asyncio.gather(*(b.all_reduce(c) for b, c in zip(buckets, comms)))
+    for a in arrays:
+        np.testing.assert_array_equal(a[0], np.arange(500, dtype=np.int32) * 6)
+        np.testing.assert_array_equal(a[1], np.full((20, 30), 3, np.int64))
+    xs = [[np.linspace(0, 1, 4096, dtype=np.float32) * (p + 1)] for p in range(3)]
+    qb = [pccl.Buckets(x) for x in xs]
+    q = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype=pccl.DataType.UINT8)
+    await asyncio.gather(*(b.all_reduce(c, quantization=q, op=pccl.ReduceOp.AVG)
+                           for b, c in zip(qb, comms)))
+    assert xs[0][0].tobytes() == xs[1][0].tobytes() == xs[2][0].tobytes()
+    np.testing.assert_allclose(xs[0][0], np.linspace(0, 2, 4096), atol=0.05)
+
+
+def test_blocking_buckets_from_two_threads():
+    with blocking.Master("127.0.0.1", 0, admission_interval=0.0) as m:
+        a = blocking.Communicator(m.address, heartbeat_interval=0.2)
+        b = blocking.Communicator(m.address, heartbeat_interval=0.2)
+        try:
+            a.connect()
+            joined = threading.Thread(target=b.connect)
+            joined.start()
+            while not a.are_peers_pending():
+                pass
+            a.update_topology()
+            joined.join()
+            ts = [[torch.full((1000,), float(p + 1)), torch.ones(10, dtype=torch.bfloat16)]
+                  for p in range(2)]
+            bs = [pccl.Buckets(t) for t in ts]
+            threads = [threading.Thread(target=bk.all_reduce_blocking, args=(c,))
+                       for bk, c in zip(bs, (a, b))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for t in ts:
+                assert torch.equal(t[0], torch.full((1000,), 3.0))
+                assert torch.equal(t[1], torch.full((10,), 2.0, dtype=torch.bfloat16))
+        finally:
+            a.close()
+            b.close()
+
+
+def test_bad_buckets_are_refused_at_once():
+    with pytest.raises(pccl.InvalidUsageError, match="at least one"):
+        pccl.Buckets([])
+    with pytest.raises(pccl.InvalidUsageError, match="not a mix"):
+        pccl.Buckets([torch.ones(3), np.ones(3)])
+    with pytest.raises(pccl.InvalidUsageError, match="positive"):
+        pccl.Buckets([torch.ones(3)], bucket_cap_mb=0)
