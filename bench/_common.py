@@ -7,6 +7,7 @@ import multiprocessing as mp
 import re
 import socket
 import statistics
+import subprocess
 import time
 from typing import Any
 
@@ -65,6 +66,24 @@ def tcp_loopback_gbps(streams: int = 1, seconds: float = 1.0) -> float:
         p.join()
     sink.join()
     return total / 1e9
+
+
+def finish_peers(procs: list[subprocess.Popen[str]], timeout: float) -> list[str]:
+    """Wait for every peer process and return their stdouts; SystemExit with the stderr of
+    the first that failed. Processes still running after a failure are killed."""
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise SystemExit(f"FAILED: a peer exited with {p.returncode}:\n{err[-3000:]}")
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs
 
 
 def print_table(rows: list[dict[str, Any]], cols: list[str],

@@ -47,7 +47,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]  # this checkout's pccl_aio, then the bench helpers
 import numpy as np  # noqa: E402
-from _common import input_pattern, parse_size, print_table, size_label  # noqa: E402
+from _common import (  # noqa: E402
+    finish_peers,
+    input_pattern,
+    parse_size,
+    print_table,
+    size_label,
+)
 
 VARIANTS = ("async", "facade")
 
@@ -154,19 +160,9 @@ def spawn_peer(spec: dict[str, Any]) -> subprocess.Popen[str]:
 
 def collect(procs: list[subprocess.Popen[str]], files: list[Path], timeout: float
             ) -> list[dict[str, Any]]:
-    outs = []
-    try:
-        for p, f in zip(procs, files):
-            _, err = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise SystemExit(f"FAILED: a peer exited with {p.returncode}:\n{err[-3000:]}")
-            outs.append(json.loads(f.read_text()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+    """Each peer's result, from the file it wrote."""
+    finish_peers(procs, timeout)
+    return [json.loads(f.read_text()) for f in files]
 
 
 async def one_round(spec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -55,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]  # this checkout's pccl_aio, then the bench helpers
 import numpy as np  # noqa: E402
-from _common import input_pattern, print_table, tcp_loopback_gbps  # noqa: E402
+from _common import finish_peers, input_pattern, print_table, tcp_loopback_gbps  # noqa: E402
 
 WAN = ROOT.parent / "shared" / "tools" / "wan-link"
 NS_A, NS_B, IP_A, IP_B = "pccl_wan_a", "pccl_wan_b", "10.203.0.1", "10.203.0.2"
@@ -172,19 +172,8 @@ async def peer(spec: dict[str, Any]) -> None:
 
 
 def collect(procs: list[subprocess.Popen[str]], timeout: float) -> list[dict[str, Any]]:
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise SystemExit(f"FAILED: a peer exited with {p.returncode}:\n{err[-3000:]}")
-            outs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+    """Each peer's result: the last line of its stdout."""
+    return [json.loads(out.strip().splitlines()[-1]) for out in finish_peers(procs, timeout)]
 
 
 def pair(outs: list[dict[str, Any]], variants: tuple[str, ...]
