@@ -95,6 +95,21 @@ def _finalize(runner: _LoopThread, close: Callable[[], Coroutine[Any, Any, None]
     runner.stop(close)
 
 
+def _owned(name: str, factory: Callable[[], _T]) -> tuple[_LoopThread, _T]:
+    """A new loop thread and the object ``factory`` builds on it (the thread is stopped
+    again if that raises)."""
+    runner = _LoopThread(name)
+
+    async def make() -> _T:
+        return factory()
+
+    try:
+        return runner, runner.call(make())
+    except BaseException:
+        runner.stop()
+        raise
+
+
 class AllReduceHandle:
     """An all-reduce in flight (``Communicator.all_reduce_async``): ``wait()`` blocks for its
     ``ReduceInfo`` or raises; ``cancel()`` aborts it for the whole group."""
@@ -130,19 +145,9 @@ class Communicator:
     the async class for what each call does and raises."""
 
     def __init__(self, master: str, **options: Any) -> None:
-        self._runner = _LoopThread("pccl_aio blocking communicator")
-        runner = self._runner
-
-        async def make() -> _AsyncCommunicator:
-            return _AsyncCommunicator(master, **options)
-
-        try:
-            self._comm = runner.call(make())
-        except BaseException:
-            runner.stop()
-            raise
-        comm = self._comm
-        self._finalizer = weakref.finalize(self, _finalize, runner, comm.close)
+        self._runner, self._comm = _owned("pccl_aio blocking communicator",
+                                          lambda: _AsyncCommunicator(master, **options))
+        self._finalizer = weakref.finalize(self, _finalize, self._runner, self._comm.close)
 
     def __enter__(self) -> Communicator:
         return self
@@ -242,18 +247,9 @@ class Master:
     ``with``) binds and serves from a background thread until ``close()``."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, **options: Any) -> None:
-        self._runner = _LoopThread("pccl_aio blocking master")
-        runner = self._runner
-
-        async def make() -> _AsyncMaster:
-            return _AsyncMaster(host, port, **options)
-
-        try:
-            self._master = runner.call(make())
-        except BaseException:
-            runner.stop()
-            raise
-        self._finalizer = weakref.finalize(self, _finalize, runner, self._master.close)
+        self._runner, self._master = _owned("pccl_aio blocking master",
+                                            lambda: _AsyncMaster(host, port, **options))
+        self._finalizer = weakref.finalize(self, _finalize, self._runner, self._master.close)
 
     def start(self) -> Master:
         """Bind and serve; returns once listening. OSError if the address is taken."""
