@@ -1,4 +1,4 @@
-"""examples/diloco.py as real processes: a clean run, and a run with a SIGKILL and a joiner.
+"""examples/numpy_diloco.py as real processes: a clean run, a run with a SIGKILL and a joiner.
 
 Every outer step prints a digest of the outer parameters; the peers of a run must print the
 same digest for the same step, whoever joined or died on the way. The example's default run
@@ -15,7 +15,7 @@ import pytest
 
 from tests.process.procs import Proc, spawn
 
-EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "diloco.py")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "numpy_diloco.py")
 MODES = pytest.mark.parametrize("extra", [[], ["--overlap"]], ids=["sync", "overlap"])
 
 

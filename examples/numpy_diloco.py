@@ -1,9 +1,11 @@
-"""DiLoCo with pccl_aio: local training, an averaged pseudo-gradient, an outer Nesterov step.
+"""DiLoCo with pccl_aio on numpy: local training, an averaged pseudo-gradient, an outer Nesterov step.
+
+No torch needed; ``examples/diloco.py`` is the same algorithm on a small torch GPT.
 
     python -m pccl_aio.master --port 48148 &
-    python examples/diloco.py --master 127.0.0.1:48148 --seed 1 &
-    python examples/diloco.py --master 127.0.0.1:48148 --seed 2 &
-    python examples/diloco.py --master 127.0.0.1:48148 --seed 3    # join or kill -9 any time
+    python examples/numpy_diloco.py --master 127.0.0.1:48148 --seed 1 &
+    python examples/numpy_diloco.py --master 127.0.0.1:48148 --seed 2 &
+    python examples/numpy_diloco.py --master 127.0.0.1:48148 --seed 3  # join or kill -9 any time
 
 The run lasts ``--steps`` outer steps (300 by default, about a minute: long enough to start,
 join and kill peers by hand; a joiner continues from the run's step). Each peer fits the same
