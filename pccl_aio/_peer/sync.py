@@ -78,6 +78,7 @@ class SharedStateSync:
             raise InvalidUsageError("sync_shared_state() while collectives are in flight")
         if self.serving is not None:
             raise InvalidUsageError("another sync_shared_state() is running on this peer")
+        state.refresh()  # a from_module state follows load_state_dict
         self.serving = state  # claimed before the first await: a second call is refused
         tx0 = self.server.tx
         loop = asyncio.get_running_loop()

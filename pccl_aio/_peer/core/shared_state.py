@@ -8,7 +8,7 @@ int16 included). Each entry is hashed with xxh3-128; an entry with
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import xxhash
@@ -45,12 +45,47 @@ class SharedState:
 
     def __init__(self, tensors: Mapping[str, Any], revision: int = 0, *,
                  allow_content_inequality: Iterable[str] = ()) -> None:
-        if not tensors:
-            raise InvalidUsageError("a SharedState needs at least one tensor")
         if not isinstance(revision, int) or revision < 0:
             raise InvalidUsageError(f"revision must be a non-negative int, not {revision!r}")
-        loose = set(allow_content_inequality)
-        unknown = loose - set(tensors)
+        self._loose = frozenset(allow_content_inequality)
+        self._source: Callable[[], Mapping[str, Any]] | None = None
+        self._entries: list[_Entry] = []
+        self._by_key: dict[str, _Entry] = {}
+        self._set(tensors)
+        self.revision = revision
+        self.fresh = True  # never synced: a joiner also receives the inequality-allowed entries
+
+    @classmethod
+    def from_module(cls, module: Any, optimizer: Any = None, *,
+                    extra: Mapping[str, Any] | None = None, revision: int = 0,
+                    allow_content_inequality: Iterable[str] = ()) -> SharedState:
+        """The state of a torch ``module`` (its ``state_dict()``: parameters and buffers, bf16
+        included) and of its ``optimizer``, plus ``extra`` named tensors (a step counter, ...).
+
+        Entries are ``model.<key>``, ``optim.<parameter name>.<state key>`` and the ``extra``
+        names; they alias the tensors (no copy) and are read again at every sync, so the
+        state follows ``module.load_state_dict`` and ``optimizer.load_state_dict``. An
+        optimizer that never stepped gets its fresh state materialized as zeros (Adam, AdamW,
+        Adamax, RAdam, SGD; others must step once first). Only CPU tensors."""
+        from .torch_state import module_tensors
+
+        def read() -> Mapping[str, Any]:
+            return module_tensors(module, optimizer, extra)
+
+        state = cls(read(), revision, allow_content_inequality=allow_content_inequality)
+        state._source = read
+        return state
+
+    def refresh(self) -> None:
+        """Re-read the entries of a ``from_module`` state (the sync calls this first); a no-op
+        for a state built from a mapping. Raises ``InvalidUsageError`` for a bad tensor."""
+        if self._source is not None:
+            self._set(self._source())
+
+    def _set(self, tensors: Mapping[str, Any]) -> None:
+        if not tensors:
+            raise InvalidUsageError("a SharedState needs at least one tensor")
+        unknown = self._loose - set(tensors)
         if unknown:
             raise InvalidUsageError(f"allow_content_inequality names unknown keys {sorted(unknown)}")
         entries = []
@@ -61,11 +96,9 @@ class SharedState:
                 raise InvalidUsageError(
                     f"shared-state key {key[:40]!r}... is longer than {MAX_KEY} UTF-8 bytes")
             entries.append(_Entry(key, as_buffer(t, writable=True, what=f"entry {key!r}"),
-                                  key in loose))
+                                  key in self._loose))
         self._entries = entries
         self._by_key = {e.key: e for e in entries}
-        self.revision = revision
-        self.fresh = True  # never synced: a joiner also receives the inequality-allowed entries
 
     def __repr__(self) -> str:
         return f"SharedState({[e.key for e in self._entries]}, revision={self.revision})"
