@@ -61,6 +61,29 @@ class Buckets:
             plans[b] = (dt, items, used + n)
         self.layout = [items for _, items, _ in plans]
         self.flat = [self._empty(dt, used) for dt, _, used in plans]
+        self._params: list[Any] | None = None  # grads_of: the tensors are their .grad
+
+    @classmethod
+    def grads_of(cls, parameters: Any, bucket_cap_mb: float = 25.0) -> Buckets:
+        """Buckets for the gradients of ``parameters`` (a ``torch.nn.Module`` or an iterable
+        of parameters; those with ``requires_grad``). Each call reads every ``p.grad`` afresh,
+        so ``zero_grad(set_to_none=True)`` is fine; a missing gradient (a parameter unused this
+        step) is all-reduced as zeros and left as such in ``p.grad``."""
+        import torch
+
+        if isinstance(parameters, torch.nn.Module):
+            parameters = parameters.parameters()
+        params = [p for p in parameters if p.requires_grad]
+        buckets = cls(params, bucket_cap_mb)
+        buckets._params = params
+        return buckets
+
+    def _grads(self) -> None:
+        if self._params is not None:
+            for p in self._params:
+                if p.grad is None:
+                    p.grad = p.detach().new_zeros(p.shape)
+            self.tensors = [p.grad for p in self._params]
 
     def _empty(self, dtype: Any, n: int) -> Any:
         if self.torch:
@@ -96,6 +119,7 @@ class Buckets:
         tags ``first_tag`` .. ``first_tag + len(flat) - 1``. Blocks until every bucket is
         done; raises as ``all_reduce_multiple_with_retry`` (the tensors then unchanged).
         Cancelling aborts the buckets in flight for the group."""
+        self._grads()
         self._pack()
         infos: list[ReduceInfo] = await comm.all_reduce_multiple_with_retry(
             self.flat, op=op, first_tag=first_tag, max_in_flight=max_in_flight,
@@ -108,6 +132,7 @@ class Buckets:
                             quantization: Quantization | None = None,
                             timeout: float | None = None) -> list[ReduceInfo]:
         """``all_reduce`` on a ``pccl_aio.blocking.Communicator``, blocking this thread."""
+        self._grads()
         self._pack()
         infos: list[ReduceInfo] = comm.all_reduce_multiple_with_retry(
             self.flat, op=op, first_tag=first_tag, max_in_flight=max_in_flight,

@@ -98,3 +98,29 @@ def test_bad_buckets_are_refused_at_once():
         pccl.Buckets([torch.ones(3), np.ones(3)])
     with pytest.raises(pccl.InvalidUsageError, match="positive"):
         pccl.Buckets([torch.ones(3)], bucket_cap_mb=0)
+
+
+async def test_grads_of_reads_each_steps_gradients_and_fills_missing_ones(peers):
+    """``Buckets.grads_of(module)``: gradients made after the buckets (and remade by
+    ``zero_grad(set_to_none=True)``) are reduced; a parameter unused this step contributes
+    zeros; the result is what per-tensor AVG all-reduces give, on both peers."""
+    comms = await peers(2)
+    models = [torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 2)) for _ in range(2)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    buckets = [pccl.Buckets.grads_of(m) for m in models]
+    assert all(p.grad is None for m in models for p in m.parameters())
+    for step in range(2):
+        for i, m in enumerate(models):
+            m.zero_grad(set_to_none=True)
+            x = torch.full((4, 6), float(i + step + 1))
+            out = m(x) if i == 0 else m[0](x).sum()  # peer 1 leaves the last layer unused
+            out.sum().backward()
+        assert models[1][1].weight.grad is None
+        want = [(a.grad + (b.grad if b.grad is not None else 0)) / 2
+                for a, b in zip(models[0].parameters(), models[1].parameters())]
+        await asyncio.gather(*(b.all_reduce(c, op=pccl.ReduceOp.AVG)
+                               for b, c in zip(buckets, comms)))
+        for m in models:
+            for p, w in zip(m.parameters(), want):
+                assert torch.equal(p.grad, w)
