@@ -6,8 +6,9 @@ The rule, by folder (no list of files):
   (``_master/core``, ``_peer/core``) and the top-level ``_*.py`` modules (errors, types,
   version). They import no ``asyncio``, ``socket``, ``selectors`` or ``time``, directly or
   through any pccl_aio module they import.
-- asyncio shell: ``_net/``, ``_master/``, ``_peer/`` (outside ``core/``) and the public
-  entry modules ``master.py``, ``demo.py``, ``__init__.py``.
+- asyncio shell: ``_net/``, ``_master/``, ``_peer/`` (outside ``core/``), ``_launch/`` and the
+  public entry modules ``master.py``, ``demo.py``, ``launch.py``, ``blocking.py``,
+  ``__init__.py``.
 
 Checked on the source (AST), so the sans-IO modules stay usable from a plain unit test, a
 thread, or another event loop.
@@ -23,8 +24,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "pccl_aio"
 FORBIDDEN = {"asyncio", "socket", "time", "selectors"}
 SANS_IO_FOLDERS = {"_wire", "_compute", "core"}
-SHELL_FOLDERS = {"_net", "_master", "_peer"}
-PUBLIC_ENTRY = {"__init__.py", "master.py", "demo.py", "blocking.py"}
+SHELL_FOLDERS = {"_net", "_master", "_peer", "_launch"}
+PUBLIC_ENTRY = {"__init__.py", "master.py", "demo.py", "blocking.py", "launch.py"}
 
 
 def layer(path: Path) -> str:

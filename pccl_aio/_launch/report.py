@@ -1,0 +1,78 @@
+"""What the launcher writes at the end of a run: the plot (PNG) and the summary table."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .record import Record
+
+
+def plot(record: Record, path: Path, title: str) -> bool:
+    """Two panels, validation loss against inner steps and against bytes sent per peer, with
+    the mean train loss and the kills and joins; False (no file) if no step was reported."""
+    series = record.series()
+    if not series:
+        return False
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+
+    inner = [s[1] for s in series]
+    train = [s[2] for s in series]
+    evaluated = [s for s in series if not math.isnan(s[3])]
+    fig = Figure(figsize=(12, 4.6), dpi=100, layout="constrained")
+    by_step, by_bytes = fig.subplots(1, 2)
+    by_step.plot(inner, train, color="0.65", linewidth=1, label="train (mean over peers)")
+    by_step.plot([s[1] for s in evaluated], [s[3] for s in evaluated], "o-", color="C0",
+                 markersize=3, label="validation")
+    labelled: set[str] = set()
+    for kind, at in sorted(record.marks, key=lambda m: m[1]):
+        color, name = ("C3", "SIGKILL") if kind == "kill" else ("C2", "a replacement joins")
+        by_step.axvline(at, color=color, linestyle=":", linewidth=1,
+                        label=None if kind in labelled else name)
+        labelled.add(kind)
+    by_step.set(xlabel="inner step of the run", ylabel="loss", title="loss against inner steps")
+    by_step.legend(fontsize="small")
+    mib = [s[4] / 2**20 for s in evaluated]
+    by_bytes.plot(mib, [s[3] for s in evaluated], "o-", color="C0", markersize=3)
+    by_bytes.set(xlabel="MiB sent per peer", ylabel="validation loss",
+                 title="validation loss against bytes sent per peer")
+    for ax in (by_step, by_bytes):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.savefig(path)
+    return True
+
+
+def summary(record: Record, **run: Any) -> dict[str, Any]:
+    """The JSON summary: ``run`` (example, peers, churn, ...) and what the record says."""
+    series = record.series()
+    done_vals = [float(f["val"]) for f in record.done.values()
+                 if f.get("val", "nan") != "nan"]
+    vals = [s[3] for s in series if not math.isnan(s[3])]
+    final = sum(done_vals) / len(done_vals) if done_vals else vals[-1] if vals else None
+    done_outer = [int(f["outer"]) for f in record.done.values() if f.get("outer", "").isdigit()]
+    return {**run,
+            "outer_steps": max([*done_outer, *(s[0] for s in series)], default=0),
+            "inner_steps": max((s[1] for s in series), default=0),
+            "final_val_loss": final,
+            "bytes_sent_per_peer": round(series[-1][4]) if series else 0,
+            "digests_agree": not record.disagreeing() if record.digests else None}
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The summary as aligned ``name  value`` lines."""
+    def show(v: Any) -> str:
+        if isinstance(v, bool):
+            return "yes" if v else "NO"
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    rows = [(k.replace("_", " "), show(v)) for k, v in summary.items()]
+    if summary.get("churn"):
+        rows = [(k, f"SIGKILL every {v} s" if k == "churn" else v) for k, v in rows]
+    rows = [(k, f"{v} ({int(v) / 2**20:.2f} MiB)" if k.startswith("bytes") else v)
+            for k, v in rows]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

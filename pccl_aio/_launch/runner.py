@@ -1,0 +1,395 @@
+"""The processes of a launched run: a master, the peers, churn, progress and the verdict."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import math
+import os
+import random
+import re
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .._net.credentials import SECRET_ENV, SECRET_FILE_ENV
+from .record import Record, parse
+
+_LISTENING = re.compile(r"listening on \S+:(\d+)")
+_END_OF_CHURN = 0.75  # no kill after this fraction of the run's outer steps (when known)
+_GRACE = 5.0  # s a stopped process has between SIGTERM and SIGKILL
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Config:
+    """The launcher's command line."""
+
+    example: Path
+    peers: int
+    churn: float | None
+    out: Path
+    seed: int
+    timeout: float | None
+    peer_args: list[str]
+
+
+@dataclass(eq=False)
+class Child:
+    """One process of the run; its group id is its pid (a new session), so that a signal
+    reaches whatever it started too."""
+
+    name: str
+    seed: int | None  # None: the master
+    proc: asyncio.subprocess.Process
+    out: IO[str] | None = None  # copy of its stdout
+    err_path: Path | None = None
+    replacement: bool = False
+    peer: str = ""  # its peer id, once it joined
+    stepped: bool = False  # printed a step line: it holds the run's state
+    done: bool = False
+    killed: bool = False  # SIGKILLed by churn
+    stopped: bool = False  # stopped by the launcher (a replacement that came too late)
+    code: int | None = None  # exit status once its exit was handled
+
+    def signal(self, sig: int) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        if self.err_path is None or not self.err_path.exists():
+            return ""
+        text = self.err_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join("    " + t for t in text[-lines:])
+
+
+def _log(path: Path) -> IO[str]:
+    """A log file of this machine, opened for writing (quick enough for the event loop)."""
+    return open(path, "w", encoding="utf-8")
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec function that has Linux SIGKILL the child when the launcher dies, even by
+    SIGKILL (no orphans); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    return preexec
+
+
+def _inner_steps(peer_args: list[str]) -> int | None:
+    """The run's ``--inner-steps`` if given after ``--`` (the example's default is unknown)."""
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    ap.add_argument("--inner-steps", type=int)
+    try:
+        value: int | None = ap.parse_known_args(peer_args)[0].inner_steps
+    except SystemExit:
+        return None
+    return value
+
+
+class Launcher:
+    """Runs the example's peers against a fresh master until they finish; ``run()`` returns
+    the failure (None: success). Every child is killed when it returns or raises."""
+
+    def __init__(self, cfg: Config, record: Record, bar: Any) -> None:
+        self.cfg, self.record, self.bar = cfg, record, bar
+        self.rng = random.Random(cfg.seed)
+        self.secret = secrets.token_hex(16)
+        self.queue: asyncio.Queue[tuple[Child | None, str, str | None]] = asyncio.Queue()
+        self.children: list[Child] = []
+        self.master: Child | None = None
+        self.address = ""
+        self.tasks: list[asyncio.Task[None]] = []
+        self.t0 = time.monotonic()
+        self.next_seed = cfg.seed
+        self.kills = self.joins = self.late = 0
+        self.outer = self.inner = self.world = 0
+        self.val = math.nan
+        self.total: int | None = None
+        self.inner_budget = _inner_steps(cfg.peer_args)
+        self.ending = False  # a peer printed done: no more kills, late replacements stop
+        self.interrupted: int | None = None  # the signal that ended the run
+        self.said: tuple[str, str, int] = ("", "", 0)  # the last group event shown
+        self.preexec = _die_with_parent()
+        root = str(Path(__file__).resolve().parents[2])  # the pccl_aio the launcher runs
+        path = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)
+        self.env = {k: v for k, v in os.environ.items() if k != SECRET_FILE_ENV}
+        self.env.update({SECRET_ENV: self.secret, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def say(self, text: str) -> None:
+        self.bar.write(f"[{self.now():7.2f}s] {text}", file=sys.stderr)
+
+    def progress(self) -> None:
+        digests = "DIFFER" if self.record.disagreeing() else "agree"
+        val = "-" if math.isnan(self.val) else f"{self.val:.4f}"
+        self.bar.set_postfix_str(f"world={self.world} val={val} kills={self.kills} "
+                                 f"joins={self.joins} digests={digests}")
+
+    # --- processes -------------------------------------------------------------------------
+
+    async def _spawn(self, *args: str, stdout: int, stderr: int | IO[str]
+                     ) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, *args, stdin=asyncio.subprocess.DEVNULL, stdout=stdout,
+            stderr=stderr, env=self.env, start_new_session=True, preexec_fn=self.preexec)
+
+    async def start_master(self) -> None:
+        """``python -m pccl_aio.master`` on a port the OS picks; its log says which."""
+        log_path = self.cfg.out / "logs" / "master.log"
+        proc = await self._spawn("-m", "pccl_aio.master", "--host", "127.0.0.1", "--port", "0",
+                                 "--log-level", "INFO", stdout=asyncio.subprocess.DEVNULL,
+                                 stderr=asyncio.subprocess.PIPE)
+        self.master = Child("master", None, proc, err_path=log_path)
+        self.record.row(self.now(), "start", None, {}, f"master pid={proc.pid}")
+        log = _log(log_path)  # closed by its pump
+        assert proc.stderr is not None
+        while not self.address:
+            try:
+                raw = await asyncio.wait_for(proc.stderr.readline(), 30)
+            except TimeoutError:
+                raw = b""
+            if not raw:
+                log.close()
+                raise RuntimeError(f"the master did not start (its log: {log_path}):\n"
+                                   f"{self.master.stderr_tail()}")
+            log.write(raw.decode(errors="replace"))
+            log.flush()
+            if m := _LISTENING.search(raw.decode(errors="replace")):
+                self.address = f"127.0.0.1:{m.group(1)}"
+        self.tasks.append(asyncio.ensure_future(self._pump(self.master, proc.stderr, log)))
+
+    async def start_peer(self, replacement: bool) -> Child:
+        """A peer with the next seed; replacements need only one other peer to start."""
+        seed, self.next_seed = self.next_seed, self.next_seed + 1
+        logs = self.cfg.out / "logs"
+        err_path = logs / f"seed{seed}.err"
+        with _log(err_path) as err:
+            proc = await self._spawn(
+                str(self.cfg.example), "--master", self.address, "--seed", str(seed),
+                "--min-peers", str(2 if replacement else self.cfg.peers), *self.cfg.peer_args,
+                stdout=asyncio.subprocess.PIPE, stderr=err)
+        out = _log(logs / f"seed{seed}.out")  # closed by its pump
+        child = Child(f"seed {seed}", seed, proc, out, err_path, replacement)
+        self.children.append(child)
+        self.record.row(self.now(), "start", seed, {"outer": str(self.outer),
+                                                    "inner": str(self.inner)},
+                        f"pid={proc.pid}" + (" replacement" if replacement else ""))
+        assert proc.stdout is not None
+        self.tasks.append(asyncio.ensure_future(self._pump(child, proc.stdout, out)))
+        return child
+
+    async def _pump(self, child: Child, stream: asyncio.StreamReader, copy: IO[str]) -> None:
+        """Forward ``child``'s lines to the queue, then its exit (after its last line)."""
+        try:
+            async for raw in stream:
+                text = raw.decode(errors="replace")
+                copy.write(text)
+                copy.flush()
+                if child.seed is not None:
+                    await self.queue.put((child, "line", text))
+        finally:
+            copy.close()
+        await child.proc.wait()
+        await self.queue.put((child, "exit", None))
+
+    # --- the run ---------------------------------------------------------------------------
+
+    async def run(self) -> str | None:
+        """Start everything and follow the run to its end; the failure, or None."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.queue.put_nowait, (None, "signal", sig.name))
+        try:
+            (self.cfg.out / "logs").mkdir(parents=True, exist_ok=True)
+            try:
+                await self.start_master()
+            except RuntimeError as exc:
+                return str(exc)
+            self.say(f"master on {self.address}; starting {self.cfg.peers} peers of "
+                     f"{self.cfg.example}")
+            for _ in range(self.cfg.peers):
+                await self.start_peer(replacement=False)
+            return await self._follow()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await self.close()
+
+    async def _follow(self) -> str | None:
+        deadline = None if self.cfg.timeout is None else self.t0 + self.cfg.timeout
+        churn_at: float | None = None  # when the next kill is due
+        due = False  # a kill is due, waiting for the group to be whole again
+        while any(c.code is None for c in self.children):
+            wake = min((t for t in (deadline, churn_at) if t is not None), default=None)
+            try:
+                timeout = None if wake is None else max(0.0, wake - time.monotonic())
+                child, what, text = await asyncio.wait_for(self.queue.get(), timeout)
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return f"timeout: the run did not finish within {self.cfg.timeout:g} s"
+                child, what, text = None, "tick", None
+            if what == "signal":
+                self.interrupted = getattr(signal, str(text))
+                return f"interrupted by {text}"
+            failure = self._handle(child, what, text)
+            if failure:
+                return failure
+            if self.cfg.churn and self.outer and churn_at is None and not due:
+                churn_at = time.monotonic() + self.cfg.churn  # the clock starts at step 1
+            if churn_at is not None and time.monotonic() >= churn_at:
+                churn_at, due = None, True
+            if due and self._may_kill():
+                await self._kill_one()
+                due = False
+            if self.ending:
+                self._stop_latecomers()
+        return self._verdict()
+
+    def _handle(self, child: Child | None, what: str, text: str | None) -> str | None:
+        if child is None:
+            return None
+        if child is self.master:
+            return f"the master exited with status {child.proc.returncode}:\n" \
+                   f"{child.stderr_tail()}"
+        if what == "exit":
+            return self._exited(child)
+        parsed = parse(text or "")
+        if parsed is None:
+            return None
+        kind, fields = parsed
+        assert child.seed is not None
+        step = self.record.line(self.now(), child.seed, kind, fields)
+        if kind == "joined":
+            child.peer = fields.get("peer", "?")
+        elif kind == "done":
+            child.done = self.ending = True
+        elif kind in ("step", "done") and step is None:
+            self.say(f"{child.name}: malformed {kind} line: {(text or '').strip()}")
+        elif step is not None:
+            if child.replacement and not child.stepped:
+                self.joins += 1
+                self.record.marks.append(("join", step.inner))
+                self.say(f"{child.name} (peer {child.peer}) joined the run at outer step "
+                         f"{step.outer}")
+            child.stepped = True
+            self._advance(step.outer, step.inner, step.world, step.val)
+            self.progress()
+        elif kind in ("lost", "left", "failed", "admitted"):
+            said = (kind, fields.get("world", ""), self.outer)  # the group's peers say it all
+            if said != self.said:
+                self.said = said
+                self.say(f"{child.name}: {(text or '').strip()}")
+        return None
+
+    def _advance(self, outer: int, inner: int, world: int, val: float) -> None:
+        if self.total is None and self.inner_budget and outer and inner:
+            self.total = math.ceil(self.inner_budget / (inner / outer))
+            self.bar.reset(total=self.total)
+        if outer > self.outer:
+            self.bar.update(outer - self.outer)
+            self.outer, self.inner, self.world = outer, inner, world
+        if outer == self.outer and not math.isnan(val):
+            self.val = val
+
+    def _exited(self, child: Child) -> str | None:
+        child.code = code = child.proc.returncode
+        assert child.seed is not None and code is not None
+        self.record.row(self.now(), "exit", child.seed, {"peer": child.peer},
+                        f"status={code}" + (" killed" if child.killed else "")
+                        + (" stopped" if child.stopped else ""))
+        if child.killed or child.stopped or (code == 0 and child.done):
+            return None
+        if self.ending and not child.stepped:
+            self.late += 1
+            self.say(f"{child.name} exited with status {code}: it came after the run's end")
+            return None
+        why = "without printing done" if code == 0 else f"with status {code}"
+        return (f"{child.name} exited {why} before the end of the run (stderr: "
+                f"{child.err_path}); its last lines:\n{child.stderr_tail()}")
+
+    def _active(self) -> list[Child]:
+        """Peers that hold the run's state and are still training."""
+        return [c for c in self.children
+                if c.code is None and c.stepped and not (c.done or c.killed or c.stopped)]
+
+    def _may_kill(self) -> bool:
+        """One peer down at a time (every replacement took part before the next kill), never
+        after a peer finished, nor in the last quarter of the run's outer steps."""
+        late = self.total is not None and self.outer >= _END_OF_CHURN * self.total
+        return not self.ending and not late and len(self._active()) >= self.cfg.peers
+
+    async def _kill_one(self) -> None:
+        victim = self.rng.choice(self._active())
+        victim.killed = True
+        victim.signal(signal.SIGKILL)
+        self.kills += 1
+        self.record.marks.append(("kill", self.inner))
+        assert victim.seed is not None
+        self.record.row(self.now(), "kill", victim.seed,
+                        {"peer": victim.peer, "outer": str(self.outer), "inner": str(self.inner)},
+                        "SIGKILL")
+        child = await self.start_peer(replacement=True)
+        self.say(f"SIGKILLed {victim.name} (peer {victim.peer}) after outer step {self.outer}; "
+                 f"started {child.name}")
+        self.progress()
+
+    def _stop_latecomers(self) -> None:
+        """Once every peer that held the state has ended, a replacement still waiting for
+        company came too late: stop it (SIGTERM, SIGKILL after a grace period)."""
+        if any(c.code is None and (c.stepped or c.done) and not c.killed for c in self.children):
+            return
+        loop = asyncio.get_running_loop()
+        for c in self.children:
+            if c.code is None and not c.stopped:
+                c.stopped = True
+                self.late += 1
+                self.say(f"stopping {c.name}: it started too late to join the run")
+                c.signal(signal.SIGTERM)
+                loop.call_later(_GRACE, c.signal, signal.SIGKILL)
+
+    def _verdict(self) -> str | None:
+        bad = self.record.disagreeing()
+        if bad:
+            return f"the digests of the peers differ at outer steps {bad}"
+        if self.record.malformed:
+            return f"{len(self.record.malformed)} malformed protocol lines, e.g. " \
+                   f"{self.record.malformed[0]}"
+        if not self.record.done:
+            return "no peer finished the run (no done line)"
+        return None
+
+    async def close(self) -> None:
+        """Kill every child still running (their process groups), then the master."""
+        for c in self.children:
+            c.signal(signal.SIGKILL)
+        if self.master is not None:
+            self.master.signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.master.proc.wait(), _GRACE)
+            except TimeoutError:
+                self.master.signal(signal.SIGKILL)
+        everyone = [*self.children, *([self.master] if self.master else [])]
+        await asyncio.gather(*(c.proc.wait() for c in everyone))
+        for c in self.children:
+            if c.code is None:  # its exit was not handled: killed here
+                c.code = c.proc.returncode
+                self.record.row(self.now(), "exit", c.seed, {"peer": c.peer},
+                                f"status={c.code} killed-by-launcher")
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -1,0 +1,119 @@
+"""Launch a training example on this machine: ``python -m pccl_aio.launch``.
+
+    python -m pccl_aio.launch EXAMPLE.py --peers N [--churn SECONDS] [--out DIR] [--seed S]
+                              [--timeout SECONDS] [-- ARGUMENTS FOR EVERY PEER]
+
+    python -m pccl_aio.launch examples/diloco.py --peers 4 --churn 20 -- --inner-steps 2000
+    python -m pccl_aio.launch examples/ddp.py --peers 2 --out /tmp/ddp -- --tiny
+
+Starts ``python -m pccl_aio.master`` on a free port of 127.0.0.1 with a fresh run secret, then
+N peers ``python EXAMPLE --master HOST:PORT --seed i --min-peers N ARGUMENTS`` (seeds S, S+1,
+...). With ``--churn SECONDS``, every SECONDS a random peer is SIGKILLed and a replacement with
+the next seed starts (``--min-peers 2``); it joins mid-run and receives the shared state. One
+peer is down at a time (the next kill waits until the replacement took part in a step), and
+churn stops in the last quarter of the run's outer steps (known when ``--inner-steps`` is given)
+and once a peer printed ``done``; a replacement that could not join before the end is stopped.
+
+A progress bar on stderr shows the outer step, world size, latest validation loss, kills and
+joins, and whether the peers' digests agree. DIR (default ``runs/<example stem>``) gets
+``<stem>.csv`` (every protocol line of every peer and the launcher's start/kill/exit events),
+``<stem>.png`` (validation loss against inner steps and against bytes sent per peer),
+``<stem>.json`` (the summary, also printed as a table) and ``logs/`` (each process's output).
+
+The exit status is 0 when the run finished, every peer that was not killed exited 0 and every
+outer step had one digest across the peers; 1 otherwise (a peer failed, digests differ,
+``--timeout`` passed), with the reason on stderr; 128+n on signal n. Every child is killed
+whenever the launcher ends, even by SIGKILL (Linux). Needs ``pip install 'pccl_aio[launch]'``
+(matplotlib, tqdm). The examples speak a line protocol: README, "Examples".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ._launch.record import Record
+from ._launch.report import plot, summary, table
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pccl_aio.launch", description=__doc__.split("\n\n")[0],
+        usage="%(prog)s EXAMPLE.py --peers N [options] [-- ARGUMENTS FOR EVERY PEER]")
+    p.add_argument("example", type=Path, help="the example script, e.g. examples/diloco.py")
+    p.add_argument("--peers", type=int, required=True, help="peers of the run")
+    p.add_argument("--churn", type=_positive, metavar="SECONDS",
+                   help="SIGKILL a random peer every SECONDS and start a replacement")
+    p.add_argument("--out", type=Path, metavar="DIR", help="default: runs/<example stem>")
+    p.add_argument("--seed", type=int, default=0, help="first peer seed; also picks the victims")
+    p.add_argument("--timeout", type=_positive, metavar="SECONDS",
+                   help="fail if the run has not finished after SECONDS")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; the exit status of the run (see the module docstring)."""
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    p = _parser()
+    args = p.parse_args(argv[:cut])
+    if not args.example.is_file():
+        p.error(f"no such example: {args.example}")
+    if args.peers < (2 if args.churn else 1):
+        p.error("--peers must be at least 2 with --churn (at least 1 without)")
+    try:
+        import tqdm
+    except ImportError:
+        p.error("the launcher needs matplotlib and tqdm: pip install 'pccl_aio[launch]'")
+    import asyncio
+
+    from ._launch.runner import Config, Launcher
+
+    stem = args.example.stem
+    out: Path = args.out or Path("runs") / stem
+    cfg = Config(args.example, args.peers, args.churn, out, args.seed, args.timeout,
+                 argv[cut + 1:])
+    record = Record(out / f"{stem}.csv")
+    tqdm.tqdm.monitor_interval = 0  # no monitor thread: children are forked
+    bar = tqdm.tqdm(desc=stem, unit="outer", file=sys.stderr, dynamic_ncols=True)
+    launcher = Launcher(cfg, record, bar)
+    started = time.monotonic()
+    try:
+        failure = asyncio.run(launcher.run())
+    finally:
+        bar.close()
+        record.close()
+    wall = time.monotonic() - started
+    paths = {kind: out / f"{stem}.{kind}" for kind in ("csv", "png", "json")}
+    churn = f"{args.churn:g} s" if args.churn else None
+    title = f"{stem}: {args.peers} peers" + (f", SIGKILL every {churn}, {launcher.kills} "
+                                              f"kills / {launcher.joins} joins" if churn else "")
+    drawn = plot(record, paths["png"], title)
+    info = summary(record, example=str(args.example), peers=args.peers, churn=args.churn,
+                   seed=args.seed, kills=launcher.kills, joins=launcher.joins,
+                   late_replacements=launcher.late)
+    info.update(wall_seconds=round(wall, 2), ok=failure is None, failure=failure)
+    paths["json"].write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    print(table({**info, "failure": None if failure is None else failure.splitlines()[0],
+                 "output": f"{out}/{stem}.{{csv,{'png,' if drawn else ''}json}}"}), flush=True)
+    if failure is not None:
+        print(f"pccl_aio.launch: FAILED: {failure}", file=sys.stderr, flush=True)
+        return 128 + launcher.interrupted if launcher.interrupted else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

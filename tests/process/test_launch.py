@@ -1,0 +1,172 @@
+"""``python -m pccl_aio.launch`` as a real process: a torch DiLoCo run with SIGKILL churn, a
+failing example, SIGTERM, and the bytes-per-peer arithmetic of its plot.
+
+The churn run checks what the launcher writes (CSV rows, PNG, JSON summary), that every outer
+step had one digest across the peers, that at least one peer was SIGKILLed and a replacement
+joined and trained, and that no child process outlives the launcher."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import math
+import os
+import struct
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from pccl_aio._launch.record import Record, parse
+from tests.process.procs import HERE
+
+ROOT = HERE.parent.parent
+DILOCO = str(ROOT / "examples" / "diloco.py")
+
+
+async def _launch(*args: str, timeout: float = 150) -> tuple[int, str, str]:
+    """Run the launcher to its end; (exit status, stdout, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pccl_aio.launch", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env, cwd=str(ROOT))
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()  # its children die with it (PR_SET_PDEATHSIG)
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _running(rows: list[dict[str, str]]) -> list[str]:
+    """The processes of the CSV's start rows that still run (by pid and command line)."""
+    alive = []
+    for r in rows:
+        if r["kind"] != "start":
+            continue
+        pid = r["detail"].split("pid=")[1].split()[0]
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        if "pccl_aio.master" in cmd or "diloco.py" in cmd:
+            alive.append(f"{pid}: {cmd}")
+    return alive
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", data[:16]
+    assert len(data) > 20_000, len(data)  # two panels of curves, not an empty canvas
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+async def test_launch_diloco_with_churn_writes_csv_png_and_json(tmp_path):
+    status, out, err = await _launch(
+        DILOCO, "--peers", "3", "--churn", "1", "--out", str(tmp_path), "--seed", "10",
+        "--timeout", "120", "--", "--tiny", "--inner-steps", "2000", "--inner", "20",
+        "--eval-every", "4")
+    assert status == 0, f"{out}\n{err[-4000:]}"
+    rows = _rows(tmp_path / "diloco.csv")
+    assert not _running(rows)
+    steps = [r for r in rows if r["kind"] == "step"]
+    by_outer: dict[int, set[str]] = defaultdict(set)
+    for r in steps:
+        by_outer[int(r["outer"])].add(r["digest"])
+    assert all(len(d) == 1 for d in by_outer.values()), by_outer
+    last = max(by_outer)
+    assert sorted(by_outer) == list(range(1, last + 1))
+    kills = [r for r in rows if r["kind"] == "kill"]
+    replacements = {r["seed"] for r in rows if r["kind"] == "start" and "replacement" in r["detail"]}
+    assert kills and replacements, [r for r in rows if r["kind"] != "step"]
+    assert {r["seed"] for r in kills} <= {r["seed"] for r in steps}  # victims had trained
+    first = {s: min(int(r["outer"]) for r in steps if r["seed"] == s)
+             for s in replacements if any(r["seed"] == s for r in steps)}
+    assert first and all(k > 1 for k in first.values()), first  # joined mid-run and trained
+    killed = {r["seed"] for r in kills}
+    exits = {r["seed"]: r["detail"] for r in rows if r["kind"] == "exit"}
+    done = {r["seed"] for r in rows if r["kind"] == "done"}
+    assert done and all(exits[s].startswith("status=0") for s in done), exits
+    assert all("status=-9" in exits[s] for s in killed), exits
+    assert all(r["digest"] in by_outer[int(r["outer"])] for r in rows if r["kind"] == "done")
+
+    summary = json.loads((tmp_path / "diloco.json").read_text())
+    assert summary["ok"] is True and summary["failure"] is None
+    assert summary["kills"] == len(kills) >= 1 and summary["joins"] >= 1
+    assert summary["digests_agree"] is True and summary["peers"] == 3
+    assert summary["outer_steps"] == last and summary["inner_steps"] == 2000
+    first_val = next(float(r["val"]) for r in steps if r["val"] != "nan")
+    assert summary["final_val_loss"] < first_val - 0.3  # it trained through the churn
+    assert summary["bytes_sent_per_peer"] > 0
+    assert summary["wall_seconds"] > 0
+    assert _png_size(tmp_path / "diloco.png") == (1200, 460)
+    assert "digests agree" in out and "kills" in out  # the table
+
+
+async def test_a_failing_example_fails_the_launch_fast_and_leaves_no_child(tmp_path):
+    began = time.monotonic()
+    status, out, err = await _launch(
+        DILOCO, "--peers", "2", "--out", str(tmp_path), "--timeout", "60",
+        "--", "--tiny", "--no-such-option", timeout=60)
+    assert status == 1, (out, err[-3000:])
+    assert time.monotonic() - began < 30
+    assert "FAILED" in err and "no-such-option" in err, err[-3000:]
+    rows = _rows(tmp_path / "diloco.csv")
+    assert sum(r["kind"] == "start" for r in rows) == 3  # the master and two peers
+    assert not _running(rows)
+    summary = json.loads((tmp_path / "diloco.json").read_text())
+    assert summary["ok"] is False and "exited with status 2" in summary["failure"]
+
+
+async def test_sigterm_stops_the_launcher_and_every_child(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pccl_aio.launch", DILOCO, "--peers", "3", "--out",
+        str(tmp_path), "--", "--tiny", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env, cwd=str(ROOT))
+    try:
+        assert proc.stderr is not None
+        while b"master on" not in await asyncio.wait_for(proc.stderr.readline(), 30):
+            pass  # the master runs and the peers are being started
+        proc.terminate()
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 128 + 15, (out, err)
+    assert b"interrupted by SIGTERM" in err
+    rows = _rows(tmp_path / "diloco.csv")
+    assert sum(r["kind"] == "start" for r in rows) >= 2
+    assert not _running(rows)
+
+
+def test_bytes_per_peer_count_increments_not_cumulative_totals(tmp_path):
+    """A joiner's counter starts at 0: its first step adds what it sent, not minus the others."""
+    rec = Record(tmp_path / "r.csv")
+
+    def step(seed: int, outer: int, sent: int, val: str = "nan") -> None:
+        kind, fields = parse(f"step peer={seed} outer={outer} inner={10 * outer} world=2 "
+                             f"loss=1.0 val={val} sent={sent} digest=ab time=0.1") or ("", {})
+        assert rec.line(0.0, seed, kind, fields) is not None
+
+    step(1, 1, 100)
+    step(2, 1, 100)
+    step(1, 2, 200, "2.5")
+    step(3, 2, 40, "2.5")  # a joiner: 40 bytes this step, its counter started at 0
+    rec.close()
+    series = rec.series()
+    assert [(s[0], s[1], s[4]) for s in series] == [(1, 10, 100.0), (2, 20, 170.0)]
+    assert math.isnan(series[0][3]) and series[1][3] == 2.5
+    assert parse("lost peer=3 error='peer 4 gone' retrying=1") == (
+        "lost", {"peer": "3", "error": "'peer 4 gone'", "retrying": "1"})
+    assert parse("running 300 outer steps") is None
