@@ -213,6 +213,7 @@ class Lines:
         self.started = time.monotonic()
         self.sent = 0  # ReduceInfo.tx_bytes + SyncInfo.tx_bytes
         self.peer_id = -1
+        self.world = 0  # the group size at the last step
 
     def log(self, kind: str, **fields: object) -> None:
         print(" ".join([kind, f"peer={self.peer_id}", *(f"{k}={v}" for k, v in fields.items())]),
@@ -227,6 +228,21 @@ class Lines:
     def done(self, outer: int, inner: int, val: float, digest: str) -> None:
         self.log("done", outer=outer, inner=inner, val=f"{val:.4f}", digest=digest)
 
+    def lost(self, outer: int, world: int) -> None:
+        """A ``lost`` line: peers were lost during outer step ``outer``'s collectives."""
+        self.log("lost", outer=outer, world=f"{self.world}->{world}")
+        self.world = world
+
+    def reduced(self, infos: Iterable[pccl.ReduceInfo], outer: int) -> int:
+        """Count what the collectives of outer step ``outer`` sent; their world size (a
+        ``lost`` line if it is smaller than the group's at the last step)."""
+        infos = list(infos)
+        self.sent += sum(i.tx_bytes for i in infos)
+        world = min(i.world_size for i in infos)
+        if world < self.world:
+            self.lost(outer, world)
+        return world
+
 
 class Peer(Lines):
     """A peer of the run on the blocking facade (``with Peer(args) as peer``): ``connect``,
@@ -238,7 +254,6 @@ class Peer(Lines):
         self.args = args
         self.comm = blocking.Communicator(args.master,
                                           secret=pccl.load_secret(args.secret_file) or b"")
-        self.world = 0  # the group size at the last step
         self.first = True  # the first sync of this peer (a joiner's too) skips the vote
 
     def __enter__(self) -> Peer:
@@ -292,13 +307,3 @@ class Peer(Lines):
             self.log("left", world=f"{self.world}->{self.comm.peer_group_world_size}")
         self.world = self.comm.peer_group_world_size
 
-    def reduced(self, infos: Iterable[pccl.ReduceInfo], outer: int) -> int:
-        """Count what the collectives of outer step ``outer`` sent; their world size (a
-        ``lost`` line when peers were lost during them)."""
-        infos = list(infos)
-        self.sent += sum(i.tx_bytes for i in infos)
-        world = min(i.world_size for i in infos)
-        if world < self.world:
-            self.log("lost", outer=outer, world=f"{self.world}->{world}")
-        self.world = world
-        return world

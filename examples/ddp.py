@@ -34,9 +34,7 @@ def main(args: argparse.Namespace) -> int:
     model = charlm.GPT(cfg)
     params = list(model.parameters())  # the tied head weight once
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-    for p in params:  # gradients allocated once: the buckets copy from and back into them
-        p.grad = torch.zeros_like(p)
-    buckets = pccl.Buckets([p.grad for p in params])
+    buckets = pccl.Buckets.grads_of(model)  # flat buffers made once, like DDP's buckets
     step = torch.zeros(1, dtype=torch.int64)  # steps taken by the run
     state = pccl.SharedState.from_module(model, opt, extra={"step": step})
     last, val_loss = args.inner_steps, math.nan
@@ -47,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
             k = int(step) + 1  # the step this one makes
             if k > last:
                 break
-            opt.zero_grad(set_to_none=False)
+            opt.zero_grad()
             loss = model(*charlm.batch(train, cfg, args.seed, k))
             loss.backward()
             try:

@@ -1,7 +1,7 @@
 """The torch examples (examples/ddp.py, diloco.py, diloco_asyncio.py) as real processes on
-the tiny model: three peers, one SIGKILLed mid-run and a joiner; the digests of the shared
-model agree step by step and the run ends with one model on every peer
-(``tests/process/example_runs.py`` checks the line protocol)."""
+the tiny model: three peers, the third SIGKILLed mid-run, then a joiner; the digests of the
+shared model agree step by step and the run ends with one model on every peer
+(``tests/process/example_runs.py`` runs them and checks the line protocol)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,28 @@ import pytest
 
 from tests.process.example_runs import run_example
 
+DILOCO = ("--tiny", "--inner", "5", "--inner-steps", "1000")  # 200 outer steps
+
 
 @pytest.mark.timeout(90)
 async def test_ddp_survives_a_sigkill_and_a_joiner(procs, master_proc):
     _, addr = master_proc
     peers = await run_example(procs, addr, "ddp.py", "--tiny", "--inner-steps", "400",
                               "--eval-every", "50", kill_after=5, join=True)
-    joiner = peers[-1]
-    assert len(joiner.steps) >= 5, joiner.steps
+    assert peers[0].done is not None and peers[0].done["outer"] == "400"
+    assert len(peers[-1].steps) >= 5, peers[-1].steps  # the joiner took part
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("script", "extra"), [
+    ("diloco.py", ()), ("diloco.py", ("--quant", "uint8")), ("diloco_asyncio.py", ())],
+    ids=["diloco", "diloco-uint8", "diloco-asyncio"])
+async def test_diloco_survives_a_sigkill_and_a_joiner(procs, master_proc, script, extra):
+    _, addr = master_proc
+    peers = await run_example(procs, addr, script, *DILOCO, "--eval-every", "20", *extra,
+                              kill_after=3, join=True)
+    done = peers[0].done
+    assert done is not None and done["outer"] == "200" and done["inner"] == "1000", done
+    assert len(peers[-1].steps) >= 5, peers[-1].steps
+    sent = [int(f["sent"]) for f in peers[0].lines if f["kind"] == "step"]
+    assert sent == sorted(sent) and sent[0] > 0, sent

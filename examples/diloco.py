@@ -1,0 +1,147 @@
+"""DiLoCo on the small GPT of ``charlm.py`` with the blocking API.
+
+    python -m pccl_aio.master --port 48148 &
+    python examples/diloco.py --seed 1 &
+    python examples/diloco.py --seed 2 &
+    python examples/diloco.py --seed 3  # join or kill -9 any time
+
+One outer step: ``--inner`` (H) AdamW steps of a local copy of the global model on this
+peer's batches (``--seed``), the pseudo-gradient ``global - local`` averaged over the group
+(one flat buffer, ``restore_on_abort=False``: after a lost peer it is recomputed and the
+survivors retry; ``--quant uint8`` sends it quantized), then an outer SGD step with Nesterov
+momentum (lr 0.7, momentum 0.9, as in the DiLoCo paper) on the global model, whose ``.grad``
+is the averaged pseudo-gradient. The run makes ``--inner-steps / H`` outer steps.
+
+The global model, the outer momentum and the step count are the shared state (``SharedState.
+from_module``), synced before every outer step: a joiner receives them there and continues
+from the run's step; the inner AdamW state stays local (a joiner starts it fresh). Lines as
+in ``charlm.py``; the digest is the global model's. ``diloco_asyncio.py`` is the same run
+written with the async API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import charlm
+import torch
+
+import pccl_aio as pccl
+
+
+class DiLoCo:
+    """The global model (shared) with its outer optimizer, and this peer's inner copy."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.cfg, self.train, self.val = charlm.setup(args)
+        self.model, self.local = charlm.GPT(self.cfg), charlm.GPT(self.cfg)
+        self.params, self.local_params = list(self.model.parameters()), list(
+            self.local.parameters())
+        self.outer = torch.optim.SGD(self.params, lr=args.outer_lr, momentum=args.momentum,
+                                     nesterov=True)
+        self.inner = torch.optim.AdamW(self.local_params, lr=args.lr,
+                                       weight_decay=args.weight_decay)
+        # the global model's .grad are views of one flat buffer: one all-reduce per step
+        self.flat = torch.zeros(sum(p.numel() for p in self.params))
+        at = 0
+        for p in self.params:
+            p.grad, at = self.flat[at:at + p.numel()].view_as(p), at + p.numel()
+        self.count = torch.zeros(1, dtype=torch.int64)  # outer steps taken by the run
+        self.state = pccl.SharedState.from_module(self.model, self.outer,
+                                                  extra={"step": self.count})
+        self.quant = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype=args.quant) \
+            if args.quant != "none" else None
+        self.last = math.ceil(args.inner_steps / args.inner)  # outer steps of the run
+        self.val_loss = math.nan
+
+    def inner_steps(self, k: int) -> int:
+        """The run's inner steps after outer step ``k``."""
+        return min(k * int(self.args.inner), int(self.args.inner_steps))
+
+    def inner_phase(self, k: int) -> float:
+        """Outer step ``k``'s local training from the global model; the mean train loss."""
+        with torch.no_grad():
+            for pl, pg in zip(self.local_params, self.params):
+                pl.copy_(pg)
+        first = self.inner_steps(k - 1)
+        total = 0.0
+        for i in range(first + 1, self.inner_steps(k) + 1):
+            self.inner.zero_grad()
+            loss = self.local(*charlm.batch(self.train, self.cfg, self.args.seed, i))
+            loss.backward()
+            self.inner.step()
+            total += float(loss.detach())
+        return total / (self.inner_steps(k) - first)
+
+    @torch.no_grad()
+    def pseudo_gradient(self) -> None:
+        """``global - local`` into the flat buffer (the global model's ``.grad``)."""
+        for pg, pl in zip(self.params, self.local_params):
+            torch.sub(pg, pl, out=pg.grad)
+
+    def outer_step(self, peer: charlm.Lines, k: int, world: int, loss: float) -> None:
+        """The outer step on the averaged pseudo-gradient, and its ``step`` line."""
+        self.outer.step()  # never zero_grad: the .grad views stay
+        self.count += 1
+        self.val_loss = charlm.evaluate(self.model, self.val, self.cfg) \
+            if charlm.evaluate_at(self.args, k, self.last) else math.nan
+        peer.step(k, self.inner_steps(k), world, loss, self.val_loss, self.digest())
+
+    def digest(self) -> str:
+        return charlm.digest(self.params)
+
+    def finish(self, peer: charlm.Lines) -> None:
+        if math.isnan(self.val_loss):  # took no step
+            self.val_loss = charlm.evaluate(self.model, self.val, self.cfg)
+        n = int(self.count)
+        peer.done(n, self.inner_steps(n), self.val_loss, self.digest())
+
+
+def average(peer: charlm.Peer, run: DiLoCo, k: int) -> int:
+    """Average the pseudo-gradient over the group; the world size it took. A lost peer
+    aborts the attempt for everyone: the survivors recompute theirs and retry together."""
+    while True:
+        run.pseudo_gradient()
+        try:
+            info = peer.comm.all_reduce(run.flat, op=pccl.ReduceOp.AVG, quantization=run.quant,
+                                        restore_on_abort=False)
+        except pccl.TooFewPeersError:  # alone now (nothing was sent): our own
+            return 1
+        except pccl.PeerLostError:
+            peer.lost(k, peer.comm.peer_group_world_size)
+            continue
+        return peer.reduced([info], k)
+
+
+def main(args: argparse.Namespace) -> int:
+    run = DiLoCo(args)
+    with charlm.Peer(args) as peer:
+        peer.connect()
+        while int(run.count) < run.last:
+            peer.sync(run.state)  # a joiner receives the global model and the step here
+            k = int(run.count) + 1  # the outer step this one makes
+            if k > run.last:
+                break
+            loss = run.inner_phase(k)
+            run.outer_step(peer, k, average(peer, run, k), loss)
+        run.finish(peer)
+    return 0
+
+
+def parse(argv: list[str] | None = None, doc: str = __doc__) -> argparse.Namespace:
+    ap = charlm.parser(doc)
+    ap.add_argument("--inner", type=int, default=50, help="inner steps per outer step (H)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
+    ap.add_argument("--weight-decay", type=float, default=0.01, help="inner AdamW")
+    ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--momentum", type=float, default=0.9, help="outer Nesterov momentum")
+    ap.add_argument("--quant", choices=("none", "uint8", "uint16"), default="none",
+                    help="send the pseudo-gradient quantized (MIN_MAX)")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse()))
