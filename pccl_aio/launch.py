@@ -16,7 +16,8 @@ and once a peer printed ``done``; a replacement that could not join before the e
 
 A progress bar on stderr shows the outer step, world size, latest validation loss, kills and
 joins, and whether the peers' digests agree. DIR (default ``runs/<example stem>``) gets
-``<stem>.csv`` (every protocol line of every peer and the launcher's start/kill/exit events),
+``<stem>.csv`` (every protocol line of every peer and the launcher's start/kill/exit events;
+``time`` is seconds since the launch, ``seed`` names the process, ``peer`` its peer id),
 ``<stem>.png`` (validation loss against inner steps and against bytes sent per peer),
 ``<stem>.json`` (the summary, also printed as a table) and ``logs/`` (each process's output).
 
@@ -24,7 +25,8 @@ The exit status is 0 when the run finished, every peer that was not killed exite
 outer step had one digest across the peers; 1 otherwise (a peer failed, digests differ,
 ``--timeout`` passed), with the reason on stderr; 128+n on signal n. Every child is killed
 whenever the launcher ends, even by SIGKILL (Linux). Needs ``pip install 'pccl_aio[launch]'``
-(matplotlib, tqdm). The examples speak a line protocol: README, "Examples".
+(matplotlib, tqdm). An example is any script that takes those options and prints the line
+protocol of ``examples/charlm.py`` (``joined``, ``step``, ``done``, ... lines on stdout).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def _positive(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m pccl_aio.launch", description=__doc__.split("\n\n")[0],
+        prog="python -m pccl_aio.launch", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s EXAMPLE.py --peers N [options] [-- ARGUMENTS FOR EVERY PEER]")
     p.add_argument("example", type=Path, help="the example script, e.g. examples/diloco.py")
     p.add_argument("--peers", type=int, required=True, help="peers of the run")
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers < (2 if args.churn else 1):
         p.error("--peers must be at least 2 with --churn (at least 1 without)")
     try:
+        import matplotlib  # noqa: F401 - the plot at the end
         import tqdm
     except ImportError:
         p.error("the launcher needs matplotlib and tqdm: pip install 'pccl_aio[launch]'")

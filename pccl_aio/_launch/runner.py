@@ -226,9 +226,9 @@ class Launcher:
                 await self.start_peer(replacement=False)
             return await self._follow()
         finally:
+            await self.close()  # a signal meanwhile is queued and ignored
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            await self.close()
 
     async def _follow(self) -> str | None:
         deadline = None if self.cfg.timeout is None else self.t0 + self.cfg.timeout
@@ -278,7 +278,7 @@ class Launcher:
             child.peer = fields.get("peer", "?")
         elif kind == "done":
             child.done = self.ending = True
-        elif kind in ("step", "done") and step is None:
+        elif kind == "step" and step is None:
             self.say(f"{child.name}: malformed {kind} line: {(text or '').strip()}")
         elif step is not None:
             if child.replacement and not child.stepped:
