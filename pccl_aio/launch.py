@@ -19,7 +19,7 @@ joins, and whether the peers' digests agree. DIR (default ``runs/<example stem>`
 ``<stem>.csv`` (every protocol line of every peer and the launcher's start/kill/exit events;
 ``time`` is seconds since the launch, ``seed`` names the process, ``peer`` its peer id),
 ``<stem>.png`` (validation loss against inner steps and against bytes sent per peer),
-``<stem>.json`` (the summary, also printed as a table) and ``logs/`` (each process's output).
+``<stem>.json`` (the summary, also printed as a table, and the plotted series) and ``logs/`` (each process's output).
 
 The exit status is 0 when the run finished, every peer that was not killed exited 0 and every
 outer step had one digest across the peers; 1 otherwise (a peer failed, digests differ,
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -110,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                    seed=args.seed, kills=launcher.kills, joins=launcher.joins,
                    late_replacements=launcher.late)
     info.update(wall_seconds=round(wall, 2), ok=failure is None, failure=failure)
-    paths["json"].write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    series = [[None if isinstance(v, float) and math.isnan(v) else v for v in row]
+              for row in record.series()]  # (outer, inner, train, val, bytes per peer)
+    paths["json"].write_text(json.dumps({**info, "series": series}, indent=2) + "\n",
+                             encoding="utf-8")
     print(table({**info, "failure": None if failure is None else failure.splitlines()[0],
                  "output": f"{out}/{stem}.{{csv,{'png,' if drawn else ''}json}}"}), flush=True)
     if failure is not None:

@@ -107,6 +107,9 @@ async def test_launch_diloco_with_churn_writes_csv_png_and_json(tmp_path):
     first_val = next(float(r["val"]) for r in steps if r["val"] != "nan")
     assert summary["final_val_loss"] < first_val - 0.3  # it trained through the churn
     assert summary["bytes_sent_per_peer"] > 0
+    series = summary["series"]  # what the plot shows: one row per outer step
+    assert [row[0] for row in series] == list(range(1, last + 1))
+    assert round(series[-1][4]) == summary["bytes_sent_per_peer"] and series[-1][3] is not None
     assert summary["wall_seconds"] > 0
     assert _png_size(tmp_path / "diloco.png") == (1200, 460)
     assert "digests agree" in out and "kills" in out  # the table
