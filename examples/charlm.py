@@ -35,6 +35,7 @@ import pccl_aio as pccl
 from pccl_aio import blocking
 
 VOCAB = 256  # bytes
+STARTED = time.monotonic()  # the ``time=`` of the step lines counts from here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +165,19 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
 
 
+def lr_at(base: float, step: int, total: int, warmup: int = 50) -> float:
+    """The learning rate of the run's inner step ``step`` (1 .. ``total``): a linear warmup
+    over ``warmup`` steps, then a cosine decay to zero. It depends on the step alone, so a
+    joiner follows the run's schedule."""
+    decay = 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+    return base * min(1.0, step / warmup) * decay
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def digest(tensors: Iterable[torch.Tensor]) -> str:
     """blake2b (8 bytes, hex) of the tensors' bytes, in order: equal only if bit-identical."""
     h = hashlib.blake2b(digest_size=8)
@@ -178,7 +192,7 @@ def parser(doc: str, **defaults: Any) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--master", default="127.0.0.1:48148", help="HOST:PORT")
     ap.add_argument("--seed", type=int, default=1, help="this peer's data-sampling seed")
-    ap.add_argument("--inner-steps", type=int, default=2000,
+    ap.add_argument("--inner-steps", type=int, default=5000,
                     help="total inner (local optimizer) steps of the run")
     ap.add_argument("--eval-every", type=int, default=1,
                     help="outer steps between validation evaluations (and the last)")
@@ -206,11 +220,10 @@ def evaluate_at(args: argparse.Namespace, k: int, last: int) -> bool:
 
 # ---- the run ---------------------------------------------------------------------------------
 class Lines:
-    """The line protocol: one flushed ``kind peer=<id> key=value ...`` line per event, the
-    payload bytes sent and the time since start."""
+    """The line protocol: one flushed ``kind peer=<id> key=value ...`` line per event, and
+    the payload bytes sent."""
 
     def __init__(self) -> None:
-        self.started = time.monotonic()
         self.sent = 0  # ReduceInfo.tx_bytes + SyncInfo.tx_bytes
         self.peer_id = -1
         self.world = 0  # the group size at the last step
@@ -223,7 +236,7 @@ class Lines:
              digest: str) -> None:
         self.log("step", outer=outer, inner=inner, world=world, loss=f"{loss:.4f}",
                  val=f"{val:.4f}", sent=self.sent, digest=digest,
-                 time=f"{time.monotonic() - self.started:.2f}")
+                 time=f"{time.monotonic() - STARTED:.2f}")
 
     def done(self, outer: int, inner: int, val: float, digest: str) -> None:
         self.log("done", outer=outer, inner=inner, val=f"{val:.4f}", digest=digest)

@@ -53,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
                                      k)
             except pccl.TooFewPeersError:  # alone now: our own gradient (nothing sent)
                 world = 1
+            charlm.set_lr(opt, charlm.lr_at(args.lr, k, last))
             opt.step()
             step += 1
             val_loss = charlm.evaluate(model, val, cfg) if charlm.evaluate_at(args, k, last) \
@@ -66,7 +67,8 @@ def main(args: argparse.Namespace) -> int:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = charlm.parser(__doc__, eval_every=50)
-    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    ap.add_argument("--lr", type=float, default=3e-3,
+                    help="AdamW peak learning rate (warmup, then cosine decay over the run)")
     ap.add_argument("--weight-decay", type=float, default=0.01)
     return ap.parse_args(argv)
 

@@ -69,6 +69,7 @@ class DiLoCo:
         first = self.inner_steps(k - 1)
         total = 0.0
         for i in range(first + 1, self.inner_steps(k) + 1):
+            charlm.set_lr(self.inner, charlm.lr_at(self.args.lr, i, self.args.inner_steps))
             self.inner.zero_grad()
             loss = self.local(*charlm.batch(self.train, self.cfg, self.args.seed, i))
             loss.backward()
@@ -134,7 +135,8 @@ def main(args: argparse.Namespace) -> int:
 def parse(argv: list[str] | None = None, doc: str = __doc__) -> argparse.Namespace:
     ap = charlm.parser(doc)
     ap.add_argument("--inner", type=int, default=50, help="inner steps per outer step (H)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
+    ap.add_argument("--lr", type=float, default=5e-3,
+                    help="inner AdamW peak learning rate (warmup, cosine decay over the run)")
     ap.add_argument("--weight-decay", type=float, default=0.01, help="inner AdamW")
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--momentum", type=float, default=0.9, help="outer Nesterov momentum")

@@ -22,6 +22,7 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 from collections import defaultdict
 
 from tests.process.procs import HERE, Proc, spawn
@@ -138,6 +139,11 @@ async def run_example(procs: list[Proc], addr: str, script: str, *args: str, pee
     survivors = [p for p in group[:peers] if p is not victim]
     queue: asyncio.Queue[tuple[Peer, dict[str, str]]] = asyncio.Queue()
     pumps = [asyncio.ensure_future(_pump(p, queue, line_timeout)) for p in group]
+    t0, timeline = time.monotonic(), {}  # what happened when (printed: pytest -s shows it)
+
+    def mark(what: str, at: int) -> None:
+        timeline.setdefault(what, f"{time.monotonic() - t0:.2f}s@{at}")
+
     try:
         running = set(range(len(group)))
         while running:
@@ -159,6 +165,7 @@ async def run_example(procs: list[Proc], addr: str, script: str, *args: str, pee
             assert f["peer"].lstrip("-").isdigit(), f
             if kind == "done":
                 peer.done = f
+                mark(f"{peer.name} done", int(f["outer"]))
             if kind != "step":
                 continue
             s = int(f["outer"])
@@ -168,10 +175,15 @@ async def run_example(procs: list[Proc], addr: str, script: str, *args: str, pee
             if victim is not None and peer is victim and s >= kill_after and not victim.killed:
                 victim.proc.signal(signal.SIGKILL)
                 victim.killed = True
+                mark(f"{victim.name} killed", s)
             if joiner is not None and not joiner.released and (
                     all(p.steps for p in survivors) if victim is None else victim.killed and
                     all(peers - 1 in p.worlds.values() for p in survivors)):
                 release(joiner)
+                mark(f"{joiner.name} released", s)
+            mark("first step", s)
+            if peer is joiner:
+                mark(f"{peer.name} first step", s)
         for p in group:
             code = await p.proc.proc.wait()
             assert code == (-signal.SIGKILL if p.killed else 0), (p.name, code, p.exit)
@@ -179,6 +191,7 @@ async def run_example(procs: list[Proc], addr: str, script: str, *args: str, pee
         for t in pumps:
             t.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
+        print(f"{script}: {timeline}")
     _check(group, victim, joiner, survivors, kill_after)
     return group
 
