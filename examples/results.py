@@ -2,6 +2,7 @@
 
     python examples/results.py                       # about half an hour on 2 cores
     python examples/results.py --inner-steps 200 --tiny --only ddp diloco   # a quick look
+    python examples/results.py --reuse     # run only what is missing, then the whole table
 
 Runs ``python -m pccl_aio.launch`` once per configuration (same peers, same total inner
 steps, same seeds), reads each run's JSON summary (``runs/results/<name>/<stem>.json``), and
@@ -45,10 +46,16 @@ def run(name: str, churn: float | None, args: argparse.Namespace) -> dict[str, A
            *(["--churn", f"{churn:g}"] if churn else []), "--",
            "--inner-steps", str(args.inner_steps), "--eval-every",
            str(EVAL_EVERY.get(name, 1)), *extra, *(["--tiny"] if args.tiny else [])]
+    path = out / f"{Path(script).stem}.json"
+    if args.reuse and path.exists():  # a run made before with the same arguments
+        before = json.loads(path.read_text())
+        if before.get("argv") == cmd[3:]:
+            return {**before, "name": name, "churned": bool(churn), "status": 0}
     print("$", " ".join(cmd[1:]), flush=True)
     status = subprocess.run(cmd, check=False).returncode
-    path = out / f"{Path(script).stem}.json"
     info: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    if info:
+        path.write_text(json.dumps({**info, "argv": cmd[3:]}, indent=2) + "\n")
     return {**info, "name": name, "churned": bool(churn), "status": status}
 
 
@@ -133,6 +140,8 @@ def main() -> int:
     ap.add_argument("--no-churn-runs", action="store_true", help="only the runs without churn")
     ap.add_argument("--only", nargs="+", choices=list(CONFIGS), help="a subset of the runs")
     ap.add_argument("--out", type=Path, default=Path("runs/results"))
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the runs already made with the same arguments")
     args = ap.parse_args()
     names = args.only or list(CONFIGS)
     churns: list[float | None] = [None] if args.no_churn_runs else [None, args.churn]
