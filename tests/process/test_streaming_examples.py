@@ -43,7 +43,7 @@ async def test_streaming_diloco_with_one_fragment_no_delay_no_mixing_is_diloco(p
     steps, applied at once, the local copy reset to the global model): on two peers (the
     sum of two is the same whatever the ring order) both runs print the same digests."""
     _, addr = master_proc
-    common = ("--tiny", "--inner-steps", "60", "--inner", "10", "--eval-every", "3")
+    common = ("--tiny", "--inner-steps", "60", "--inner", "10", "--lr", "4e-3", "--eval-every", "3")
     ref = await run_example(procs, addr, "diloco.py", *common, peers=2)
     same = await run_example(procs, addr, "streaming_diloco.py", *common, "--fragments", "1",
                              "--delay", "0", "--alpha", "0", peers=2)
