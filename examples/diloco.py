@@ -17,6 +17,12 @@ from_module``), synced before every outer step: a joiner receives them there and
 from the run's step; the inner AdamW state stays local (a joiner starts it fresh). Lines as
 in ``charlm.py``; the digest is the global model's. ``diloco_asyncio.py`` is the same run
 written with the async API.
+
+At equal compute DiLoCo comes close to DDP while sending about 50 times fewer bytes: with 3
+peers and the defaults (5000 inner steps, H = 50), ``examples/ddp.py`` ended at a validation
+loss of 1.341 (3.2 GB sent per peer) and this example at 1.383 (64 MB), 3 % above. With
+fewer outer steps the gap is wider (about 25 % at 2000 inner steps, 40 outer steps): the
+outer Nesterov momentum needs outer steps to build up.
 """
 
 from __future__ import annotations

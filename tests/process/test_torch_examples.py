@@ -12,7 +12,7 @@ from tests.process.example_runs import run_example
 DILOCO = ("--tiny", "--inner", "5", "--inner-steps", "600")  # 120 outer steps
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_ddp_survives_a_sigkill_and_a_joiner(procs, master_proc):
     _, addr = master_proc
     peers = await run_example(procs, addr, "ddp.py", "--tiny", "--inner-steps", "300",
@@ -21,7 +21,7 @@ async def test_ddp_survives_a_sigkill_and_a_joiner(procs, master_proc):
     assert len(peers[-1].steps) >= 5, peers[-1].steps  # the joiner took part
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize(("script", "extra"), [
     ("diloco.py", ()), ("diloco.py", ("--quant", "uint8")), ("diloco_asyncio.py", ())],
     ids=["diloco", "diloco-uint8", "diloco-asyncio"])
