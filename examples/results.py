@@ -29,11 +29,9 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "diloco uint8": ("diloco.py", ["--inner", "50", "--quant", "uint8"]),
     "async diloco": ("async_diloco.py", ["--inner", "50"]),
     "streaming": ("streaming_diloco.py", ["--inner", "50", "--fragments", "3"]),
-    "streaming uint8": ("streaming_diloco.py", ["--inner", "50", "--fragments", "3",
-                                                "--quant", "uint8"]),
 }
 #: outer steps between evaluations, so that every run is evaluated every 50 inner steps
-EVAL_EVERY = {"ddp": 50, "streaming": 3, "streaming uint8": 3}
+EVAL_EVERY = {"ddp": 50, "streaming": 3}
 
 
 def run(name: str, churn: float | None, args: argparse.Namespace) -> dict[str, Any]:
