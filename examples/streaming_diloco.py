@@ -27,7 +27,8 @@ synchronises each fragment every H steps (``--inner``), on staggered schedules, 
 
 With F = 1, tau = 0 and alpha = 0 this is exactly ``diloco.py`` (the tests check the digests).
 On the default model (3 peers, 1000 inner steps, H = 50) the defaults reach a validation loss
-of 1.82 where ``diloco.py`` reaches 2.04, for about the same bytes sent.
+of 1.74 where ``diloco.py`` reaches 2.02, for about the same bytes sent; the mixing is where
+the gain comes from (alpha = 0: 2.07), and ``--quant uint8`` costs nothing (1.74).
 
 The global model, the outer momenta and the counters (inner steps, outer steps) are the shared
 state (``SharedState.from_module``). The peers vote on pending joiners before every send; when
@@ -275,7 +276,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="inner steps an exchange overlaps before it is applied (tau)")
     ap.add_argument("--alpha", type=float, default=0.5,
                     help="mixing: local = alpha local + (1 - alpha) global")
-    ap.add_argument("--lr", type=float, default=3e-3,
+    ap.add_argument("--lr", type=float, default=5e-3,
                     help="inner AdamW peak learning rate (warmup, cosine decay over the run)")
     ap.add_argument("--weight-decay", type=float, default=0.01, help="inner AdamW")
     ap.add_argument("--outer-lr", type=float, default=0.7)
