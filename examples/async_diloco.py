@@ -71,7 +71,7 @@ class AsyncDiLoCo(diloco.DiLoCo):
         try:
             handle = peer.comm.all_reduce_async(self.delta, self.flat, op=pccl.ReduceOp.AVG,
                                                 quantization=self.quant)
-        except pccl.TooFewPeersError:  # alone (nothing sent): finish() takes our own
+        except pccl.TooFewPeersError:  # alone (nothing sent): wait() takes our own
             handle = None
         return InFlight(k, loss, handle)
 

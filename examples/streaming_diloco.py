@@ -161,7 +161,7 @@ class Streaming:
         try:
             handle = peer.comm.all_reduce_async(frag.delta, frag.mean, op=pccl.ReduceOp.AVG,
                                                 tag=f, quantization=self.quant)
-        except pccl.TooFewPeersError:  # alone (nothing sent): complete() takes our own
+        except pccl.TooFewPeersError:  # alone (nothing sent): wait() takes our own
             handle = None
         self.flight.append(Exchange(f, self.t + self.args.delay, handle))
 
