@@ -89,6 +89,8 @@ class Collective:
         self.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.started: asyncio.Future[None] = loop.create_future()
         self.seq = 0
+        self.confirmed = False  # the master started it (an early start waits for this)
+        self._held: tuple[str, int] | None = None  # an early attempt's failure, not reported
         self.world = 0
         self.active = False
         self.tx = self.rx = 0
@@ -125,6 +127,7 @@ class Collective:
         # backup is taken in ``save_input``. Out of place ``src`` is never written.
         self._backup: InputBackup | None = None
         self._backs_up, self._unrestored = in_place and restore, in_place and not restore
+        self._in_place = in_place
         # The quantized path accumulates into ``dst``; out of place it starts from ``src``.
         if not in_place and self.quant is not None:
             _ops.copy(dst.view, src.view)
@@ -148,11 +151,20 @@ class Collective:
             self.env.report(self.tag, self.seq, False, "cancelled by the caller")
 
     # ---- driven by the control reader -------------------------------------------------------
-    def on_start(self, seq: int, ring_ids: list[int], me: int) -> None:
-        """The master started this collective as ``seq`` on ``ring_ids``: start moving data."""
+    def on_start(self, seq: int, ring_ids: list[int], me: int, early: bool = False) -> None:
+        """The master started this collective as ``seq`` on ``ring_ids`` (``early``: this
+        peer did, on a ticket, before the master's start): start moving data. Started early
+        as ``seq`` already: the master's start confirms it. Started early as another seq (the
+        master found the ticket void): that attempt is dropped, this one starts from the input
+        as launched. Until confirmed, an early attempt has no data deadline (the master's vote
+        watches the group meanwhile, as for any collective not started)."""
+        if self.seq:
+            if seq == self.seq:
+                return self._confirm()
+            self._reset()
         self.seq = seq
-        if not self.started.done():
-            self.started.set_result(None)
+        if not early:
+            self._confirm()
         if self.cancelled:  # the caller gave up before the start: tell the master at once
             self.env.registry.skip(seq)
             self.env.report(self.tag, seq, False, "cancelled")
@@ -166,7 +178,6 @@ class Collective:
                                          max(1, SEGMENT_BYTES // qb))
         self._expected = {k: v // b * qb for k, v in plan.expected().items()}
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
-        self._last_rx = self._loop.time()
         dst, src = self.dst.view, self.src.view
         if self.quant is not None:  # codes are received and sent from their place in it
             self._scratch_owner, self._scratch = self.env.scratch.take(self.dst.count * qb)
@@ -187,6 +198,15 @@ class Collective:
         succ = ring_ids[(rank + 1) % self.world]
         self._run = self.env.tasks.spawn(self._run_data(succ), name=f"pccl_aio all-reduce {seq}")
 
+    def _confirm(self) -> None:
+        self.confirmed = True
+        self._last_rx = self._loop.time()  # the data deadline counts from here
+        if not self.started.done():
+            self.started.set_result(None)
+        if self._held is not None and self.active:  # the early attempt failed meanwhile
+            self.env.report(self.tag, self.seq, False, *self._held)
+        self._poke()
+
     def on_complete(self) -> None:
         self._finish(None)
 
@@ -198,6 +218,8 @@ class Collective:
         self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}{lost}"))
 
     def on_rejected(self, reason: str, deadlock: bool = False) -> None:
+        if self._backup is not None:  # an early start (on a ticket) may have written it
+            self._backup.restore()
         cls = DeadlockError if deadlock else InvalidUsageError
         self._finish(cls(f"all-reduce tag {self.tag} rejected: {reason}"))
 
@@ -208,6 +230,19 @@ class Collective:
         self._finish(exc)
 
     def _finish(self, exc: BaseException | None) -> None:
+        self._release()
+        if not self.started.done():
+            self.started.cancel()
+        if not self.future.done():
+            if exc is None:
+                self.future.set_result(ReduceInfo(self.world, self.tx, self.rx))
+            else:
+                self.future.set_exception(exc)
+        for hook in self.hooks:
+            hook(self)
+
+    def _release(self) -> None:
+        """End the attempt's data path: its task, its frames, its buffers and backup."""
         self.active = False
         if self.seq:
             self.env.registry.remove(self.seq)
@@ -221,16 +256,22 @@ class Collective:
             self._backup = None
         if self._slots is not None:
             self._slots.release()
+            self._slots = None
         self._steps = {}
-        if not self.started.done():
-            self.started.cancel()
-        if not self.future.done():
-            if exc is None:
-                self.future.set_result(ReduceInfo(self.world, self.tx, self.rx))
-            else:
-                self.future.set_exception(exc)
-        for hook in self.hooks:
-            hook(self)
+
+    def _reset(self) -> None:
+        """Drop an early attempt (its ticket was void) and put the input back as launched."""
+        if self._backup is not None:
+            self._backup.restore()
+        self._release()
+        self._run = self._link = self._local_failure = self._stream_error = self._held = None
+        self._outbox.clear()
+        self._inbox.clear()
+        self._expected = {}
+        self.tx = self.rx = self._suspect = 0
+        self.save_input()
+        if not self._in_place and self.quant is not None:
+            _ops.copy(self.dst.view, self.src.view)
 
     # ---- driven by the receiver (Sink protocol) ---------------------------------------------
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
@@ -299,7 +340,10 @@ class Collective:
         except Exception as exc:  # report, then wait for the master's abort
             log.debug("collective tag=%d seq=%d failed locally: %r", self.tag, self.seq, exc)
             suspect = self._suspect or (succ if isinstance(exc, ConnectionError) else 0)
-            self.env.report(self.tag, self.seq, False, repr(exc), suspect)
+            if self.confirmed:
+                self.env.report(self.tag, self.seq, False, repr(exc), suspect)
+            else:  # an early start: the master's start decides (reported then, if it stands)
+                self._held = (repr(exc), suspect)
             return
         self.env.report(self.tag, self.seq, True, "")
 
@@ -328,8 +372,8 @@ class Collective:
                 raise PeerLostError(self._stream_error)
             if self._remaining == 0:
                 return
-            left = self._last_rx + timeout - loop.time()
-            if left <= 0:
+            left = self._last_rx + timeout - loop.time() if self.confirmed else None
+            if left is not None and left <= 0:
                 raise PcclTimeoutError(
                     f"no data for {timeout:.1f} s (seq {self.seq}); predecessor stalled")
             self._wake = loop.create_future()

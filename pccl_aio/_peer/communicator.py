@@ -89,6 +89,7 @@ class Communicator:
         self._control = ControlPlane(self.config, self._on_membership)
         self.gate = Gate("pccl_aio peer listener")  # both listeners' handshakes
         self._data = DataPlane(self.config, self._control.report, self._keys, self.gate)
+        self._control.attach(self._data.registry)
         self._sync = SharedStateSync(self._control, self.config, self._keys, self.gate)
 
     async def __aenter__(self) -> Communicator:

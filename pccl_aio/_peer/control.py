@@ -36,6 +36,9 @@ from .._wire import messages as m
 from .._wire.framing import frame
 from .collective import Collective
 from .core.config import PeerConfig
+from .core.stash import Stash
+from .core.tickets import Tickets
+from .receiver import Registry
 
 log = logging.getLogger("pccl_aio.communicator")
 
@@ -67,11 +70,16 @@ class ControlPlane:
         self._joined: asyncio.Future[None] | None = None
         self._last_master = 0.0
         self._tasks = TaskSet("pccl_aio control plane")
+        self.tickets = Tickets(Stash())  # ``attach`` gives it the data plane's stash
 
     @property
     def peer_group_world_size(self) -> int:
         """Peers of this peer's ring as of the last membership update."""
         return len(self.membership.ring) if self.membership else 0
+
+    def attach(self, registry: Registry) -> None:
+        """Reserve the tickets' seqs in the data plane's receive ``registry``."""
+        self.tickets = Tickets(registry.stash, registry.reserve)
 
     # ---- session --------------------------------------------------------------------------
     async def connect(self, hello: m.Hello, attempts: int, backoff: float) -> None:
@@ -237,21 +245,27 @@ class ControlPlane:
     def launch(self, coll: Collective, awaited: bool = False) -> None:
         """Send the collective's vote (``CollectiveInit``) and track it until its verdict;
         ``awaited``: the caller waits on it at once (``CollectiveWait`` in the same write, so
-        the master never sees the vote without the wait)."""
+        the master never sees the vote without the wait). With a ticket of the ring as it is
+        (``Tickets``) its data starts moving here and now, before the master's start."""
         d, q = coll.dst, coll.quant
+        seq, spoiled = self.tickets.use(coll.tag, self.membership)
         init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
-                                int(q.algo) if q else 0, int(DataType.parse(q.dtype)) if q else 0)
+                                int(q.algo) if q else 0, int(DataType.parse(q.dtype)) if q else 0,
+                                seq, spoiled)
         msgs = (init, m.CollectiveWait(coll.tag)) if awaited else (init,)
         self.send(*msgs)
         self.colls[coll.tag] = coll
         coll.hooks.append(self._forget)
         coll.awaited = awaited
         coll.save_input()  # after the vote left: the copy overlaps the master's round trip
+        if seq and not spoiled and self.membership is not None:
+            coll.on_start(seq, [p.peer_id for p in self.membership.ring], self.peer_id,
+                          early=True)
 
     def awaiting(self, coll: Collective) -> None:
         """The caller now waits on ``coll``: if the master has not started it, say so once
         (``CollectiveWait``), so that it can tell a blocked peer from a computing one."""
-        if not coll.awaited and not coll.seq and not coll.future.done():
+        if not coll.awaited and not coll.confirmed and not coll.future.done():
             coll.awaited = True
             with contextlib.suppress(PcclError):
                 self.send(m.CollectiveWait(coll.tag))
@@ -302,6 +316,7 @@ class ControlPlane:
         match msg:
             case m.Membership():
                 self.membership = msg
+                self.tickets.void()
                 self._on_membership(msg)
                 if self._joined is not None and not self._joined.done():
                     self._joined.set_result(None)
@@ -310,6 +325,7 @@ class ControlPlane:
                 if coll is not None and self.membership is not None:
                     coll.on_start(seq, [p.peer_id for p in self.membership.ring], self.peer_id)
             case m.CollectiveComplete(tag=tag):
+                self.tickets.issued(msg)
                 if (coll := self.colls.get(tag)) is not None:
                     coll.on_complete()
             case m.CollectiveAbort(tag=tag, reason=reason):

@@ -26,6 +26,7 @@ from typing import Final, Protocol, cast
 from .._net.stream import own_socket, set_nodelay
 from .._wire.data import HEADER, HELLO, MAGIC, parse_hello, unpack_header
 from .core.guard import PARK_TIMEOUT, ConnCaps, seq_too_far
+from .core.stash import STASH_BYTES, Early, Stash
 
 log = logging.getLogger("pccl_aio.dataplane")
 
@@ -38,6 +39,7 @@ class Sink(Protocol):
     """A running collective as the receiver sees it."""
 
     active: bool
+    seq: int  # the attempt it runs (an early start that starts over changes it)
     predecessor: int  # the peer id whose frames it receives
 
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
@@ -53,19 +55,40 @@ class Sink(Protocol):
 
 class Registry:
     """seq -> running collective, shared by all receive connections of one communicator;
-    also their caps (``caps``) and the parked connections (each with its deadline)."""
+    also their caps (``caps``), the parked connections (each with its deadline) and the
+    tickets' frames that came before their collective was launched here (``core/stash.py``)."""
 
-    def __init__(self, park_timeout: float = PARK_TIMEOUT, caps: ConnCaps | None = None) -> None:
+    def __init__(self, park_timeout: float = PARK_TIMEOUT, caps: ConnCaps | None = None,
+                 stash_bytes: int = STASH_BYTES) -> None:
         self.sinks: dict[int, Sink] = {}
         self.max_seq = 0
         self.park_timeout = park_timeout
         self.caps = caps if caps is not None else ConnCaps()
+        self.stash = Stash(stash_bytes)
         self._parked: dict[_Receiver, None] = {}  # in parking order
 
     def add(self, seq: int, sink: Sink) -> None:
-        """Register a collective; wakes connections parked on its frames."""
+        """Register a collective; hands it the frames stashed for it, wakes connections
+        parked on its frames."""
         self.sinks[seq] = sink
+        for frame in self.stash.take(seq):
+            _replay(sink, seq, *frame)
         self.skip(seq)
+
+    def reserve(self, seq: int) -> None:
+        """A ticket: frames of ``seq`` may come before its collective is launched here; they
+        are stashed (``core/stash.py``) instead of parking their connection."""
+        self.stash.reserve(seq)
+        self.skip(seq)
+
+    def stashed(self, seq: int, frame: Early) -> None:
+        """A stashed frame arrived whole: to its collective if launched meanwhile, else kept."""
+        sink = self.sinks.get(seq)
+        if sink is None:
+            self.stash.keep(seq, frame)
+        else:
+            self.stash.release(len(frame[3]))
+            _replay(sink, seq, *frame)
 
     def skip(self, seq: int) -> None:
         """``seq`` is known now: re-route parked connections (its frames are stale unless ``add``ed)."""
@@ -97,7 +120,25 @@ class Registry:
         return len(self._parked)
 
 
-_S_HELLO, _S_HEADER, _S_PAYLOAD, _S_DISCARD = range(4)
+def _replay(sink: Sink, seq: int, peer: int, phase: int, off: int, data: memoryview,
+            p0: float, p1: float) -> None:
+    """Deliver a stashed frame to its collective, under the rules of a live one."""
+    if not sink.active or sink.seq != seq:
+        return
+    if sink.predecessor != peer:
+        sink.on_error(f"frame of seq {seq} from peer {peer}, not from its predecessor "
+                      f"{sink.predecessor}")
+        return
+    target = sink.target(phase, off, len(data))
+    if target is None:
+        sink.on_error(f"unexpected frame of seq {seq} phase={phase} offset={off} "
+                      f"length={len(data)}", peer)
+        return
+    target[:] = data
+    sink.on_segment(phase, off, len(data), p0, p1)
+
+
+_S_HELLO, _S_HEADER, _S_PAYLOAD, _S_DISCARD, _S_STASH = range(5)
 
 
 class _Receiver(asyncio.BufferedProtocol):
@@ -127,6 +168,7 @@ class _Receiver(asyncio.BufferedProtocol):
         self._admitted = False  # counted in the registry's caps
         self._violated = False
         self._park_timer: asyncio.TimerHandle | None = None
+        self._early: memoryview | None = None  # a stashed frame's payload being received
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Also called after ``transport.set_protocol(self)`` on an open (TLS) transport."""
@@ -156,6 +198,7 @@ class _Receiver(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._unpark_timer()
+        self._drop_early()
         if self._admitted:
             self._admitted = False
             self._reg.caps.release(self._peer)
@@ -176,9 +219,12 @@ class _Receiver(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == _S_PAYLOAD:
             sink = self._sink
-            if sink is not None and sink.active and self._target is not None:
+            if (sink is not None and sink.active and self._target is not None
+                    and sink.seq == self._frame[0]):
                 return self._target[self._got : self._want]
-            self._state = _S_DISCARD  # the collective was aborted mid-frame: drop the rest
+            self._state = _S_DISCARD  # the attempt was aborted mid-frame: drop the rest
+        elif self._state == _S_STASH and self._early is not None:
+            return self._early[self._got : self._want]
         if self._state == _S_DISCARD:
             return memoryview(self._discard)[: min(len(self._discard), self._want - self._got)]
         return self._hdr_view[self._got : self._want]
@@ -194,9 +240,16 @@ class _Receiver(asyncio.BufferedProtocol):
             sink = self._sink
             self._sink = self._target = None
             self._expect_header()
-            if sink is not None and sink.active:
-                _seq, phase, off, p0, p1 = self._frame
+            seq, phase, off, p0, p1 = self._frame
+            if sink is not None and sink.active and sink.seq == seq:
                 sink.on_segment(phase, off, self._want_len, p0, p1)
+            return
+        if state == _S_STASH:
+            early, self._early = self._early, None
+            self._expect_header()
+            seq, phase, off, p0, p1 = self._frame
+            if early is not None:
+                self._reg.stashed(seq, (self._peer, phase, off, early, p0, p1))
             return
         if state == _S_HELLO:
             hello = parse_hello(self._hdr)
@@ -229,7 +282,14 @@ class _Receiver(asyncio.BufferedProtocol):
         reg = self._reg
         sink = reg.sinks.get(seq)
         if sink is None:
-            if seq > reg.max_seq and self._transport is not None:
+            if reg.stash.wants(seq):  # a ticket's collective not launched here yet
+                early = reg.stash.room(seq, length)
+                if early is not None:
+                    self._early, self._state = early, _S_STASH
+                    self._set_lowat(max(1, min(length, LOWAT_CAP)))
+                else:
+                    self._state = _S_DISCARD  # no room: the ticket is spoiled (stash.py)
+            elif seq > reg.max_seq and self._transport is not None:
                 # A collective we have not heard of yet: wait for the master's CollectiveStart.
                 if seq_too_far(seq, reg.max_seq):
                     self._violation(f"frame for seq {seq}, far beyond seq {reg.max_seq}")
@@ -242,7 +302,8 @@ class _Receiver(asyncio.BufferedProtocol):
                     self._park_timer = asyncio.get_running_loop().call_later(
                         reg.park_timeout, self._park_expired)
                 return True
-            self._state = _S_DISCARD  # stale frame of an aborted attempt
+            else:
+                self._state = _S_DISCARD  # stale frame of an aborted attempt
         elif sink.predecessor != self._peer:  # not the connection the plan says
             return self._refuse(sink, f"frame of seq {seq} from peer {self._peer}, "
                                 f"not from its predecessor {sink.predecessor}", False)
@@ -296,8 +357,14 @@ class _Receiver(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         return False
 
+    def _drop_early(self) -> None:
+        if self._early is not None:
+            self._reg.stash.release(len(self._early))
+            self._early = None
+
     def _violation(self, reason: str) -> None:
         """Close the connection at once (its buffered bytes are never read); logged once."""
+        self._drop_early()
         if not self._violated:
             self._violated = True
             log.warning("closing data connection from peer %d: %s", self._peer, reason)

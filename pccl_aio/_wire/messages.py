@@ -60,6 +60,7 @@ HostName: TypeAlias = Annotated[str, msgspec.Meta(max_length=253)]
 StateKey: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_KEY)]
 Reason: TypeAlias = Annotated[str, msgspec.Meta(max_length=1024)]
 MAX_SYNC_ENTRIES: Final = 1 << 20
+MAX_EVICTED: Final = 64
 
 
 class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
@@ -93,7 +94,10 @@ class VotePeersPending(_Msg, frozen=True, tag=4):
 
 class CollectiveInit(_Msg, frozen=True, tag=5):
     """Vote to start the collective ``tag`` in this peer's group with this descriptor;
-    ``quant_dtype`` is uint8 or uint16 when quantized, 0 when ``quant_algo`` is NONE."""
+    ``quant_dtype`` is uint8 or uint16 when quantized, 0 when ``quant_algo`` is NONE.
+    ``seq``: the ticket (``CollectiveComplete.next_seq``) this peer already runs the collective
+    as, before its ``CollectiveStart``; or, with ``spoiled``, a ticket it had to drop frames of
+    (the master then starts the collective with a fresh seq); else 0."""
 
     tag: U64
     count: U64
@@ -101,6 +105,8 @@ class CollectiveInit(_Msg, frozen=True, tag=5):
     op: Op
     quant_algo: Algo = 0
     quant_dtype: DType = 0
+    seq: U64 = 0
+    spoiled: bool = False
 
 
 class CollectiveDone(_Msg, frozen=True, tag=6):
@@ -219,10 +225,17 @@ class CollectiveStart(_Msg, frozen=True, tag=69):
 
 
 class CollectiveComplete(_Msg, frozen=True, tag=70):
-    """Every participant reported success: the result of (tag, seq) stands."""
+    """Every participant reported success: the result of (tag, seq) stands. ``next_seq``
+    (else 0) is a ticket: the group's next collective ``tag`` may start moving data at once as
+    ``next_seq`` while this peer's ring is still the one of ``epoch`` (any membership change
+    voids it; the master then starts it with a fresh seq, which the early starters follow).
+    ``evicted``: tags whose tickets the master dropped (too many held), void from now on."""
 
     tag: U64
     seq: U64
+    next_seq: U64 = 0
+    epoch: U64 = 0
+    evicted: Annotated[list[U64], msgspec.Meta(max_length=MAX_EVICTED)] = []
 
 
 class CollectiveAbort(_Msg, frozen=True, tag=71):

@@ -78,15 +78,17 @@ def test_one_communicator_used_from_two_user_threads_at_once(master: blocking.Ma
     try:
         with ThreadPoolExecutor(6) as pool:
             watchers = [pool.submit(watch, c) for c in comms]
-            for step in range(20):
-                xs = {(p, t): np.full(4096, float(p + 1 + step + 100 * t), np.float32)
-                      for p in range(2) for t in (1, 2)}
-                hs = {(p, t): c.all_reduce_async(xs[p, t], tag=t)
-                      for p, c in enumerate(comms) for t in (1, 2)}
-                list(pool.map(lambda h: h.wait(timeout=10), hs.values()))
-                for (_, t), x in xs.items():
-                    assert (x == 3 + 2 * step + 200 * t).all()
-            stop.set()
+            try:
+                for step in range(20):
+                    xs = {(p, t): np.full(4096, float(p + 1 + step + 100 * t), np.float32)
+                          for p in range(2) for t in (1, 2)}
+                    hs = {(p, t): c.all_reduce_async(xs[p, t], tag=t)
+                          for p, c in enumerate(comms) for t in (1, 2)}
+                    list(pool.map(lambda h: h.wait(timeout=10), hs.values()))
+                    for (_, t), x in xs.items():
+                        assert (x == 3 + 2 * step + 200 * t).all()
+            finally:  # the watchers end before the pool's exit waits for them
+                stop.set()
             assert all(w.result() > 0 for w in watchers)
     finally:
         stop.set()

@@ -69,6 +69,7 @@ class Fuzzer:
         self.closed: list[int] = []  # closed by the master, Disconnected not reported yet
         self.gone: set[int] = set()  # closed or disconnected: nothing may be sent to them
         self.last_seq = 0
+        self.tickets: set[int] = set()  # handed out (CollectiveComplete.next_seq), not started
         self.last_epoch = 0
         self.stats = Stats()
         self.recent: collections.deque[object] = collections.deque(maxlen=12)
@@ -364,12 +365,20 @@ class Fuzzer:
                 if name == "Membership":
                     self.check_membership(msg)  # type: ignore[arg-type]
                 elif name == "CollectiveStart":
+                    # A seq starts once: a fresh one, or a ticket handed out with a verdict.
                     seq = msg.seq  # type: ignore[union-attr]
                     if seq not in starts:
-                        if seq <= self.last_seq:
+                        if seq <= self.last_seq and seq not in self.tickets:
                             raise AssertionError(f"seq {seq} after {self.last_seq}")
+                        self.tickets.discard(seq)
                         starts[seq] = seq
-                        self.last_seq = seq
+                        self.last_seq = max(self.last_seq, seq)
+                elif name == "CollectiveComplete" and msg.next_seq:  # type: ignore[union-attr]
+                    nxt = msg.next_seq  # type: ignore[union-attr]
+                    if nxt <= self.last_seq and nxt not in self.tickets:
+                        raise AssertionError(f"ticket {nxt} after seq {self.last_seq}")
+                    self.tickets.add(nxt)
+                    self.last_seq = max(self.last_seq, nxt)
                 elif getattr(msg, "deadlock", False):
                     sent["deadlock verdicts"] += 1
             elif type(a) is ms.Close:

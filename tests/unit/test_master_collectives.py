@@ -38,9 +38,10 @@ def test_collective_starts_when_every_group_member_voted_with_one_descriptor() -
     assert h.send(a, m.CollectiveDone(7, 1, True)) == []
     assert h.send(b, m.CollectiveDone(7, 1, True)) == []
     acts = h.send(c, m.CollectiveDone(7, 1, True))
-    assert acts == [ms.Send(x, m.CollectiveComplete(7, 1)) for x in (a, b, c)]
+    # the verdict carries a ticket: the seq the next run of tag 7 may start as at once
+    assert acts == [ms.Send(x, m.CollectiveComplete(7, 1, 2, h.st.epoch)) for x in (a, b, c)]
     assert h.st.running(0) == {}
-    # the tag is free again and a re-run gets a new seq
+    # the tag is free again and a re-run gets a new seq (the ticket's)
     assert h.start([a, b, c], 7) == 2
 
 

@@ -61,6 +61,7 @@ class Model:
         self.peers: dict[int, _P] = {}  # live connections
         self.dead: list[int] = []  # closed by the master, Disconnected not yet reported
         self.last_seq = 0
+        self.tickets: dict[tuple[int, int], int] = {}  # (group, tag) -> ticket handed out
         self.seq_tag: dict[int, tuple[int, int]] = {}  # seq -> (group, tag)
         self.seq_members: dict[int, set[int]] = {}
         self.ok_done: dict[int, set[int]] = {}
@@ -355,8 +356,12 @@ class Model:
                 case m.CollectiveStart():
                     i = self.check_start(acts, i)
                     continue
-                case m.CollectiveComplete(tag=tag, seq=seq):
+                case m.CollectiveComplete(tag=tag, seq=seq, next_seq=nxt):
                     assert p.outstanding.get(tag) == seq, (a, p)
+                    if nxt and self.tickets.get((p.group, tag)) != nxt:
+                        # a ticket (the others of the batch get the same): never a seq seen
+                        assert nxt > self.last_seq, (a, p)
+                        self.tickets[(p.group, tag)] = self.last_seq = nxt
                     assert self.ok_done.get(seq, set()) >= self.seq_members[seq], "early complete"
                     self.terminal(p, tag)
                 case m.CollectiveAbort(tag=tag, seq=seq):
@@ -528,8 +533,11 @@ class Model:
 
     def check_start(self, acts: list[ms.Action], i: int) -> int:
         first = acts[i].msg
-        assert first.seq > self.last_seq, f"seq {first.seq} after {self.last_seq}"
-        self.last_seq = first.seq
+        group = self.peers[acts[i].conn].group
+        ticket = self.tickets.pop((group, first.tag), None)
+        if first.seq != ticket:  # a fresh seq, or the tag's ticket (handed out with a verdict)
+            assert first.seq > self.last_seq, f"seq {first.seq} after {self.last_seq}"
+        self.last_seq = max(self.last_seq, first.seq)
         j = i
         members: set[int] = set()
         while j < len(acts) and isinstance(acts[j], ms.Send) \

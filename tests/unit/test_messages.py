@@ -122,12 +122,14 @@ def test_defaults_and_schema_evolution() -> None:
     assert m.Rejected("r").version == PV
     # an older sender that does not know the appended, defaulted fields
     assert m.decode_peer_to_master(enc([1, PV, 0, 5000])) == m.Hello(PV, 0, 5000, "")
-    assert m.decode_peer_to_master(enc([5, 1, 2, 3, 4])) == m.CollectiveInit(1, 2, 3, 4, 0, 0)
+    assert m.decode_peer_to_master(enc([5, 1, 2, 3, 4])) == m.CollectiveInit(1, 2, 3, 4, 0, 0, 0,
+                                                                             False)
     assert m.decode_peer_to_master(enc([6, 1, 2, True])) == m.CollectiveDone(1, 2, True, "")
     assert m.decode_master_to_peer(enc([64, 5, True])) == m.Welcome(5, True, PV)
     # a newer sender that appended fields
     assert m.decode_peer_to_master(enc([2, "future", 3])) == m.Heartbeat()
-    assert m.decode_master_to_peer(enc([70, 1, 2, [9]])) == m.CollectiveComplete(1, 2)
+    assert m.decode_master_to_peer(enc([70, 1, 2, 0, 0, [], [9]])) == m.CollectiveComplete(1, 2)
+    assert m.decode_master_to_peer(enc([70, 1, 2])) == m.CollectiveComplete(1, 2, 0, 0, [])
 
 
 def test_messages_are_immutable() -> None:

@@ -43,6 +43,13 @@ class Sink:
         self.errors: list[str] = []
         self.changed = changed
 
+    seq = 0
+
+    def at(self, seq: int) -> Sink:
+        """Run as ``seq`` (as ``Collective.on_start`` sets it); for ``Registry.add``."""
+        self.seq = seq
+        return self
+
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         if self.expected.pop((phase, offset), -1) != length:
             return None
@@ -127,7 +134,7 @@ async def until(cond: Callable[[], bool], changed: asyncio.Event) -> None:
 async def test_a_frame_from_another_peers_connection_fails_the_collective_and_is_closed() -> None:
     reg, ev = rx.Registry(), asyncio.Event()
     sink = Sink(1, {(ring.RS, 0): 8, (ring.RS, 8): 8}, ev)
-    reg.add(5, sink)
+    reg.add(5, sink.at(5))
     async with served(reg, ev) as s:
         _good, _gw = await s.connect(1, frame(5, ring.RS, 0, b"g" * 8))
         await until(lambda: len(sink.done) == 1, ev)
@@ -143,7 +150,7 @@ async def test_a_repeated_phase_offset_fails_the_collective_and_closes_that_send
         ) -> None:
     reg, ev = rx.Registry(), asyncio.Event()
     sink = Sink(1, {(ring.RS, 0): 8, (ring.AG, 8): 8}, ev)
-    reg.add(3, sink)
+    reg.add(3, sink.at(3))
     async with served(reg, ev) as s:
         first, _fw = await s.connect(1, frame(3, ring.RS, 0, b"a" * 8), index=0)
         await until(lambda: len(sink.done) == 1, ev)
@@ -156,7 +163,7 @@ async def test_a_repeated_phase_offset_fails_the_collective_and_closes_that_send
 async def test_a_frame_of_the_wrong_length_fails_the_collective() -> None:
     reg, ev = rx.Registry(), asyncio.Event()
     sink = Sink(1, {(ring.RS, 0): 8}, ev)
-    reg.add(3, sink)
+    reg.add(3, sink.at(3))
     async with served(reg, ev) as s:
         r, _w = await s.connect(1, frame(3, ring.RS, 0, b""))  # a bare header
         assert await closed(r, CLOSED)
@@ -203,7 +210,7 @@ async def test_an_announced_seq_unparks_and_cancels_the_deadline() -> None:
         await until(lambda: reg.parked == 1, ev)
         (conn,) = s.conns
         assert conn._park_timer is not None
-        reg.add(2, sink)
+        reg.add(2, sink.at(2))
         await until(lambda: bool(sink.done), ev)
         assert sink.done == [(ring.RS, 0, b"abc")] and sink.errors == []
         assert conn._park_timer is None and reg.parked == 0
@@ -217,7 +224,7 @@ async def test_a_parked_connection_that_goes_is_dropped_with_its_frames() -> Non
         _r, w = await s.connect(4, frame(2, ring.RS, 0, b"abc") + frame(3, ring.RS, 0, b"d"))
         await until(lambda: reg.parked == 1, ev)
         w.close()  # gone: unseen while parked (reading is paused) ...
-        reg.add(2, sink)  # ... until seq 2 starts: its frame lands, and it parks on seq 3
+        reg.add(2, sink.at(2))  # ... until seq 2 starts: its frame lands, and it parks on seq 3
         await until(lambda: bool(sink.done) and reg.parked == 1, ev)
         reg.skip(3)  # seq 3 aborted before it began here: its frame is stale, then the EOF
         await until(lambda: not s.conns, ev)
@@ -276,7 +283,7 @@ async def test_no_rcvlowat_under_tls(tmp_path: Path, handed_over: bool) -> None:
     reg, conns, ev = rx.Registry(), set[rx._Receiver](), asyncio.Event()
     size = 3 * (1 << 20) + 5
     sink = Sink(1, {(ring.RS, 0): size}, ev)
-    reg.add(2, sink)
+    reg.add(2, sink.at(2))
     made: list[rx._Receiver] = []
 
     class Placeholder(asyncio.Protocol):

@@ -52,6 +52,13 @@ class Sink:
         self.done: list[tuple[int, int]] = []
         self.errors: list[str] = []
 
+    seq = 0
+
+    def at(self, seq: int) -> Sink:
+        """Run as ``seq`` (as ``Collective.on_start`` sets it); for ``Registry.add``."""
+        self.seq = seq
+        return self
+
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         return memoryview(self.buf)[:length]
 
@@ -89,7 +96,7 @@ def test_lowat_follows_each_frame_and_never_exceeds_what_is_owed() -> None:
     r.connection_made(t)  # type: ignore[arg-type]
     size = 3 * (1 << 20) + 123  # more than the 1 MiB cap, not a multiple of the read size
     sink = Sink(size)
-    reg.add(5, sink)
+    reg.add(5, sink.at(5))
     hello = wire.pack_hello(1, 0)
     frames = hello + _frame(5, 0, bytes(size)) + _frame(5, size, b"x" * 10)
     owed = [len(frames)]
@@ -110,7 +117,7 @@ def test_lowat_shrinks_for_a_frame_discarded_mid_payload() -> None:
     r.connection_made(t)  # type: ignore[arg-type]
     size = 2 * (1 << 20)
     sink = Sink(size)
-    reg.add(7, sink)
+    reg.add(7, sink.at(7))
     data = wire.pack_hello(1, 0) + _frame(7, 0, bytes(size))
     owed = [len(data)]
     half = len(data) - size // 2

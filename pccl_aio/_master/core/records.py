@@ -35,13 +35,19 @@ class Peer:
 
 @dataclasses.dataclass(slots=True)
 class Op:
-    """One collective of a group: voting (seq 0) or running on ``participants``."""
+    """One collective of a group: voting (seq 0) or running on ``participants``.
+
+    ``ticket`` (seq, epoch): the seq the group may run it as without a ``CollectiveStart``
+    (handed out with the tag's previous verdict); ``early``: the voters already running it so;
+    ``done`` may fill before the start with their reports."""
 
     descs: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     seq: int = 0
     participants: tuple[int, ...] = ()
     done: set[int] = dataclasses.field(default_factory=set)
     waits: set[int] = dataclasses.field(default_factory=set)  # voters awaiting it (not started)
+    ticket: tuple[int, int] = (0, 0)
+    early: set[int] = dataclasses.field(default_factory=set)
 
 
 def membership(epoch: int, accepted: list[Peer], conns: list[int]

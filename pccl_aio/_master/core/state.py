@@ -30,6 +30,9 @@ from .limits import Gate, Limits, advertise_error
 from .records import Op, Peer, describe, is_loopback, membership, version_reason
 from .view import View
 
+#: Tickets a group holds at most (older ones are evicted); each peer holds as many.
+MAX_TICKETS = 4096
+
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Malformed", "MasterState",
            "Received", "Send", "Tick"]
 
@@ -53,6 +56,8 @@ class MasterState:
         self._peers: dict[int, Peer] = {}
         self._ops: dict[tuple[int, int], Op] = {}
         self._seq = 0
+        # group -> tag -> (seq, epoch): the seq its next collective may start as (``Op.ticket``)
+        self._tickets: dict[int, dict[int, tuple[int, int]]] = {}
         self._view = View(self)
         self._sync = SyncBarrier(self._view)
 
@@ -149,12 +154,20 @@ class MasterState:
                     raise RemoteProtocolError(f"collective tag {msg.tag} already running")
                 if len(peer.tags) >= self.limits.max_collectives_per_peer:
                     raise RemoteProtocolError(f"more than {len(peer.tags)} collectives at once")
-                op = self._ops.setdefault((peer.group, msg.tag), Op())
+                op = self._ops.get((peer.group, msg.tag))
+                if op is None:  # the first vote of this round takes the tag's ticket
+                    op = self._ops[(peer.group, msg.tag)] = Op(
+                        ticket=self._tickets.get(peer.group, {}).pop(msg.tag, (0, 0)))
                 if op.seq:
                     raise RemoteProtocolError(f"collective tag {msg.tag} already started")
                 peer.tags.add(msg.tag)
                 op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo,
                                        msg.quant_dtype)
+                if msg.seq and msg.seq == op.ticket[0]:
+                    if msg.spoiled:  # it dropped frames of the ticket: start afresh
+                        op.ticket = (0, 0)
+                    else:
+                        op.early.add(peer.conn)  # else a void ticket: it follows the start
                 self._check_conflict(out)
                 self._check_initiate(peer.group, msg.tag, out)
             case m.CollectiveWait():
@@ -176,6 +189,14 @@ class MasterState:
                         and peer.conn in done_op.descs):  # withdrawn before it started
                     self._end_vote(peer.group, msg.tag, f"peer {peer.conn}: {msg.reason}", out,
                                    abort=True)
+                    return
+                if (done_op is not None and not done_op.seq and msg.seq
+                        and peer.conn in done_op.early and msg.seq == done_op.ticket[0]):
+                    if msg.ok:  # an early start finished before the last vote arrived
+                        done_op.done.add(peer.conn)
+                    else:
+                        self._end_vote(peer.group, msg.tag, f"peer {peer.conn}: {msg.reason}",
+                                       out, abort=True)
                     return
                 if done_op is None or done_op.seq != msg.seq or peer.conn not in done_op.participants:
                     return  # stale: the op was aborted before this report arrived
@@ -237,6 +258,7 @@ class MasterState:
 
     # ---- consensus ----------------------------------------------------------------------------
     def _membership(self, conns: list[int]) -> list[Action]:
+        self._tickets.clear()  # a new epoch: every ticket of the old ring is void
         accepted = [self._peers[c] for c in self.accepted()]
         return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns)]
 
@@ -313,9 +335,15 @@ class MasterState:
         if len(voters) < 2:
             self._end_vote(group, tag, "too few peers in the group", out, abort=True)
             return
-        self._seq += 1
-        op.seq, op.participants = self._seq, tuple(voters)
+        op.participants = tuple(voters)
+        if op.ticket[0] and op.ticket[1] == self.epoch:
+            op.seq = op.ticket[0]  # the early voters run it already (this confirms it)
+        else:  # no ticket, or the ring changed since: early voters start over
+            self._seq += 1
+            op.seq = self._seq
+            op.done.clear()
         out.extend(Send(c, m.CollectiveStart(tag, op.seq, self.epoch)) for c in voters)
+        self._check_complete(group, tag, out)
 
     def _end_vote(self, group: int, tag: int, reason: str, out: list[Action], *,
                   abort: bool = False, deadlock: bool = False) -> None:
@@ -332,9 +360,19 @@ class MasterState:
         if not op.done.issuperset(op.participants):
             return
         del self._ops[(group, tag)]
+        done = m.CollectiveComplete(tag, op.seq)
+        if list(op.participants) == self.accepted(group):  # the ring is as it was: a ticket
+            self._seq += 1
+            tickets = self._tickets.setdefault(group, {})
+            tickets[tag] = (self._seq, self.epoch)
+            evicted: list[int] = []  # never-reused tags: forget the oldest tickets
+            while len(tickets) > MAX_TICKETS and len(evicted) < m.MAX_EVICTED:
+                evicted.append(next(iter(tickets)))
+                del tickets[evicted[-1]]
+            done = m.CollectiveComplete(tag, op.seq, self._seq, self.epoch, evicted)
         for c in op.participants:
             self._peers[c].tags.discard(tag)
-            out.append(Send(c, m.CollectiveComplete(tag, op.seq)))
+            out.append(Send(c, done))
 
     def _abort(self, group: int, tag: int, reason: str, out: list[Action]) -> None:
         op = self._ops.pop((group, tag))
@@ -376,6 +414,8 @@ class MasterState:
             else:
                 op.descs.pop(conn, None)
                 op.waits.discard(conn)
+                op.early.discard(conn)
+                op.done.discard(conn)
                 if op.descs:
                     self._check_initiate(group, tag, out)
                 else:
