@@ -368,7 +368,7 @@ def dequantize_accumulate(unsigned char[::1] dst, const unsigned char[::1] src_q
     with nogil:
         _dq_init(&t, dst_dtype, q_dtype, algo, p0, p1)
         start = 0
-        if dst_dtype == F32 and (op == SUM or op == AVG) and q_dtype != Q4:  # fused AVX2 loop
+        if dst_dtype == F32 and (op == SUM or op == AVG):  # the fused AVX2 loop
             start = pccl_simd_dequant_f32(<float*>&dst[0], &src_q[0], q_dtype, n, algo, p0, p1,
                                           t.step, t.qmax, True)
         while start < n:

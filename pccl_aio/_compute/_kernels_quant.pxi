@@ -178,8 +178,11 @@ cdef void _dq_run(const Dequant* t, unsigned char* d, const unsigned char* qp,
     cdef const uint16_t* q16 = <const uint16_t*>qp
     cdef uint16_t* h = <uint16_t*>d
     cdef Py_ssize_t i0 = 0
-    if t.q_dtype == Q4:
-        _dq_run4(t, d, <const uint8_t*>qp, n)
+    if t.q_dtype == Q4:  # the AVX2 loop does whole words of 8 codes (i0 is even)
+        if t.dtype == F32:
+            i0 = pccl_simd_dequant_f32(<float*>d, qp, Q4, n, t.algo, t.p0, t.p1, t.step,
+                                       t.qmax, False)
+        _dq_run4(t, d + i0 * 4, <const uint8_t*>qp + (i0 >> 1), n - i0)
         return
     if t.dtype == F32:
         i0 = pccl_simd_dequant_f32(<float*>d, qp, t.q_dtype, n, t.algo, t.p0, t.p1, t.step,
