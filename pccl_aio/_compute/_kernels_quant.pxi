@@ -82,11 +82,12 @@ cdef void _quantize(code_t* q, const unsigned char* x, Py_ssize_t n, int dtype, 
 cdef void _quantize4(uint8_t* q, const unsigned char* x, Py_ssize_t n, int dtype, double a,
                      double inv, double lo, double hi, double zp) noexcept nogil:
     """4-bit codes packed two per byte (element 2i low nibble, 2i+1 high; an odd last
-    element leaves the high nibble 0): the 8-bit loops code a block on the stack, then
-    it is packed while in L1."""
+    element leaves the high nibble 0). The AVX2 loop packs whole groups of 16; the rest
+    is coded by the 8-bit loops into a block on the stack, then packed while in L1."""
     cdef uint8_t tmp[BLOCK_BYTES]
-    cdef Py_ssize_t size = ITEMSIZE[dtype], off = 0, m, j, h
-    while off < n:  # off stays even: BLOCK_BYTES is
+    cdef Py_ssize_t size = ITEMSIZE[dtype], m, j, h
+    cdef Py_ssize_t off = pccl_simd_quantize(q, Q4, x, dtype, n, a, inv, lo, hi, zp)
+    while off < n:  # off stays even: 16 and BLOCK_BYTES are
         m = BLOCK_BYTES if n - off > BLOCK_BYTES else n - off
         _quantize(tmp, &x[off * size], m, dtype, a, inv, lo, hi, zp)
         h = m >> 1

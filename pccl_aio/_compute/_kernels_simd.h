@@ -159,7 +159,8 @@ PCCL_AVX_FN pccl_avx2_minmax(const void *p, Py_ssize_t n, int dtype, float *mn,
         : dtype == 9 ? pccl_mm_loop(p, n, 9, mn, mx) : pccl_mm_loop(p, n, 10, mn, mx);
 }
 /* quantize: codes = rint(clamp((x - a) * inv, lo, hi)) + zp for dtype 8 float16,
-   9 bfloat16, 10 float32 or 11 float64; q_dtype 0 uint8, 2 uint16 */
+   9 bfloat16, 10 float32 or 11 float64; q_dtype 0 uint8, 2 uint16, 12 uint4 (two per
+   byte, element 2i in the low nibble; q points at element 0's byte) */
 PCCL_AVX __m128i pccl_codes(const void *x, Py_ssize_t i, int dtype, __m256d a,
                             __m256d inv, __m256d lo, __m256d hi, __m128i zp) {
     __m256d t;
@@ -192,6 +193,10 @@ PCCL_AVX Py_ssize_t pccl_q_loop(void *q, int q_dtype, const void *x, int dtype,
         if (q_dtype == 0) {
             _mm_storeu_si128((__m128i *)((uint8_t *)q + i), _mm_packus_epi16(
                 _mm_packs_epi32(c0, c1), _mm_packs_epi32(c2, c3)));
+        } else if (q_dtype == 12) {  /* codes 0..15: 16-bit lane e + 256 o -> e | o << 4 */
+            __m128i b = _mm_packus_epi16(_mm_packs_epi32(c0, c1), _mm_packs_epi32(c2, c3));
+            b = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0xff)), _mm_srli_epi16(b, 4));
+            _mm_storel_epi64((__m128i *)((uint8_t *)q + i / 2), _mm_packus_epi16(b, b));
         } else {
             _mm_storeu_si128((__m128i *)((uint16_t *)q + i), _mm_packus_epi32(c0, c1));
             _mm_storeu_si128((__m128i *)((uint16_t *)q + i + 8), _mm_packus_epi32(c2, c3));
@@ -206,6 +211,9 @@ PCCL_AVX_FN pccl_avx2_quantize(void *q, int q_dtype, const void *x, int dtype,
     if (q_dtype == 0)
         return dtype == 10 ? PCCL_Q(0, 10) : dtype == 9 ? PCCL_Q(0, 9)
             : dtype == 8 ? PCCL_Q(0, 8) : PCCL_Q(0, 11);
+    if (q_dtype == 12)
+        return dtype == 10 ? PCCL_Q(12, 10) : dtype == 9 ? PCCL_Q(12, 9)
+            : dtype == 8 ? PCCL_Q(12, 8) : PCCL_Q(12, 11);
     return dtype == 10 ? PCCL_Q(2, 10) : dtype == 9 ? PCCL_Q(2, 9)
         : dtype == 8 ? PCCL_Q(2, 8) : PCCL_Q(2, 11);
     #undef PCCL_Q
