@@ -272,7 +272,8 @@ PCCL_AVX_FN pccl_avx2_dequant_f32(float *d, const void *q, int q_dtype, Py_ssize
                                   int algo, double p0, double p1, double step,
                                   double qmax, int acc) {
     #define PCCL_DQ(qd, al, ac) pccl_dq_loop(d, q, qd, n, al, p0, p1, step, qmax, ac)
-    if (q_dtype == 12) return acc ? PCCL_DQ(12, 1, 1) : PCCL_DQ(12, 1, 0);  /* MIN_MAX only */
+    if (q_dtype == 12 && algo == 1) return acc ? PCCL_DQ(12, 1, 1) : PCCL_DQ(12, 1, 0);
+    if (q_dtype == 12) return acc ? PCCL_DQ(12, 2, 1) : PCCL_DQ(12, 2, 0);
     if (q_dtype == 0 && algo == 1) return acc ? PCCL_DQ(0, 1, 1) : PCCL_DQ(0, 1, 0);
     if (q_dtype == 0) return acc ? PCCL_DQ(0, 2, 1) : PCCL_DQ(0, 2, 0);
     if (algo == 1) return acc ? PCCL_DQ(2, 1, 1) : PCCL_DQ(2, 1, 0);

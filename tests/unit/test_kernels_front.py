@@ -23,6 +23,7 @@ from tests.unit.kernel_harness import (
     MIN_MAX,
     NO_EXT,
     SUM,
+    U4,
     U8,
     U16,
     cy,
@@ -201,17 +202,18 @@ def test_two_thread_split_is_bit_identical(dtype: int, monkeypatch: pytest.Monke
     _ops.divide(got, 3, dtype)
     impl.divide(memoryview(want).cast("B"), 3, dtype)
     assert got.tobytes() == want.tobytes()
-    q = np.empty(n, np.uint8)
-    meta = _ops.quantize(q, b, dtype, U8, MIN_MAX)
-    got, want = a.copy(), a.copy()
-    _ops.dequantize_accumulate(got, q, *meta, 0, dtype, U8, MIN_MAX)
-    impl.dequantize_accumulate(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, 0,
-                               dtype, U8, MIN_MAX)
-    assert got.tobytes() == want.tobytes()
-    _ops.dequantize(got, q, *meta, dtype, U8, MIN_MAX)
-    impl.dequantize(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, dtype, U8,
-                    MIN_MAX)
-    assert got.tobytes() == want.tobytes()
+    for qd in (U8, U4):  # uint4: the cut (64 elements apart) falls on a whole byte of codes
+        q = np.empty(n if qd == U8 else (n + 1) // 2, np.uint8)
+        meta = _ops.quantize(q, b, dtype, qd, MIN_MAX)
+        got, want = a.copy(), a.copy()
+        _ops.dequantize_accumulate(got, q, *meta, 0, dtype, qd, MIN_MAX)
+        impl.dequantize_accumulate(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta,
+                                   0, dtype, qd, MIN_MAX)
+        assert got.tobytes() == want.tobytes()
+        _ops.dequantize(got, q, *meta, dtype, qd, MIN_MAX)
+        impl.dequantize(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, dtype, qd,
+                        MIN_MAX)
+        assert got.tobytes() == want.tobytes()
 
 
 def test_copy_is_exact_split_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
