@@ -227,3 +227,30 @@ async def test_uint4_arguments_are_checked(peers):
         comms[0].all_reduce(np.zeros(8, np.float32), quantization=U4),
         comms[1].all_reduce(np.zeros(8, np.float32), quantization=q8), return_exceptions=True)
     assert all(isinstance(e, pccl.InvalidUsageError) for e in r), r
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "out-of-place"])
+async def test_uint4_crash_mid_collective_raises_everywhere_and_leaves_inputs(peers, in_place):
+    """A peer crashing after the first uint4 reduce-scatter segment arrived: every survivor
+    raises, its input is intact (restored in place), and the retry is identical everywhere."""
+    from tests.integration.test_faults import _crash_after
+
+    comms = await peers(3)
+    n = 3 * (1 << 21) + 5  # 2**21 elements per 1 MiB uint4 segment: two segments per chunk
+    xs = _inputs("float32", n, 3, seed=9)
+    originals = [x.copy() for x in xs]
+    outs = [np.full(n, -1.0, np.float32) for _ in range(3)]
+    with _crash_after(comms[0], comms[1], 0, 1) as seen:
+        hs = [c.all_reduce_async(x, None if in_place else o, tag=3, quantization=U4)
+              for c, x, o in zip(comms, xs, outs)]
+        res = await asyncio.gather(hs[0], hs[2], return_exceptions=True)
+    assert seen[0] >= 1
+    assert all(isinstance(r, pccl.PeerLostError) for r in res), res
+    for i in (0, 2):
+        assert xs[i].tobytes() == originals[i].tobytes()
+    await asyncio.gather(*(comms[i].all_reduce(xs[i], None if in_place else outs[i], tag=3,
+                                               quantization=U4) for i in (0, 2)))
+    result = [xs[i] if in_place else outs[i] for i in (0, 2)]
+    assert result[0].tobytes() == result[1].tobytes()
+    exact = _f64(originals[0]) + _f64(originals[2])
+    assert float(np.abs(_f64(result[0]) - exact).max()) <= 2 * float(np.ptp(exact)) / 15
