@@ -34,6 +34,7 @@ from pccl_aio._types import DataType, QuantAlgo, ReduceOp
 
 SUM, MIN_MAX = int(ReduceOp.SUM), int(QuantAlgo.MIN_MAX)
 F32, BF16, U8 = int(DataType.FLOAT32), int(DataType.BFLOAT16), int(DataType.UINT8)
+U4 = int(DataType.UINT4)
 
 # name -> target ratio (median GB/s over numpy add), None for the baselines
 TARGETS: dict[str, float | None] = {
@@ -43,6 +44,8 @@ TARGETS: dict[str, float | None] = {
     "reduce bf16 SUM": 0.5,
     "quantize f32->u8 MIN_MAX": 0.5,
     "dequant-accumulate u8->f32 SUM": 0.7,
+    "quantize f32->u4 MIN_MAX": 0.5,
+    "dequant-accumulate u4->f32 SUM": 0.7,
 }
 
 
@@ -57,6 +60,8 @@ def cases(mib: int) -> dict[str, Callable[[], object]]:
     b16 = a16[::-1].copy()
     q = np.empty(n, np.uint8)
     meta = _ops.quantize(q, b, F32, U8, MIN_MAX)
+    q4 = np.empty((n + 1) // 2, np.uint8)
+    meta4 = _ops.quantize(q4, b, F32, U4, MIN_MAX)
     return {
         "numpy add f32": lambda: np.add(a, b, out=a),
         "numpy copyto f32": lambda: np.copyto(c, a),
@@ -65,6 +70,9 @@ def cases(mib: int) -> dict[str, Callable[[], object]]:
         "quantize f32->u8 MIN_MAX": lambda: _ops.quantize(q, c, F32, U8, MIN_MAX),
         "dequant-accumulate u8->f32 SUM": lambda: _ops.dequantize_accumulate(
             a, q, meta[0], meta[1], SUM, F32, U8, MIN_MAX),
+        "quantize f32->u4 MIN_MAX": lambda: _ops.quantize(q4, c, F32, U4, MIN_MAX),
+        "dequant-accumulate u4->f32 SUM": lambda: _ops.dequantize_accumulate(
+            a, q4, meta4[0], meta4[1], SUM, F32, U4, MIN_MAX),
     }
 
 

@@ -16,8 +16,11 @@ __all__ = [
     "DTYPE_ITEMSIZE",
     "DTYPE_NAMES",
     "FLOAT_DTYPES",
+    "MIN_MAX_ONLY",
     "NUMPY_STORAGE",
     "QUANTIZED_DTYPES",
+    "QUANT_BITS",
+    "TENSOR_DTYPES",
     "DataType",
     "QuantAlgo",
     "Quantization",
@@ -52,7 +55,11 @@ def _member(cls: type[_E], table: dict[int, _E], value: object) -> _E | None:
 
 
 class DataType(enum.IntEnum):
-    """Element types of collectives and shared state (wire values are stable)."""
+    """Element types of collectives and shared state (wire values are stable).
+
+    ``UINT4`` is a quantization code only (``Quantization(dtype="uint4")``, two codes per
+    byte): no tensor, shared-state entry or all-reduce has that dtype, and ``parse`` refuses it.
+    """
 
     UINT8 = 0
     INT8 = 1
@@ -66,10 +73,15 @@ class DataType(enum.IntEnum):
     BFLOAT16 = 9
     FLOAT32 = 10
     FLOAT64 = 11
+    UINT4 = 12
 
     @property
     def itemsize(self) -> int:
-        return DTYPE_ITEMSIZE[self]
+        """Bytes per element; InvalidUsageError for UINT4 (two codes share a byte)."""
+        size = DTYPE_ITEMSIZE.get(self)
+        if size is None:
+            raise InvalidUsageError(f"{self.label} has no itemsize: two codes share a byte")
+        return size
 
     @property
     def is_float(self) -> bool:
@@ -78,15 +90,20 @@ class DataType(enum.IntEnum):
     @property
     def label(self) -> str:
         """The name numpy and torch use and messages show: ``"bfloat16"``."""
-        return DTYPE_NAMES[self]
+        return DTYPE_NAMES.get(self) or self.name.lower()
 
     @classmethod
     def parse(cls, value: object) -> DataType:
-        """Accept a DataType, a name (``"bfloat16"``, ``"float"``...), a torch dtype, or a
-        numpy dtype (not bfloat16); InvalidUsageError naming the value otherwise."""
-        if isinstance(value, DataType):
+        """Accept a tensor DataType, a name (``"bfloat16"``, ``"float"``...), a torch dtype,
+        or a numpy dtype (not bfloat16); InvalidUsageError naming the value otherwise (and
+        for UINT4, a quantization code only)."""
+        if isinstance(value, DataType) and value in DTYPE_ITEMSIZE:
             return value
         found = None
+        if value is DataType.UINT4 or (isinstance(value, str)
+                                       and value.strip().lower() == "uint4"):
+            raise InvalidUsageError("uint4 is a quantization dtype only "
+                                    "(Quantization(algo=QuantAlgo.MIN_MAX, dtype='uint4'))")
         if isinstance(value, str):
             found = _BY_NAME.get(value.strip().lower())
         else:
@@ -119,8 +136,15 @@ FLOAT_DTYPES: frozenset[DataType] = frozenset(dt for dt, row in _TABLE.items() i
 #: Lower-case names, as numpy and torch spell them.
 DTYPE_NAMES: dict[DataType, str] = {dt: dt.name.lower() for dt in _TABLE}
 NUMPY_STORAGE: dict[DataType, str] = {dt: row[2] for dt, row in _TABLE.items()}
-#: Codes of a quantized all-reduce.
-QUANTIZED_DTYPES: tuple[DataType, ...] = (DataType.UINT8, DataType.UINT16)
+#: Element types of tensors, shared state and all-reduce (every DataType but UINT4).
+TENSOR_DTYPES: tuple[DataType, ...] = tuple(_TABLE)
+#: Codes of a quantized all-reduce, with their width in bits. uint4 codes are packed two
+#: per byte: element 2i in the low nibble, 2i+1 in the high one (0 after an odd last one).
+QUANT_BITS: dict[DataType, int] = {DataType.UINT8: 8, DataType.UINT16: 16, DataType.UINT4: 4}
+QUANTIZED_DTYPES: tuple[DataType, ...] = tuple(QUANT_BITS)
+#: The quantized dtypes that support only MIN_MAX.
+MIN_MAX_ONLY: frozenset[DataType] = frozenset({DataType.UINT4})
+
 _ALIASES = {"float": DataType.FLOAT32, "double": DataType.FLOAT64, "half": DataType.FLOAT16,
             "bf16": DataType.BFLOAT16, "f32": DataType.FLOAT32, "f64": DataType.FLOAT64,
             "f16": DataType.FLOAT16}
@@ -181,7 +205,8 @@ class SyncStrategy(enum.IntEnum):
 @dataclasses.dataclass(frozen=True, slots=True, init=False)
 class Quantization:
     """Quantization of an all-reduce, keyword arguments only:
-    ``Quantization(algo=QuantAlgo.MIN_MAX, dtype="uint8")`` (dtype "uint8" or "uint16")."""
+    ``Quantization(algo=QuantAlgo.MIN_MAX, dtype="uint8")`` (dtype "uint8", "uint16" or,
+    with MIN_MAX only, "uint4": 15 levels, codes packed two per byte)."""
 
     algo: QuantAlgo
     dtype: DataType
@@ -195,10 +220,16 @@ class Quantization:
 
     def __init__(self, *, algo: QuantAlgo = QuantAlgo.MIN_MAX,
                  dtype: DataType | str = DataType.UINT8) -> None:
-        qd = DataType.parse(dtype)
+        four = dtype is DataType.UINT4 or (isinstance(dtype, str)
+                                           and dtype.strip().lower() == "uint4")
+        qd = DataType.UINT4 if four else DataType.parse(dtype)
         if qd not in QUANTIZED_DTYPES:
-            raise InvalidUsageError(f"quantized dtype must be uint8 or uint16, not {qd.label}")
-        object.__setattr__(self, "algo", QuantAlgo.parse(algo))
+            raise InvalidUsageError(
+                f"quantized dtype must be uint8, uint16 or uint4, not {qd.label}")
+        a = QuantAlgo.parse(algo)
+        if qd in MIN_MAX_ONLY and a not in (QuantAlgo.NONE, QuantAlgo.MIN_MAX):
+            raise InvalidUsageError(f"{qd.label} quantization supports MIN_MAX only, not {a.name}")
+        object.__setattr__(self, "algo", a)
         object.__setattr__(self, "dtype", qd)
 
 

@@ -45,6 +45,7 @@ cdef enum:
     BF16 = 9
     F32 = 10
     F64 = 11
+    Q4 = 12  # uint4 codes, two per byte (element 2i in the low nibble)
     BLOCK_BYTES = 16384
     SAVE_BLOCK_BYTES = 65536
     BLOCK_DOUBLES = 2048  # BLOCK_BYTES // 8
@@ -63,9 +64,9 @@ def _load_table():
 
     for dt, size in DTYPE_ITEMSIZE.items():
         ITEMSIZE[dt] = size
-    mine = (SUM, AVG, PROD, MAX, MIN, MIN_MAX, ZERO_POINT_SCALE, F16, BF16, F32, F64)
+    mine = (SUM, AVG, PROD, MAX, MIN, MIN_MAX, ZERO_POINT_SCALE, F16, BF16, F32, F64, Q4)
     theirs = (*ReduceOp, QuantAlgo.MIN_MAX, QuantAlgo.ZERO_POINT_SCALE, DataType.FLOAT16,
-              DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
+              DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64, DataType.UINT4)
     if len(DTYPE_ITEMSIZE) != 12 or mine != tuple(int(v) for v in theirs):
         raise ImportError("pccl_aio._compute._kernels disagrees with pccl_aio._types; rebuild")
 
@@ -171,6 +172,10 @@ cdef Py_ssize_t _count(Py_ssize_t nbytes, int dtype, bint floats) except -1:
     return nbytes // ITEMSIZE[dtype]
 
 cdef int _check_codes(Py_ssize_t n, Py_ssize_t qbytes, int q_dtype) except -1:
+    if q_dtype == Q4:
+        if qbytes < (n + 1) // 2:
+            raise ValueError("bad quantized buffer")
+        return 0
     if q_dtype != 0 and q_dtype != 2 or qbytes < n * (1 + (q_dtype == 2)):
         raise ValueError("bad quantized buffer")
     return 0
@@ -303,7 +308,7 @@ def quantize(unsigned char[::1] dst_q, const unsigned char[::1] src, int src_dty
              int q_dtype, int algo):
     cdef Py_ssize_t n = _count(src.shape[0], src_dtype, True)
     cdef double mm[2]
-    cdef double qmax = 255.0 if q_dtype == 0 else 65535.0
+    cdef double qmax = 255.0 if q_dtype == 0 else 15.0 if q_dtype == Q4 else 65535.0
     cdef double lo, hi, a, inv = 0.0, zp = 0.0
     _check_codes(n, dst_q.shape[0], q_dtype)
     if n == 0:
@@ -326,6 +331,8 @@ def quantize(unsigned char[::1] dst_q, const unsigned char[::1] src, int src_dty
                 zp = ((-lo * inv + RINT_MAGIC) - RINT_MAGIC) + 0.0
         if q_dtype == 0:
             _quantize(<uint8_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, -zp, qmax - zp, zp)
+        elif q_dtype == Q4:
+            _quantize4(<uint8_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, -zp, qmax - zp, zp)
         else:
             _quantize(<uint16_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, -zp, qmax - zp, zp)
     if algo == MIN_MAX:
@@ -349,7 +356,7 @@ def dequantize_accumulate(unsigned char[::1] dst, const unsigned char[::1] src_q
                           double p1, int op, int dst_dtype, int q_dtype, int algo):
     cdef Py_ssize_t n = _count(dst.shape[0], dst_dtype, True)
     cdef Py_ssize_t size = ITEMSIZE[dst_dtype]
-    cdef Py_ssize_t qsize = 1 if q_dtype == 0 else 2
+    cdef Py_ssize_t qsize = 1 if q_dtype == 0 else 2  # Q4: start >> 1 (starts are even)
     cdef Py_ssize_t block = BLOCK_BYTES // size
     cdef Py_ssize_t start, m
     cdef double buf[BLOCK_DOUBLES]  # 8-byte aligned scratch block on the stack
@@ -366,7 +373,7 @@ def dequantize_accumulate(unsigned char[::1] dst, const unsigned char[::1] src_q
                                           t.step, t.qmax, True)
         while start < n:
             m = min(block, n - start)
-            _dq_run(&t, tmp, &src_q[start * qsize], m)
+            _dq_run(&t, tmp, &src_q[start >> 1 if q_dtype == Q4 else start * qsize], m)
             _reduce(&dst[start * size], tmp, m, op, dst_dtype)
             start += m
 

@@ -79,6 +79,25 @@ cdef void _quantize(code_t* q, const unsigned char* x, Py_ssize_t n, int dtype, 
         _quantize_loop(q, x, i0, n, F16, a, inv, lo, hi, zp)
 
 
+cdef void _quantize4(uint8_t* q, const unsigned char* x, Py_ssize_t n, int dtype, double a,
+                     double inv, double lo, double hi, double zp) noexcept nogil:
+    """4-bit codes packed two per byte (element 2i low nibble, 2i+1 high; an odd last
+    element leaves the high nibble 0). The AVX2 loop packs whole groups of 16; the rest
+    is coded by the 8-bit loops into a block on the stack, then packed while in L1."""
+    cdef uint8_t tmp[BLOCK_BYTES]
+    cdef Py_ssize_t size = ITEMSIZE[dtype], m, j, h
+    cdef Py_ssize_t off = pccl_simd_quantize(q, Q4, x, dtype, n, a, inv, lo, hi, zp)
+    while off < n:  # off stays even: 16 and BLOCK_BYTES are
+        m = BLOCK_BYTES if n - off > BLOCK_BYTES else n - off
+        _quantize(tmp, &x[off * size], m, dtype, a, inv, lo, hi, zp)
+        h = m >> 1
+        for j in range(h):
+            q[(off >> 1) + j] = tmp[2 * j] | (tmp[2 * j + 1] << 4)
+        if m & 1:
+            q[(off >> 1) + h] = tmp[m - 1]
+        off += m
+
+
 # ---- dequantize -----------------------------------------------------------------------
 
 cdef inline double _dq(double q, int algo, double p0, double p1, double step,
@@ -96,7 +115,7 @@ cdef struct Dequant:
     double p1
     double step
     double qmax
-    double tab64[256]  # for 8-bit codes: D(q) in float64, float32 and 16 bits
+    double tab64[256]  # for 8- and 4-bit codes: D(q) in float64, float32 and 16 bits
     float tab32[256]
     uint16_t tab16[256]
 
@@ -108,10 +127,10 @@ cdef void _dq_init(Dequant* t, int dtype, int q_dtype, int algo, double p0,
     t.algo = algo
     t.p0 = p0
     t.p1 = p1
-    t.qmax = 255.0 if q_dtype == 0 else 65535.0
+    t.qmax = 255.0 if q_dtype == 0 else 15.0 if q_dtype == Q4 else 65535.0
     t.step = (p1 - p0) / t.qmax
-    if q_dtype == 0:
-        for i in range(256):
+    if q_dtype == 0 or q_dtype == Q4:
+        for i in range(256 if q_dtype == 0 else 16):
             t.tab64[i] = _dq(i, algo, p0, p1, t.step, t.qmax)
             t.tab32[i] = <float>t.tab64[i]
             t.tab16[i] = f32_to_bf16(t.tab32[i]) if dtype == BF16 else f32_to_f16(t.tab32[i])
@@ -122,14 +141,50 @@ cdef inline void _dq_direct(const Dequant* t, real* d, const uint16_t* q,
     for i in range(n):
         d[i] = <real>_dq(q[i], t.algo, t.p0, t.p1, t.step, t.qmax)
 
+cdef void _dq_run4(const Dequant* t, unsigned char* d, const uint8_t* q,
+                   Py_ssize_t n) noexcept nogil:
+    """d[0:n] = D(q) for 4-bit codes (two per byte), looked up in the tables."""
+    cdef Py_ssize_t j, h = n >> 1
+    cdef uint8_t c
+    cdef double* d64 = <double*>d
+    cdef float* d32 = <float*>d
+    cdef uint16_t* d16 = <uint16_t*>d
+    if t.dtype == F64:
+        for j in range(h):
+            c = q[j]
+            d64[2 * j] = t.tab64[c & 15]
+            d64[2 * j + 1] = t.tab64[c >> 4]
+        if n & 1:
+            d64[n - 1] = t.tab64[q[h] & 15]
+    elif t.dtype == F32:
+        for j in range(h):
+            c = q[j]
+            d32[2 * j] = t.tab32[c & 15]
+            d32[2 * j + 1] = t.tab32[c >> 4]
+        if n & 1:
+            d32[n - 1] = t.tab32[q[h] & 15]
+    else:
+        for j in range(h):
+            c = q[j]
+            d16[2 * j] = t.tab16[c & 15]
+            d16[2 * j + 1] = t.tab16[c >> 4]
+        if n & 1:
+            d16[n - 1] = t.tab16[q[h] & 15]
+
 cdef void _dq_run(const Dequant* t, unsigned char* d, const unsigned char* qp,
                   Py_ssize_t n) noexcept nogil:
-    """d[0:n] = D(q) cast to t.dtype; 8-bit codes are looked up in the tables."""
+    """d[0:n] = D(q) cast to t.dtype; 8- and 4-bit codes are looked up in the tables."""
     cdef Py_ssize_t i
     cdef const uint8_t* q8 = <const uint8_t*>qp
     cdef const uint16_t* q16 = <const uint16_t*>qp
     cdef uint16_t* h = <uint16_t*>d
     cdef Py_ssize_t i0 = 0
+    if t.q_dtype == Q4:  # the AVX2 loop does whole words of 8 codes (i0 is even)
+        if t.dtype == F32:
+            i0 = pccl_simd_dequant_f32(<float*>d, qp, Q4, n, t.algo, t.p0, t.p1, t.step,
+                                       t.qmax, False)
+        _dq_run4(t, d + i0 * 4, <const uint8_t*>qp + (i0 >> 1), n - i0)
+        return
     if t.dtype == F32:
         i0 = pccl_simd_dequant_f32(<float*>d, qp, t.q_dtype, n, t.algo, t.p0, t.p1, t.step,
                                    t.qmax, False)

@@ -159,7 +159,8 @@ PCCL_AVX_FN pccl_avx2_minmax(const void *p, Py_ssize_t n, int dtype, float *mn,
         : dtype == 9 ? pccl_mm_loop(p, n, 9, mn, mx) : pccl_mm_loop(p, n, 10, mn, mx);
 }
 /* quantize: codes = rint(clamp((x - a) * inv, lo, hi)) + zp for dtype 8 float16,
-   9 bfloat16, 10 float32 or 11 float64; q_dtype 0 uint8, 2 uint16 */
+   9 bfloat16, 10 float32 or 11 float64; q_dtype 0 uint8, 2 uint16, 12 uint4 (two per
+   byte, element 2i in the low nibble; q points at element 0's byte) */
 PCCL_AVX __m128i pccl_codes(const void *x, Py_ssize_t i, int dtype, __m256d a,
                             __m256d inv, __m256d lo, __m256d hi, __m128i zp) {
     __m256d t;
@@ -192,6 +193,10 @@ PCCL_AVX Py_ssize_t pccl_q_loop(void *q, int q_dtype, const void *x, int dtype,
         if (q_dtype == 0) {
             _mm_storeu_si128((__m128i *)((uint8_t *)q + i), _mm_packus_epi16(
                 _mm_packs_epi32(c0, c1), _mm_packs_epi32(c2, c3)));
+        } else if (q_dtype == 12) {  /* codes 0..15: 16-bit lane e + 256 o -> e | o << 4 */
+            __m128i b = _mm_packus_epi16(_mm_packs_epi32(c0, c1), _mm_packs_epi32(c2, c3));
+            b = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0xff)), _mm_srli_epi16(b, 4));
+            _mm_storel_epi64((__m128i *)((uint8_t *)q + i / 2), _mm_packus_epi16(b, b));
         } else {
             _mm_storeu_si128((__m128i *)((uint16_t *)q + i), _mm_packus_epi32(c0, c1));
             _mm_storeu_si128((__m128i *)((uint16_t *)q + i + 8), _mm_packus_epi32(c2, c3));
@@ -206,12 +211,16 @@ PCCL_AVX_FN pccl_avx2_quantize(void *q, int q_dtype, const void *x, int dtype,
     if (q_dtype == 0)
         return dtype == 10 ? PCCL_Q(0, 10) : dtype == 9 ? PCCL_Q(0, 9)
             : dtype == 8 ? PCCL_Q(0, 8) : PCCL_Q(0, 11);
+    if (q_dtype == 12)
+        return dtype == 10 ? PCCL_Q(12, 10) : dtype == 9 ? PCCL_Q(12, 9)
+            : dtype == 8 ? PCCL_Q(12, 8) : PCCL_Q(12, 11);
     return dtype == 10 ? PCCL_Q(2, 10) : dtype == 9 ? PCCL_Q(2, 9)
         : dtype == 8 ? PCCL_Q(2, 8) : PCCL_Q(2, 11);
     #undef PCCL_Q
 }
 /* float32 destination: d = D(q), or d = d + D(q) (acc); D(q) in float64 as the
-   reference: algo 1 p0 + q * step, algo 2 ((q - p1) * p0) / qmax */
+   reference: algo 1 p0 + q * step, algo 2 ((q - p1) * p0) / qmax; q_dtype 0 uint8,
+   2 uint16, 12 uint4 (two per byte, q points at element 0's byte) */
 PCCL_AVX __m256 pccl_dq(__m256i q, int algo, __m256d p0, __m256d p1, __m256d step,
                         __m256d qmax) {
     __m256d q0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(q));
@@ -232,13 +241,22 @@ PCCL_AVX Py_ssize_t pccl_dq_loop(float *d, const void *q, int q_dtype, Py_ssize_
     Py_ssize_t i = 0, j, end;
     const __m256d v0 = _mm256_set1_pd(p0), v1 = _mm256_set1_pd(p1);
     const __m256d vs = _mm256_set1_pd(step), vq = _mm256_set1_pd(qmax);
+    const __m256i nib = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     for (; i + 8 <= n; i = end) {
         __m256 nan = _mm256_setzero_ps();
         end = i + PCCL_BLOCK <= n ? i + PCCL_BLOCK : n & ~(Py_ssize_t)7;
         for (j = i; j < end; j += 8) {
-            __m256i c = q_dtype == 0
+            __m256i c;
+            if (q_dtype == 12) {  /* 8 nibbles of one 32-bit word: element k at bit 4k */
+                int w;
+                memcpy(&w, (const uint8_t *)q + j / 2, 4);
+                c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), nib),
+                                     _mm256_set1_epi32(15));
+            } else {
+                c = q_dtype == 0
                 ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const uint8_t *)q + j)))
                 : _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)q + j)));
+            }
             __m256 y = pccl_dq(c, algo, v0, v1, vs, vq);
             if (acc) {
                 y = _mm256_add_ps(_mm256_loadu_ps(d + j), y);
@@ -254,6 +272,8 @@ PCCL_AVX_FN pccl_avx2_dequant_f32(float *d, const void *q, int q_dtype, Py_ssize
                                   int algo, double p0, double p1, double step,
                                   double qmax, int acc) {
     #define PCCL_DQ(qd, al, ac) pccl_dq_loop(d, q, qd, n, al, p0, p1, step, qmax, ac)
+    if (q_dtype == 12 && algo == 1) return acc ? PCCL_DQ(12, 1, 1) : PCCL_DQ(12, 1, 0);
+    if (q_dtype == 12) return acc ? PCCL_DQ(12, 2, 1) : PCCL_DQ(12, 2, 0);
     if (q_dtype == 0 && algo == 1) return acc ? PCCL_DQ(0, 1, 1) : PCCL_DQ(0, 1, 0);
     if (q_dtype == 0) return acc ? PCCL_DQ(0, 2, 1) : PCCL_DQ(0, 2, 0);
     if (algo == 1) return acc ? PCCL_DQ(2, 1, 1) : PCCL_DQ(2, 1, 0);

@@ -28,6 +28,8 @@ from .._types import (
     DTYPE_ITEMSIZE,
     DTYPE_NAMES,
     FLOAT_DTYPES,
+    MIN_MAX_ONLY,
+    QUANT_BITS,
     QUANTIZED_DTYPES,
     DataType,
     QuantAlgo,
@@ -84,7 +86,8 @@ IMPLEMENTATION: Literal["cython", "numpy"] = (
 
 # int value -> itemsize, derived from the dtype table of _types.py.
 _ITEMSIZE: dict[int, int] = {int(dt): size for dt, size in DTYPE_ITEMSIZE.items()}
-_QDTYPES: dict[int, int] = {int(dt): DTYPE_ITEMSIZE[dt] for dt in QUANTIZED_DTYPES}
+_QBITS: dict[int, int] = {int(dt): bits for dt, bits in QUANT_BITS.items()}
+_MIN_MAX_ONLY: frozenset[int] = frozenset(int(dt) for dt in MIN_MAX_ONLY)
 _FLOATS: frozenset[int] = frozenset(int(dt) for dt in FLOAT_DTYPES)
 # The kernels take plain ints (an IntEnum argument costs a conversion per call).
 _OP_INT: dict[ReduceOp, int] = {op: int(op) for op in ReduceOp}
@@ -175,17 +178,26 @@ def _float_itemsize(dtype: int, name: str) -> int:
 
 
 def _names(dtypes: Collection[DataType]) -> str:
-    names = [DTYPE_NAMES[dt] for dt in sorted(dtypes)]
+    names = [dt.label for dt in sorted(dtypes)]
     return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-def _q_itemsize(q_dtype: int) -> int:
-    size = _lookup(_QDTYPES, q_dtype)
-    if size is None:
+def _q_bits(q_dtype: int, algo: int) -> int:
+    """Bits per code of a quantized dtype that ``algo`` (checked already) supports."""
+    bits = _lookup(_QBITS, q_dtype)
+    if bits is None:
         known = _lookup(_ITEMSIZE, q_dtype) is not None
         shown = DTYPE_NAMES[DataType(int(q_dtype))] if known else repr(q_dtype)
         raise InvalidUsageError(f"quantized dtype must be {_names(QUANTIZED_DTYPES)}, not {shown}")
-    return size
+    if q_dtype in _MIN_MAX_ONLY and algo != QuantAlgo.MIN_MAX:
+        raise InvalidUsageError(f"{DataType(int(q_dtype)).label} quantization supports MIN_MAX "
+                                f"only, not {QuantAlgo(algo).name}")
+    return bits
+
+
+def _code_bytes(count: int, bits: int) -> int:
+    """Bytes of ``count`` codes of ``bits`` each (4-bit codes: two per byte, rounded up)."""
+    return (count * bits + 7) >> 3
 
 
 def _op(op: int) -> int:
@@ -293,14 +305,15 @@ def minmax(src: BufferLike, dtype: int) -> tuple[float, float]:
 
 def quantize(dst_q: BufferLike, src: BufferLike, src_dtype: int, q_dtype: int, algo: int
              ) -> tuple[float, float]:
-    """Quantize ``src`` into ``dst_q`` (one code per element); return the metadata pair."""
+    """Quantize ``src`` into ``dst_q`` (one code per element; uint4: two per byte, element
+    2i in the low nibble); return the metadata pair."""
     d, s = _bytes(dst_q, "dst_q", True), _bytes(src, "src", False)
     n = _check_elements(s.nbytes, _float_itemsize(src_dtype, "src_dtype"), "src")
-    qsize = _q_itemsize(q_dtype)
     algo = _algo(algo)
-    if d.nbytes != n * qsize:
+    need = _code_bytes(n, _q_bits(q_dtype, algo))
+    if d.nbytes != need:
         raise InvalidUsageError(
-            f"length mismatch: dst_q has {d.nbytes} bytes, {n} codes need {n * qsize}"
+            f"length mismatch: dst_q has {d.nbytes} bytes, {n} codes need {need}"
         )
     return _impl.quantize(d, s, int(src_dtype), int(q_dtype), algo)
 
@@ -309,12 +322,11 @@ def _check_dequantize(dst: BufferLike, src_q: BufferLike, p0: float, p1: float, 
                       q_dtype: int, algo: int) -> tuple[memoryview, memoryview]:
     d, s = _bytes(dst, "dst", True), _bytes(src_q, "src_q", False)
     n = _check_elements(d.nbytes, _float_itemsize(dst_dtype, "dst_dtype"), "dst")
-    qsize = _q_itemsize(q_dtype)
-    _algo(algo)
+    need = _code_bytes(n, _q_bits(q_dtype, _algo(algo)))
     _check_meta(p0, p1)
-    if s.nbytes != n * qsize:
+    if s.nbytes != need:
         raise InvalidUsageError(
-            f"length mismatch: src_q has {s.nbytes} bytes, {n} elements need {n * qsize}"
+            f"length mismatch: src_q has {s.nbytes} bytes, {n} elements need {need}"
         )
     return d, s
 
@@ -338,7 +350,8 @@ def dequantize_accumulate(dst: BufferLike, src_q: BufferLike, p0: float, p1: flo
 
 def _run_decoding(kernel: Callable[..., None], d: memoryview, s: memoryview, dst_dtype: int,
                   q_dtype: int, args: tuple[Any, ...]) -> None:
-    """Run a decoding kernel over (dst, codes), in two halves when the job is large."""
-    size, qsize = _ITEMSIZE[dst_dtype], _QDTYPES[q_dtype]
-    _run(d.nbytes, size,
-         lambda a, b: kernel(d[a:b], s[a // size * qsize : b // size * qsize], *args))
+    """Run a decoding kernel over (dst, codes), in two halves when the job is large (the
+    cut falls on a multiple of 64 elements, so on a whole byte of 4-bit codes)."""
+    size, bits = _ITEMSIZE[dst_dtype], _QBITS[q_dtype]
+    _run(d.nbytes, size, lambda a, b: kernel(
+        d[a:b], s[_code_bytes(a // size, bits) : _code_bytes(b // size, bits)], *args))

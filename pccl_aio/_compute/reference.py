@@ -18,9 +18,12 @@ Semantics (the contract the Cython kernels match):
   bits unchanged: ``dst`` if it is NaN, else ``src`` if it is NaN, else the smaller
   (larger) one; on a tie (``-0.0`` vs ``0.0``) the result is ``src``.
 * Quantization (``MIN_MAX`` and ``ZERO_POINT_SCALE``, to ``uint8``/``uint16`` codes with
-  ``qmax`` = 255/65535) computes in float64, rounds half to even (``np.rint``) and is
-  described at :func:`quantize` / :func:`dequantize`. NaN quantizes to code 0, +/-inf to
-  the nearest end of the range; non-finite values are ignored by :func:`minmax`.
+  ``qmax`` = 255/65535; ``MIN_MAX`` also to ``uint4``, ``qmax`` = 15) computes in float64,
+  rounds half to even (``np.rint``) and is described at :func:`quantize` /
+  :func:`dequantize`. NaN quantizes to code 0, +/-inf to the nearest end of the range;
+  non-finite values are ignored by :func:`minmax`. uint4 codes are packed two per byte:
+  element ``2i`` in the low nibble of byte ``i``, ``2i + 1`` in its high nibble; after an
+  odd count the last byte's high nibble is 0 (and is ignored when decoding).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
 F16, BF16, F32, F64 = (int(d) for d in (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32,
                                         DataType.FLOAT64))
 U8, U16, U64 = int(DataType.UINT8), int(DataType.UINT16), int(DataType.UINT64)
+U4 = int(DataType.UINT4)
 SUM, AVG, PROD, MAX, MIN = (int(op) for op in ReduceOp)
 MIN_MAX, ZERO_POINT_SCALE = int(QuantAlgo.MIN_MAX), int(QuantAlgo.ZERO_POINT_SCALE)
 
@@ -66,7 +70,25 @@ QUANT_LIMIT = 2.0**1000
 #: A range narrower than this quantizes to a constant (all codes 0): ``qmax / span`` would
 #: overflow float64. The values then differ by less than 2**-1000.
 QUANT_MIN_SPAN = 2.0**-1000
-QMAX = {U8: 255, U16: 65535}
+QMAX = {U8: 255, U16: 65535, U4: 15}
+
+
+def pack4(q: NDArray[Any]) -> NDArray[np.uint8]:
+    """Codes 0..15 -> bytes, two per byte: ``q[2i] | q[2i + 1] << 4`` (0 after an odd end)."""
+    c = q.astype(np.uint8)
+    if c.size % 2:
+        c = np.append(c, np.uint8(0))
+    packed: NDArray[np.uint8] = c[0::2] | (c[1::2] << np.uint8(4))
+    return packed
+
+
+def unpack4(raw: Buffer, n: int) -> NDArray[np.uint8]:
+    """The first ``n`` 4-bit codes of the packed bytes ``raw`` (inverse of :func:`pack4`)."""
+    b = np.frombuffer(raw, np.uint8)
+    c = np.empty(2 * b.size, np.uint8)
+    c[0::2] = b & np.uint8(15)
+    c[1::2] = b >> np.uint8(4)
+    return c[:n]
 
 
 def _view(buf: Buffer, dtype: int) -> NDArray[Any]:
@@ -248,14 +270,18 @@ def quantize(dst_q: Buffer, src: Buffer, src_dtype: int, q_dtype: int, algo: int
                 q = np.rint(_clamp(x * inv, -zp, qmax - zp)) + zp
         else:
             raise ValueError(f"unknown quantization algorithm {algo}")
-    _view(dst_q, q_dtype)[...] = q.astype(NP_DTYPES[q_dtype])
+    if q_dtype == U4:
+        np.frombuffer(dst_q, np.uint8)[...] = pack4(q)
+    else:
+        _view(dst_q, q_dtype)[...] = q.astype(NP_DTYPES[q_dtype])
     return meta
 
 
 def _dequantized(src_q: Buffer, p0: float, p1: float, dst_dtype: int, q_dtype: int,
-                 algo: int) -> NDArray[Any]:
-    """The values D(q) in the dst dtype (bfloat16 as bits)."""
-    q = _view(src_q, q_dtype).astype(np.float64)
+                 algo: int, n: int) -> NDArray[Any]:
+    """The ``n`` values D(q) in the dst dtype (bfloat16 as bits)."""
+    codes = unpack4(src_q, n) if q_dtype == U4 else _view(src_q, q_dtype)
+    q = codes.astype(np.float64)
     qmax = float(QMAX[q_dtype])
     if algo == MIN_MAX:
         y = p0 + q * ((p1 - p0) / qmax)
@@ -278,7 +304,8 @@ def dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtype: int,
       constant c (>= 0 or <= 0) has ``q - zp == +/-qmax``, so D gives back c exactly.
     The rounding of float16/bfloat16 destinations goes through float32 (two roundings).
     """
-    _view(dst, dst_dtype)[...] = _dequantized(src_q, p0, p1, dst_dtype, q_dtype, algo)
+    d = _view(dst, dst_dtype)
+    d[...] = _dequantized(src_q, p0, p1, dst_dtype, q_dtype, algo, d.size)
 
 
 def dequantize_accumulate(dst: Buffer, src_q: Buffer, p0: float, p1: float, op: int,
@@ -287,5 +314,5 @@ def dequantize_accumulate(dst: Buffer, src_q: Buffer, p0: float, p1: float, op: 
 
     Defined as ``reduce_into(dst, dequantize(...))``; the Cython kernel fuses the two.
     """
-    tmp = _dequantized(src_q, p0, p1, dst_dtype, q_dtype, algo)
+    tmp = _dequantized(src_q, p0, p1, dst_dtype, q_dtype, algo, _view(dst, dst_dtype).size)
     reduce_into(dst, tmp, op, dst_dtype)

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from .._compute import front as _ops
 from .._errors import DeadlockError, InvalidUsageError, PcclTimeoutError, PeerLostError
-from .._types import DataType, QuantAlgo, Quantization, ReduceInfo, ReduceOp
+from .._types import QUANT_BITS, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 from .._wire.data import MAGIC, pack_header
 from .core import ring
 from .core.backup import InputBackup
@@ -81,7 +81,8 @@ class Collective:
         self.env, self.tag, self.op = env, tag, op
         self.quant = quant if quant is not None and quant.algo != QuantAlgo.NONE else None
         self._b = dst.dtype.itemsize
-        self._qb = DataType.parse(self.quant.dtype).itemsize if self.quant else self._b
+        # bits per element on the wire: 4-bit codes go two per byte
+        self._bits = QUANT_BITS[self.quant.dtype] if self.quant else 8 * self._b
         self.src, self.dst = src, dst
         loop = asyncio.get_running_loop()
         self.future: asyncio.Future[ReduceInfo] = loop.create_future()
@@ -109,7 +110,7 @@ class Collective:
         self._local_failure: Exception | None = None  # raised while processing inline
         self._stream_error: str | None = None  # the predecessor's frames broke the protocol
         self._suspect = 0  # the peer whose data connection broke, if that failed it
-        self._qdt, self._algo = ((int(DataType.parse(self.quant.dtype)), int(self.quant.algo))
+        self._qdt, self._algo = ((int(self.quant.dtype), int(self.quant.algo))
                                  if self.quant else (0, 0))
         self.plan: ring.RingPlan | None = None  # set at the start
         self.predecessor = -1  # the peer whose frames this attempt receives, set at the start
@@ -172,25 +173,29 @@ class Collective:
         self.world = len(ring_ids)
         rank = ring_ids.index(me)
         self.predecessor = ring_ids[rank - 1]
-        b, qb = self._b, self._qb
-        # segments are sized on the wire: a quantized one covers more elements
+        b, cb = self._b, self._wire_bytes
+        # segments are sized on the wire: a quantized one covers more elements; 4-bit codes
+        # need chunks and segments of an even count of elements (whole bytes)
         self.plan = plan = ring.RingPlan(rank, self.world, self.dst.count, b,
-                                         max(1, SEGMENT_BYTES // qb))
-        self._expected = {k: v // b * qb for k, v in plan.expected().items()}
+                                         max(1, SEGMENT_BYTES * 8 // self._bits),
+                                         2 if self._bits < 8 else 1)
+        lens = plan.expected()  # (phase, byte offset in dst) -> bytes in dst
+        self._expected = {(p, off): cb((off + n) // b) - cb(off // b)
+                          for (p, off), n in lens.items()}
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
         dst, src = self.dst.view, self.src.view
         if self.quant is not None:  # codes are received and sent from their place in it
-            self._scratch_owner, self._scratch = self.env.scratch.take(self.dst.count * qb)
+            self._scratch_owner, self._scratch = self.env.scratch.take(cb(self.dst.count))
         else:
             rs = [n for (phase, _), n in self._expected.items() if phase == ring.RS]
             if rs:
                 self._slots = Slots(self.env.scratch, max(rs), min(
                     len(rs), SLOTS_BASE + 2 * self.env.p2p_connections))
         scratch = self._scratch
-        for (phase, off), qlen in self._expected.items():  # each segment's work, cut once
-            n, q = qlen // qb * b, off // b * qb
+        for (phase, off), n in lens.items():  # each segment's work, cut once
+            q = cb(off // b)
             owned, fwd = plan.after_receive(phase, off)
-            qs = scratch[q : q + qlen] if scratch is not None else _EMPTY
+            qs = scratch[q : q + self._expected[(phase, off)]] if scratch is not None else _EMPTY
             self._steps[(phase, off)] = Step(owned, fwd, dst[off : off + n], qs,
                                              src[off : off + n])
         self.active = True
@@ -348,7 +353,7 @@ class Collective:
         self.env.report(self.tag, self.seq, True, "")
 
     async def _pipeline(self, link: Link) -> None:
-        plan, dst, b, qb = self.plan, self.dst.view, self._b, self._qb
+        plan, dst, b, cb = self.plan, self.dst.view, self._b, self._wire_bytes
         assert plan is not None
         scratch, quant = self._scratch, self.quant
         # From here on segments are forwarded from the receive callback when the link has
@@ -358,7 +363,7 @@ class Collective:
             await self._drain(link)
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
                 assert scratch is not None
-                qs = scratch[off // b * qb : (off + n) // b * qb]
+                qs = scratch[cb(off // b) : cb((off + n) // b)]
                 p0, p1 = _ops.quantize(qs, dst[off : off + n], self._dt, self._qdt, self._algo)
                 await self._send(link, ring.RS, off, qs, p0, p1)
             else:  # our own chunk: read from the input (dst itself when in place)
@@ -443,3 +448,7 @@ class Collective:
         """``_send_now`` once the link has room (waits while all its connections are full)."""
         await link.wait_room()
         self._send_now(link, phase, off, payload, p0, p1, slot)
+
+    def _wire_bytes(self, elems: int) -> int:
+        """Bytes on the wire of the first ``elems`` elements (4-bit codes: rounded up)."""
+        return (elems * self._bits + 7) >> 3

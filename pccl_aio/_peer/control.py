@@ -30,7 +30,6 @@ from .._errors import (
 from .._net.handshake import HandshakeError, greet
 from .._net.stream import read_frame, set_nodelay
 from .._net.tasks import TaskSet
-from .._types import DataType
 from .._wire import auth
 from .._wire import messages as m
 from .._wire.framing import frame
@@ -250,8 +249,7 @@ class ControlPlane:
         d, q = coll.dst, coll.quant
         seq, spoiled = self.tickets.use(coll.tag, self.membership)
         init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
-                                int(q.algo) if q else 0, int(DataType.parse(q.dtype)) if q else 0,
-                                seq, spoiled)
+                                int(q.algo) if q else 0, int(q.dtype) if q else 0, seq, spoiled)
         msgs = (init, m.CollectiveWait(coll.tag)) if awaited else (init,)
         self.send(*msgs)
         self.colls[coll.tag] = coll

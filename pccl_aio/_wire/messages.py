@@ -14,12 +14,21 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
 from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
 
 from .._errors import RemoteProtocolError
-from .._types import QUANTIZED_DTYPES, DataType, QuantAlgo, ReduceOp, SyncStrategy
+from .._types import (
+    MIN_MAX_ONLY,
+    QUANTIZED_DTYPES,
+    TENSOR_DTYPES,
+    DataType,
+    QuantAlgo,
+    ReduceOp,
+    SyncStrategy,
+)
 from .state import MAX_KEY
 
 PROTOCOL_VERSION: Final = 1
@@ -29,9 +38,11 @@ VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pend
                      "sync": "sync_shared_state()"}
 
 
-def _codes(cls: type[enum.IntEnum]) -> msgspec.Meta:
-    """The range of an enum's wire values, which must be contiguous: membership as a range."""
-    values = sorted(int(x) for x in cls)
+def _codes(cls: type[enum.IntEnum], members: Iterable[enum.IntEnum] | None = None
+           ) -> msgspec.Meta:
+    """The range of an enum's wire values (or of some ``members``), which must be
+    contiguous: membership as a range."""
+    values = sorted(int(x) for x in (cls if members is None else members))
     if values != list(range(values[0], values[-1] + 1)):
         raise TypeError(f"{cls.__name__}'s values are not contiguous")
     return msgspec.Meta(ge=values[0], le=values[-1])
@@ -43,7 +54,10 @@ U32: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 Port: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 #: A port or 0 (none).
 OptPort: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=65535)]
-DType: TypeAlias = Annotated[int, _codes(DataType)]
+#: A tensor's dtype (every DataType but UINT4, the last one: a quantization code only).
+DType: TypeAlias = Annotated[int, _codes(DataType, TENSOR_DTYPES)]
+#: A quantized dtype, 0 for none; which ones are allowed is checked by ``_check``.
+QDType: TypeAlias = Annotated[int, _codes(DataType)]
 Op: TypeAlias = Annotated[int, _codes(ReduceOp)]
 Algo: TypeAlias = Annotated[int, _codes(QuantAlgo)]
 Strategy: TypeAlias = Annotated[int, _codes(SyncStrategy)]
@@ -53,6 +67,7 @@ HASH_SIZE: Final = 16
 #: A wrapped pair key (``_wire/auth.py``): 32 bytes, or empty in a run without a secret.
 Key: TypeAlias = Annotated[bytes, msgspec.Meta(max_length=32)]
 _QDTYPES: Final = frozenset(int(d) for d in QUANTIZED_DTYPES)
+_MIN_MAX_ONLY: Final = frozenset(int(d) for d in MIN_MAX_ONLY)
 #: Caps on what a peer sends the master (so a frame cannot make it hold more): a host name
 #: (DNS: 253 characters), a shared-state key (``_wire/state.py``'s MAX_KEY), a failure reason,
 #: the entries of a sync vote.
@@ -94,17 +109,17 @@ class VotePeersPending(_Msg, frozen=True, tag=4):
 
 class CollectiveInit(_Msg, frozen=True, tag=5):
     """Vote to start the collective ``tag`` in this peer's group with this descriptor;
-    ``quant_dtype`` is uint8 or uint16 when quantized, 0 when ``quant_algo`` is NONE.
-    ``seq``: the ticket (``CollectiveComplete.next_seq``) this peer already runs the collective
-    as, before its ``CollectiveStart``; or, with ``spoiled``, a ticket it had to drop frames of
-    (the master then starts the collective with a fresh seq); else 0."""
+    ``quant_dtype`` is uint8, uint16 or (MIN_MAX only) uint4 when quantized, 0 when
+    ``quant_algo`` is NONE. ``seq``: the ticket (``CollectiveComplete.next_seq``) this peer
+    already runs the collective as, before its ``CollectiveStart``; or, with ``spoiled``, a
+    ticket it had to drop frames of (the master then starts it with a fresh seq); else 0."""
 
     tag: U64
     count: U64
     dtype: DType
     op: Op
     quant_algo: Algo = 0
-    quant_dtype: DType = 0
+    quant_dtype: QDType = 0
     seq: U64 = 0
     spoiled: bool = False
 
@@ -366,7 +381,10 @@ def _check(msg: _Msg, direction: str) -> None:
         if msg.quant_algo == QuantAlgo.NONE and msg.quant_dtype != 0:
             bad = f"CollectiveInit.quant_dtype: {msg.quant_dtype} without quantization (must be 0)"
         elif msg.quant_dtype not in _QDTYPES:
-            bad = f"CollectiveInit.quant_dtype: {msg.quant_dtype} is not uint8 or uint16"
+            bad = f"CollectiveInit.quant_dtype: {msg.quant_dtype} is not uint8, uint16 or uint4"
+        elif msg.quant_dtype in _MIN_MAX_ONLY and msg.quant_algo != QuantAlgo.MIN_MAX:
+            bad = (f"CollectiveInit.quant_dtype: {msg.quant_dtype} (uint4) needs MIN_MAX, "
+                   f"not algorithm {msg.quant_algo}")
     elif isinstance(msg, VoteSync):
         for i, e in enumerate(msg.entries):
             if len(e.hash) not in (0, HASH_SIZE):

@@ -60,6 +60,16 @@ async def test_numpy_buckets_on_three_peers_and_a_quantized_exchange(peers):
                            for b, c in zip(qb, comms)))
     assert xs[0][0].tobytes() == xs[1][0].tobytes() == xs[2][0].tobytes()
     np.testing.assert_allclose(xs[0][0], np.linspace(0, 2, 4096), atol=0.05)
+    # uint4 (two codes per byte) over a bucket of odd-sized tensors
+    ys = [[np.linspace(0, 1, 4095, dtype=np.float32) * (p + 1), np.ones(7, np.float32)]
+          for p in range(3)]
+    q4 = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint4")
+    await asyncio.gather(*(pccl.Buckets(y).all_reduce(c, quantization=q4, op=pccl.ReduceOp.AVG)
+                           for y, c in zip(ys, comms)))
+    for i in range(2):
+        assert ys[0][i].tobytes() == ys[1][i].tobytes() == ys[2][i].tobytes()
+    np.testing.assert_allclose(ys[0][0], np.linspace(0, 2, 4095), atol=3 * 2 / 15)
+    np.testing.assert_allclose(ys[0][1], 1.0, atol=3 * 2 / 15)
 
 
 def test_blocking_buckets_from_two_threads():

@@ -36,10 +36,18 @@ IMPLS = ["numpy", *CY_IMPLS] if cy is not None else ["numpy"]
 SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 U8, U16, F16, BF16, F32, F64 = 0, 2, 8, 9, 10, 11
+U4 = 12  # 4-bit codes, two per byte (MIN_MAX only)
 FLOATS = (F16, BF16, F32, F64)
 SUM, AVG, PROD, MAX, MIN = range(5)
 MIN_MAX, ZPS = 1, 2
 ITEM = {d: np.dtype(t).itemsize for d, t in ref.NP_DTYPES.items()}
+#: (quantized dtype, algorithm) pairs the kernels support
+QUANT_CASES = [(U8, 1), (U8, 2), (U16, 1), (U16, 2), (U4, 1)]
+
+
+def code_bytes(q: int, n: int) -> int:
+    """Bytes of n codes of the quantized dtype q (4-bit codes: two per byte)."""
+    return (n + 1) // 2 if q == U4 else n * ITEM[q]
 QTYPE = {U8: np.uint8, U16: np.uint16}
 
 
@@ -84,7 +92,10 @@ def placed(data: np.ndarray | bytes, offset: int) -> memoryview:
     return memoryview(buf)[offset:]
 
 
-def as_array(view: memoryview, dtype: int) -> np.ndarray:
+def as_array(view: memoryview, dtype: int, n: int | None = None) -> np.ndarray:
+    """The elements (or, for U4, the first n codes unpacked) of a byte view."""
+    if dtype == U4:
+        return ref.unpack4(view, len(view) * 2 if n is None else n)
     return np.frombuffer(view, dtype=ref.NP_DTYPES[dtype])
 
 

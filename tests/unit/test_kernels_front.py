@@ -14,7 +14,7 @@ import pytest
 from pccl_aio._compute import front as _ops
 from pccl_aio._compute import reference as ref
 from pccl_aio._errors import InvalidUsageError
-from pccl_aio._types import DataType
+from pccl_aio._types import TENSOR_DTYPES
 from tests.unit.kernel_harness import (
     BF16,
     F32,
@@ -23,6 +23,7 @@ from tests.unit.kernel_harness import (
     MIN_MAX,
     NO_EXT,
     SUM,
+    U4,
     U8,
     U16,
     cy,
@@ -129,9 +130,9 @@ def test_ops_rejects_bad_arguments(call: Any) -> None:
     (lambda: _ops.minmax(np.zeros(4, np.int32), 5),
      "dtype must be float16, bfloat16, float32 or float64, not int32"),
     (lambda: _ops.quantize(np.zeros(4, np.uint8), np.zeros(4, np.float32), F32, 4, MIN_MAX),
-     "quantized dtype must be uint8 or uint16, not uint32"),
+     "quantized dtype must be uint8, uint16 or uint4, not uint32"),
     (lambda: _ops.quantize(np.zeros(4, np.uint8), np.zeros(4, np.float32), F32, 17, MIN_MAX),
-     "quantized dtype must be uint8 or uint16, not 17"),
+     "quantized dtype must be uint8, uint16 or uint4, not 17"),
     (lambda: _ops.quantize(np.zeros(4, np.uint8), np.zeros(4, np.float32), F32, U8, 0),
      "algorithm NONE does not quantize"),
     (lambda: _ops.quantize(np.zeros(4, np.uint8), np.zeros(4, np.float32), F32, U8, 3),
@@ -143,6 +144,16 @@ def test_ops_rejects_bad_arguments(call: Any) -> None:
      "unknown reduce op 7; expected one of SUM, AVG, PROD, MAX, MIN"),
     (lambda: _ops.reduce_into(np.zeros(4, np.float32), np.zeros(4, np.float32), SUM, 12),
      "unknown dtype 12"),
+    (lambda: _ops.quantize(np.zeros(2, np.uint8), np.zeros(4, np.float32), F32, 12, 2),
+     "uint4 quantization supports MIN_MAX only, not ZERO_POINT_SCALE"),
+    (lambda: _ops.quantize(np.zeros(3, np.uint8), np.zeros(4, np.float32), F32, 12, MIN_MAX),
+     "length mismatch: dst_q has 3 bytes, 4 codes need 2"),
+    (lambda: _ops.dequantize(np.zeros(5, np.float32), np.zeros(2, np.uint8), 0.0, 1.0, F32, 12,
+                             MIN_MAX),
+     "length mismatch: src_q has 2 bytes, 5 elements need 3"),
+    (lambda: _ops.dequantize(np.zeros(4, np.float32), np.zeros(2, np.uint8), 0.0, 1.0, F32, 12,
+                             2),
+     "uint4 quantization supports MIN_MAX only"),
 ])
 def test_ops_errors_name_dtypes_and_ops(call: Any, message: str) -> None:
     with pytest.raises(InvalidUsageError) as err:
@@ -151,7 +162,7 @@ def test_ops_errors_name_dtypes_and_ops(call: Any, message: str) -> None:
 
 
 def test_tables_derive_from_the_dtype_table() -> None:
-    assert {int(dt): dt.itemsize for dt in DataType} == _ops._ITEMSIZE
+    assert {int(dt): dt.itemsize for dt in TENSOR_DTYPES} == _ops._ITEMSIZE
     assert {d: np.dtype(t).itemsize for d, t in ref.NP_DTYPES.items()} == _ops._ITEMSIZE
     assert ref.NP_DTYPES[BF16] is np.uint16 and ref.NP_DTYPES[F32] is np.float32
 
@@ -191,17 +202,18 @@ def test_two_thread_split_is_bit_identical(dtype: int, monkeypatch: pytest.Monke
     _ops.divide(got, 3, dtype)
     impl.divide(memoryview(want).cast("B"), 3, dtype)
     assert got.tobytes() == want.tobytes()
-    q = np.empty(n, np.uint8)
-    meta = _ops.quantize(q, b, dtype, U8, MIN_MAX)
-    got, want = a.copy(), a.copy()
-    _ops.dequantize_accumulate(got, q, *meta, 0, dtype, U8, MIN_MAX)
-    impl.dequantize_accumulate(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, 0,
-                               dtype, U8, MIN_MAX)
-    assert got.tobytes() == want.tobytes()
-    _ops.dequantize(got, q, *meta, dtype, U8, MIN_MAX)
-    impl.dequantize(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, dtype, U8,
-                    MIN_MAX)
-    assert got.tobytes() == want.tobytes()
+    for qd in (U8, U4):  # uint4: the cut (64 elements apart) falls on a whole byte of codes
+        q = np.empty(n if qd == U8 else (n + 1) // 2, np.uint8)
+        meta = _ops.quantize(q, b, dtype, qd, MIN_MAX)
+        got, want = a.copy(), a.copy()
+        _ops.dequantize_accumulate(got, q, *meta, 0, dtype, qd, MIN_MAX)
+        impl.dequantize_accumulate(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta,
+                                   0, dtype, qd, MIN_MAX)
+        assert got.tobytes() == want.tobytes()
+        _ops.dequantize(got, q, *meta, dtype, qd, MIN_MAX)
+        impl.dequantize(memoryview(want).cast("B"), memoryview(q).cast("B"), *meta, dtype, qd,
+                        MIN_MAX)
+        assert got.tobytes() == want.tobytes()
 
 
 def test_copy_is_exact_split_or_not(monkeypatch: pytest.MonkeyPatch) -> None:

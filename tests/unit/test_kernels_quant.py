@@ -25,12 +25,15 @@ from tests.unit.kernel_harness import (
     MIN,
     MIN_MAX,
     PROD,
+    QUANT_CASES,
     SETTINGS,
     SUM,
+    U4,
     U8,
     U16,
     ZPS,
     as_array,
+    code_bytes,
     kernels,
     offsets,
     placed,
@@ -56,13 +59,15 @@ def quantize_case(rng: np.random.Generator, dtype: int, n: int, specials: bool) 
 @pytest.mark.cython
 @pytest.mark.parametrize("impl", CY_IMPLS)
 @SETTINGS
-@given(dtype=st.sampled_from(FLOATS), q=st.sampled_from([U8, U16]), algo=st.sampled_from(
-    [MIN_MAX, ZPS]), n=sizes, seed=seeds, off=offsets, specials=st.booleans())
-def test_quantize_matches_reference(impl: str, dtype: int, q: int, algo: int, n: int,
+@given(dtype=st.sampled_from(FLOATS), qa=st.sampled_from(QUANT_CASES), n=sizes, seed=seeds,
+       off=offsets, specials=st.booleans())
+def test_quantize_matches_reference(impl: str, dtype: int, qa: tuple[int, int], n: int,
                                     seed: int, off: int, specials: bool) -> None:
+    q, algo = qa
     rng = np.random.default_rng(seed)
     x = quantize_case(rng, dtype, n, specials)
-    codes, expected_codes = placed(bytes(n * ITEM[q]), off), placed(bytes(n * ITEM[q]), 0)
+    nq = code_bytes(q, n)
+    codes, expected_codes = placed(bytes(nq), off), placed(bytes(nq), 0)
     expected_meta = ref.quantize(expected_codes, placed(x, 0), dtype, q, algo)
     with kernels(impl) as k:
         assert k.minmax(placed(x, off), dtype) == ref.minmax(placed(x, 0), dtype)
@@ -86,13 +91,14 @@ def test_quantize_matches_reference(impl: str, dtype: int, q: int, algo: int, n:
 
 @pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
-@given(dtype=st.sampled_from(FLOATS), q=st.sampled_from([U8, U16]), algo=st.sampled_from(
-    [MIN_MAX, ZPS]), n=st.integers(0, 300), seed=seeds, op=st.sampled_from([SUM, MIN, MAX]))
-def test_fused_accumulate_is_dequantize_then_reduce(impl: str, dtype: int, q: int, algo: int,
+@given(dtype=st.sampled_from(FLOATS), qa=st.sampled_from(QUANT_CASES), n=st.integers(0, 300),
+       seed=seeds, op=st.sampled_from([SUM, MIN, MAX]))
+def test_fused_accumulate_is_dequantize_then_reduce(impl: str, dtype: int, qa: tuple[int, int],
                                                     n: int, seed: int, op: int) -> None:
+    q, algo = qa
     rng = np.random.default_rng(seed)
     x, acc = quantize_case(rng, dtype, n, True), rand_values(rng, dtype, n)
-    codes = placed(bytes(n * ITEM[q]), 0)
+    codes = placed(bytes(code_bytes(q, n)), 0)
     with kernels(impl) as k:
         meta = k.quantize(codes, placed(x, 0), dtype, q, algo)
         values, fused, separate = placed(acc, 0), placed(acc, 0), placed(acc, 0)
@@ -116,10 +122,10 @@ def widened(x: np.ndarray, dtype: int) -> np.ndarray:
 
 @pytest.mark.parametrize("impl", IMPLS)
 @SETTINGS
-@example(dtype=F64, q=U16, algo=ZPS, n=1, seed=1294, dst="src")  # a 1e-304 range
-@given(dtype=st.sampled_from(FLOATS), q=st.sampled_from([U8, U16]), algo=st.sampled_from(
-    [MIN_MAX, ZPS]), n=st.integers(1, 300), seed=seeds, dst=st.sampled_from(["src", F64]))
-def test_quantization_error_is_half_a_step(impl: str, dtype: int, q: int, algo: int, n: int,
+@example(dtype=F64, qa=(U16, ZPS), n=1, seed=1294, dst="src")  # a 1e-304 range
+@given(dtype=st.sampled_from(FLOATS), qa=st.sampled_from(QUANT_CASES), n=st.integers(1, 300),
+       seed=seeds, dst=st.sampled_from(["src", F64]))
+def test_quantization_error_is_half_a_step(impl: str, dtype: int, qa: tuple[int, int], n: int,
                                            seed: int, dst: Any) -> None:
     """|D(q(x)) - x| <= step / 2 + 2**-40 (|lo| + |hi|) + rel(dst) |D| + tiny(dst).
 
@@ -127,10 +133,11 @@ def test_quantization_error_is_half_a_step(impl: str, dtype: int, q: int, algo: 
     roundings of the pipeline (their sum is below 2**-48 of it); rel/tiny are half an ulp
     of the destination's rounding, relative and at the subnormal end.
     """
+    q, algo = qa
     dst_dtype = dtype if dst == "src" else F64
     x = quantize_case(np.random.default_rng(seed), dtype, n, False)
     wide = widened(x, dtype)
-    codes, out = placed(bytes(n * ITEM[q]), 0), placed(bytes(n * ITEM[dst_dtype]), 0)
+    codes, out = placed(bytes(code_bytes(q, n)), 0), placed(bytes(n * ITEM[dst_dtype]), 0)
     with kernels(impl) as k:
         meta = k.quantize(codes, placed(x, 0), dtype, q, algo)
         k.dequantize(out, codes, *meta, dst_dtype, q, algo)
@@ -141,7 +148,7 @@ def test_quantization_error_is_half_a_step(impl: str, dtype: int, q: int, algo: 
         assert meta[0] == hi - lo
     else:
         assert meta == (lo + 0.0, hi + 0.0)
-    step = (hi - lo) / (255 if q == U8 else 65535)
+    step = (hi - lo) / ref.QMAX[q]
     if hi - lo < ref.QUANT_MIN_SPAN:  # too narrow to scale: quantized as a constant
         step = 2 * (hi - lo)
     bound = step / 2 + 2.0**-40 * (abs(lo) + abs(hi)) + REL[dst_dtype] * np.abs(y) + TINY[
@@ -155,14 +162,13 @@ CONSTANTS = [42.0, 43.0, 85.0, -42.0, 0.0, 0.1, -3.3e38, 1e-40, 65504.0]
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("value", "dtype"), [
     (v, d) for v in CONSTANTS for d in FLOATS if not (d == F16 and abs(v) > 65504)])
-@pytest.mark.parametrize("q", [U8, U16])
-@pytest.mark.parametrize("algo", [MIN_MAX, ZPS])
+@pytest.mark.parametrize(("q", "algo"), QUANT_CASES)
 def test_constants_survive_exactly(impl: str, value: float, dtype: int, q: int,
                                    algo: int) -> None:
-    f32 = np.full(1024, value, np.float32)
+    f32 = np.full(1023, value, np.float32)
     x = (f32.view(np.uint32) >> 16).astype(np.uint16) if dtype == BF16 else f32.astype(
         ref.NP_DTYPES[dtype])
-    codes, out = placed(bytes(1024 * ITEM[q]), 0), placed(bytes(x.nbytes), 0)
+    codes, out = placed(bytes(code_bytes(q, 1023)), 0), placed(bytes(x.nbytes), 0)
     with kernels(impl) as k:
         meta = k.quantize(codes, placed(x, 0), dtype, q, algo)
         k.dequantize(out, codes, *meta, dtype, q, algo)
@@ -170,13 +176,54 @@ def test_constants_survive_exactly(impl: str, value: float, dtype: int, q: int,
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("q", [U8, U16])
+@pytest.mark.parametrize("q", [U8, U16, U4])
 def test_nan_and_inf_codes(impl: str, q: int) -> None:
     x = np.array([1.0, np.nan, np.inf, -np.inf, 2.0, 0.0], np.float32)
-    codes = placed(bytes(6 * ITEM[q]), 0)
+    codes = placed(bytes(code_bytes(q, 6)), 0)
     with kernels(impl) as k:
         assert k.quantize(codes, placed(x, 0), F32, q, MIN_MAX) == (0.0, 2.0)
-        qmax = 255 if q == U8 else 65535
-        assert as_array(codes, q).tolist() == [(qmax + 1) // 2, 0, qmax, 0, qmax, 0]
-        assert k.quantize(codes, placed(x, 0), F32, q, ZPS) == (2.0, 0.0)
+        qmax = ref.QMAX[q]
+        half = (qmax + 1) // 2 if q != U4 else 8  # 7.5 rounds half to even
+        assert as_array(codes, q).tolist() == [half, 0, qmax, 0, qmax, 0]
+        if q != U4:
+            assert k.quantize(codes, placed(x, 0), F32, q, ZPS) == (2.0, 0.0)
         assert k.minmax(placed(np.array([np.nan, np.inf], np.float32), 0), F32) == (0.0, 0.0)
+
+
+# ---- uint4: the packing, odd counts and blocks ------------------------------------------------
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_uint4_packs_element_2i_in_the_low_nibble(impl: str) -> None:
+    x = np.arange(16, dtype=np.float32)[[3, 12, 0, 15, 7, 9, 5]]  # odd count, range 0..15
+    codes = placed(bytes(4), 0)
+    with kernels(impl) as k:
+        assert k.quantize(codes, placed(x, 0), F32, U4, MIN_MAX) == (0.0, 15.0)
+        assert codes.tobytes() == bytes([3 | 12 << 4, 0 | 15 << 4, 7 | 9 << 4, 5])
+        # the last byte's high nibble is padding: decoding ignores it, never reads past n
+        out = placed(bytes(7 * 4), 0)
+        garbage = placed(codes.tobytes()[:3] + bytes([5 | 0xF0]), 0)
+        k.dequantize(out, garbage, 0.0, 15.0, F32, U4, MIN_MAX)
+        assert as_array(out, F32).tolist() == x.tolist()
+
+
+@pytest.mark.parametrize("impl", CY_IMPLS)
+@pytest.mark.parametrize("n", [16383, 16384, 16385, 40001])
+@pytest.mark.cython
+def test_uint4_across_kernel_blocks_matches_reference(impl: str, n: int) -> None:
+    """Lengths across the Cython kernels' 16 KiB blocks (quantize packs per block of
+    16384 codes; the accumulate decodes per block of 16 KiB of dst)."""
+    rng = np.random.default_rng(n)
+    for dtype in FLOATS:
+        x = quantize_case(rng, dtype, n, True)
+        want = placed(bytes(code_bytes(U4, n)), 0)
+        meta = ref.quantize(want, placed(x, 0), dtype, U4, MIN_MAX)
+        with kernels(impl) as k:
+            codes = placed(bytes(code_bytes(U4, n)), 3)
+            assert k.quantize(codes, placed(x, 1), dtype, U4, MIN_MAX) == meta
+            assert codes.tobytes() == want.tobytes()
+            acc = rand_values(rng, dtype, n)
+            for op in (SUM, PROD, MAX):
+                got, expected = placed(acc, 1), placed(acc, 0)
+                k.dequantize_accumulate(got, codes, *meta, op, dtype, U4, MIN_MAX)
+                ref.dequantize_accumulate(expected, want, *meta, op, dtype, U4, MIN_MAX)
+                assert got.tobytes() == expected.tobytes()

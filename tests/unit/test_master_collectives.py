@@ -92,6 +92,9 @@ def test_descriptor_mismatch_rejects_for_every_voter_and_frees_the_tag(field: st
     ([(4, 10, 0, 1, 0), (4, 10, 0, 2, 2)],
      "peer 1: 4 x float32 SUM quantized MIN_MAX to uint8, "
      "peer 2: 4 x float32 SUM quantized ZERO_POINT_SCALE to uint16"),
+    ([(5, 10, 0, 1, 12), (5, 10, 0, 1, 0)],
+     "peer 1: 5 x float32 SUM quantized MIN_MAX to uint4, "
+     "peer 2: 5 x float32 SUM quantized MIN_MAX to uint8"),
     ([(4, 99, 0, 0, 0), (4, 10, 77, 0, 0)],  # built past decoding: codes, never a crash
      "peer 1: 4 x DataType 99 SUM, peer 2: 4 x float32 ReduceOp 77"),
 ])

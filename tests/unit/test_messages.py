@@ -388,13 +388,15 @@ BAD_PEER_TO_MASTER = [
     (enc([5, -1, 8, 10, 0]), "CollectiveInit.tag"),
     (enc([5, 1, -1, 10, 0]), "CollectiveInit.count"),
     (enc([5, 1, 8, -1, 0]), "CollectiveInit.dtype"),
-    (enc([5, 1, 8, 12, 0]), "CollectiveInit.dtype"),
+    (enc([5, 1, 8, 12, 0]), "CollectiveInit.dtype"),  # uint4 is no tensor dtype
+    (enc([5, 1, 8, 13, 0]), "CollectiveInit.dtype"),
     (enc([5, 1, 8, 10, -1]), "CollectiveInit.op"),
     (enc([5, 1, 8, 10, 5]), "CollectiveInit.op"),
     (enc([5, 1, 8, 10, 0, -1, 0]), "CollectiveInit.quant_algo"),
     (enc([5, 1, 8, 10, 0, 3, 0]), "CollectiveInit.quant_algo"),
     (enc([5, 1, 8, 10, 0, 1, -1]), "CollectiveInit.quant_dtype"),
-    (enc([5, 1, 8, 10, 0, 1, 12]), "CollectiveInit.quant_dtype"),
+    (enc([5, 1, 8, 10, 0, 1, 13]), "CollectiveInit.quant_dtype"),
+    (enc([5, 1, 8, 10, 0, 2, 12]), "CollectiveInit.quant_dtype"),  # uint4 needs MIN_MAX
     (enc([5, 1, 8, 10, 0, 1, 1]), "CollectiveInit.quant_dtype"),  # int8: not a quantized dtype
     (enc([5, 1, 8, 10, 0, 1, 10]), "CollectiveInit.quant_dtype"),  # float32 neither
     (enc([5, 1, 8, 10, 0, 0, 2]), "CollectiveInit.quant_dtype"),  # a dtype without quantization
@@ -404,7 +406,7 @@ BAD_PEER_TO_MASTER = [
     (enc([8, -1, 0, []]), "VoteSync.revision"),
     (enc([8, 0, -1, []]), "VoteSync.strategy"),
     (enc([8, 0, 3, []]), "VoteSync.strategy"),
-    (enc([8, 0, 0, [["w", 12, 4, H16]]]), "VoteSync.entries[0].dtype"),
+    (enc([8, 0, 0, [["w", 12, 4, H16]]]), "VoteSync.entries[0].dtype"),  # uint4: codes only
     (enc([8, 0, 0, [["w", -1, 4, H16]]]), "VoteSync.entries[0].dtype"),
     (enc([8, 0, 0, [["w", 10, 4, H16], ["v", 10, -1, H16]]]), "VoteSync.entries[1].nbytes"),
     (enc([8, 0, 0, [["w", 10, 4, b"\x01" * 15]]]), "VoteSync.entries[0].hash"),
@@ -495,19 +497,24 @@ def test_values_at_the_edges_of_every_range_decode(msg: m.PeerToMaster | m.Maste
 
 
 def test_every_enum_member_decodes_and_the_next_value_does_not() -> None:
-    from pccl_aio._types import DataType, QuantAlgo, ReduceOp, SyncStrategy
+    from pccl_aio._types import TENSOR_DTYPES, DataType, QuantAlgo, ReduceOp, SyncStrategy
 
-    for dt in DataType:
+    assert list(TENSOR_DTYPES) == [dt for dt in DataType if dt != DataType.UINT4]
+    for dt in TENSOR_DTYPES:
         assert m.decode_peer_to_master(enc([5, 1, 8, int(dt), 0])).dtype == dt
+        assert m.decode_peer_to_master(enc([8, 0, 0, [["w", int(dt), 4, H16]]])
+                                       ).entries[0].dtype == dt
     for op in ReduceOp:
         assert m.decode_peer_to_master(enc([5, 1, 8, 10, int(op)])).op == op
-    for algo in (QuantAlgo.MIN_MAX, QuantAlgo.ZERO_POINT_SCALE):
-        for qd in (DataType.UINT8, DataType.UINT16):
-            msg = m.decode_peer_to_master(enc([5, 1, 8, 10, 0, int(algo), int(qd)]))
-            assert (msg.quant_algo, msg.quant_dtype) == (algo, qd)
+    for algo, qd in [(QuantAlgo.MIN_MAX, DataType.UINT4),
+                     *((a, q) for a in (QuantAlgo.MIN_MAX, QuantAlgo.ZERO_POINT_SCALE)
+                       for q in (DataType.UINT8, DataType.UINT16))]:
+        msg = m.decode_peer_to_master(enc([5, 1, 8, 10, 0, int(algo), int(qd)]))
+        assert (msg.quant_algo, msg.quant_dtype) == (algo, qd)
     for s in SyncStrategy:
         assert m.decode_peer_to_master(enc([8, 0, int(s), []])).strategy == s
-    for body in (enc([5, 1, 8, len(DataType), 0]), enc([5, 1, 8, 10, len(ReduceOp)]),
+    for body in (enc([5, 1, 8, len(TENSOR_DTYPES), 0]), enc([5, 1, 8, 10, len(ReduceOp)]),
+                 enc([5, 1, 8, 10, 0, 1, len(DataType)]),
                  enc([5, 1, 8, 10, 0, len(QuantAlgo), 0]), enc([8, 0, len(SyncStrategy), []])):
         with pytest.raises(RemoteProtocolError):
             m.decode_peer_to_master(body)

@@ -128,8 +128,8 @@ def test_quantization_rejects_bad_algorithms(algo: object) -> None:
 
 
 @pytest.mark.parametrize(("dtype", "message"), [
-    ("int8", "uint8 or uint16, not int8"),
-    (pccl.DataType.FLOAT32, "uint8 or uint16, not float32"),
+    ("int8", "uint8, uint16 or uint4, not int8"),
+    (pccl.DataType.FLOAT32, "uint8, uint16 or uint4, not float32"),
     ("f4", "unsupported dtype 'f4'"),
     (0, "unsupported dtype 0"),
     (None, "unsupported dtype None"),
@@ -144,7 +144,8 @@ def test_quantization_rejects_bad_dtypes(dtype: object, message: str) -> None:
 def test_dtype_table_and_names() -> None:
     import numpy as np
 
-    for dt in pccl.DataType:
+    assert [*_types.TENSOR_DTYPES, pccl.DataType.UINT4] == list(pccl.DataType)
+    for dt in _types.TENSOR_DTYPES:
         assert dt.label == dt.name.lower() == _types.DTYPE_NAMES[dt]
         assert dt.itemsize == np.dtype(_types.NUMPY_STORAGE[dt]).itemsize
         assert dt.is_float == (dt.label in ("float16", "bfloat16", "float32", "float64"))
@@ -154,6 +155,41 @@ def test_dtype_table_and_names() -> None:
     assert _types.NUMPY_STORAGE[pccl.DataType.BFLOAT16] == "uint16"
     assert pccl.DataType.parse(" Float ") is pccl.DataType.FLOAT32
     assert pccl.DataType.parse("bf16") is pccl.DataType.BFLOAT16
+
+
+def test_uint4_is_a_quantization_dtype_only() -> None:
+    """uint4 (MIN_MAX codes, two per byte) is refused as a tensor, shared-state or
+    all-reduce dtype: by DataType.parse and by the buffers the API views."""
+    from pccl_aio._peer.core.buffers import as_buffer
+
+    u4 = pccl.DataType.UINT4
+    for q in (pccl.Quantization(dtype="uint4"), pccl.Quantization(dtype=" UINT4 "),
+              pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype=u4)):
+        assert (q.algo, q.dtype) == (pccl.QuantAlgo.MIN_MAX, u4)
+    assert pccl.Quantization(algo=pccl.QuantAlgo.NONE, dtype="uint4").dtype is u4
+    with pytest.raises(pccl.InvalidUsageError, match="uint4 quantization supports MIN_MAX only"):
+        pccl.Quantization(algo=pccl.QuantAlgo.ZERO_POINT_SCALE, dtype="uint4")
+    assert u4.label == "uint4" and not u4.is_float and u4 not in _types.DTYPE_NAMES
+    with pytest.raises(pccl.InvalidUsageError, match="two codes share a byte"):
+        u4.itemsize  # noqa: B018
+    for value in (u4, "uint4"):
+        with pytest.raises(pccl.InvalidUsageError, match="uint4 is a quantization dtype only"):
+            pccl.DataType.parse(value)
+    with pytest.raises(pccl.InvalidUsageError, match="unsupported dtype 12"):
+        pccl.DataType.parse(12)
+    with pytest.raises(pccl.InvalidUsageError, match="quantization dtype only"):
+        as_buffer(bytearray(8), writable=True, dtype=u4)
+
+
+def test_torch_uint4_tensors_are_refused() -> None:
+    from pccl_aio._peer.core.buffers import as_buffer
+
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(8, dtype=torch.uint8).view(torch.uint4)
+    with pytest.raises(pccl.InvalidUsageError, match="unsupported dtype uint4"):
+        as_buffer(t, writable=True)
+    with pytest.raises(pccl.InvalidUsageError, match="unsupported dtype uint4"):
+        pccl.SharedState({"w": t})
 
 
 def test_dtype_parse_takes_torch_dtypes_by_name() -> None:

@@ -21,11 +21,11 @@ Msg = tuple[int, int, int, bytes]  # (destination rank, phase, byte offset, payl
 
 
 def simulate(world: int, inputs: list[np.ndarray], seg_elems: int,
-             rng: random.Random) -> list[np.ndarray]:
+             rng: random.Random, grain: int = 1) -> list[np.ndarray]:
     """Run the plan for ``world`` ranks on ``inputs`` (one 1-D array per rank), SUM."""
     count, dtype = len(inputs[0]), inputs[0].dtype
     item = dtype.itemsize
-    plans = [_ring.RingPlan(r, world, count, item, seg_elems) for r in range(world)]
+    plans = [_ring.RingPlan(r, world, count, item, seg_elems, grain) for r in range(world)]
     bufs = [bytearray(x.tobytes()) for x in inputs]
     expected = [p.expected() for p in plans]
     flight: list[Msg] = []
@@ -75,6 +75,8 @@ def test_ring_sum_is_exact_on_every_rank(world: int, count: int, seg: int) -> No
     inputs = [nprng.integers(-(10**9), 10**9, size=count, dtype=np.int64) for _ in range(world)]
     total = np.sum(inputs, axis=0, dtype=np.int64)
     for out in simulate(world, inputs, seg, rng):
+        assert np.array_equal(out, total)
+    for out in simulate(world, inputs, seg, rng, grain=2):  # the plan of 4-bit codes
         assert np.array_equal(out, total)
 
 
@@ -132,7 +134,23 @@ def test_chunk_bounds_properties(count: int, world: int) -> None:
     assert sum(s == count // world + 1 for s in sizes) == count % world
 
 
+@given(count=st.integers(0, 10**6), world=st.integers(1, 64), grain=st.sampled_from([2, 3]))
+def test_chunk_bounds_with_a_grain_start_on_whole_units(count: int, world: int,
+                                                       grain: int) -> None:
+    """Chunks of whole ``grain`` units (4-bit codes: grain 2, whole bytes), only the last
+    nonempty one cut short at ``count``; grain 1 is the plain split."""
+    b = _ring.chunk_bounds(count, world, grain)
+    assert len(b) == world + 1 and b[0] == 0 and b[-1] == count
+    assert all(x % grain == 0 for x in b[:-1] if x < count)
+    units = [-(-(hi - lo) // grain) for lo, hi in itertools.pairwise(b)]
+    assert units == [hi - lo for lo, hi in itertools.pairwise(
+        _ring.chunk_bounds(-(-count // grain), world))]
+    assert _ring.chunk_bounds(count, world, 1) == _ring.chunk_bounds(count, world)
+
+
 def test_chunk_bounds_examples() -> None:
+    assert _ring.chunk_bounds(7, 3, 2) == [0, 4, 6, 7]
+    assert _ring.chunk_bounds(3, 4, 2) == [0, 2, 3, 3, 3]
     assert _ring.chunk_bounds(10, 3) == [0, 4, 7, 10]
     assert _ring.chunk_bounds(2, 4) == [0, 1, 2, 2, 2]
     assert _ring.chunk_bounds(0, 2) == [0, 0, 0]
@@ -166,6 +184,17 @@ def test_plan_geometry(count: int, world: int, item: int, rank_seed: int, seg: i
     ag = sum(n for (ph, _), n in exp.items() if ph == _ring.AG)
     assert rs == (count - (b[rank + 1] - b[rank])) * item
     assert ag == (count - (b[p.owned + 1] - b[p.owned])) * item
+
+
+@given(count=st.integers(0, 200), world=st.integers(1, 9), item=st.sampled_from([2, 4, 8]),
+       rank_seed=st.integers(0, 1000), seg=st.integers(0, 50))
+def test_plan_with_grain_2_cuts_every_segment_at_an_even_element(
+        count: int, world: int, item: int, rank_seed: int, seg: int) -> None:
+    p = _ring.RingPlan(rank_seed % world, world, count, item, seg, grain=2)
+    assert p.seg == max(2, seg // 2 * 2)
+    for (_, off), n in p.expected().items():
+        assert off // item % 2 == 0  # starts on an even element: a whole byte of codes
+        assert n // item % 2 == 0 or off + n == count * item  # only the very last is odd
 
 
 @pytest.mark.parametrize(("rank", "world"), [(-1, 3), (3, 3), (0, 0)])

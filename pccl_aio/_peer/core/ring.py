@@ -5,7 +5,8 @@ Reduce-scatter then all-gather over ``world`` ranks. Chunk ``c`` holds elements
 ``s`` and ends owning chunk ``(r + 1) mod W``, which it finalises and sends first in the
 all-gather. Each chunk's final bytes are computed by its owner only and forwarded verbatim, so
 every rank ends with identical bytes. Chunks are cut into segments so that receive, reduce and
-send overlap.
+send overlap. With a ``grain`` (2 for 4-bit codes, two per byte) every chunk and segment
+starts on a multiple of ``grain`` elements, so each is a whole number of bytes on the wire.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ RS = 0  # reduce-scatter phase
 AG = 1  # all-gather phase
 
 
-def chunk_bounds(count: int, world: int) -> list[int]:
-    """Element offsets of the ``world`` chunks: ``base + (c < rem)`` elements each."""
-    base, rem = divmod(count, world)
+def chunk_bounds(count: int, world: int, grain: int = 1) -> list[int]:
+    """Element offsets of the ``world`` chunks: ``base + (c < rem)`` units of ``grain``
+    elements each, the last unit cut at ``count``."""
+    base, rem = divmod(-(-count // grain), world)
     out = [0]
     for c in range(world):
         out.append(out[-1] + base + (1 if c < rem else 0))
-    return out
+    return [min(count, u * grain) for u in out] if grain > 1 else out
 
 
 def segments(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
@@ -33,12 +35,13 @@ class RingPlan:
 
     __slots__ = ("bounds", "itemsize", "owned", "rank", "seg", "world")
 
-    def __init__(self, rank: int, world: int, count: int, itemsize: int, seg_elems: int) -> None:
+    def __init__(self, rank: int, world: int, count: int, itemsize: int, seg_elems: int,
+                 grain: int = 1) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside a ring of {world}")
         self.rank, self.world, self.itemsize = rank, world, itemsize
-        self.seg = max(1, seg_elems)
-        self.bounds = chunk_bounds(count, world)
+        self.seg = max(grain, seg_elems // grain * grain)
+        self.bounds = chunk_bounds(count, world, grain)
         self.owned = (rank + 1) % world
 
     def chunk_segments(self, chunk: int) -> list[tuple[int, int]]:
