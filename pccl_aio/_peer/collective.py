@@ -27,7 +27,7 @@ from .._compute import front as _ops
 from .._errors import DeadlockError, InvalidUsageError, PcclTimeoutError, PeerLostError
 from .._types import QUANT_BITS, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 from .._wire.data import MAGIC, pack_header
-from .core import ring
+from .core import gather, ring
 from .core.backup import InputBackup
 from .core.buffers import Buffer
 from .core.slots import SLOTS_BASE, Slots
@@ -112,7 +112,8 @@ class Collective:
         self._suspect = 0  # the peer whose data connection broke, if that failed it
         self._qdt, self._algo = ((int(self.quant.dtype), int(self.quant.algo))
                                  if self.quant else (0, 0))
-        self.plan: ring.RingPlan | None = None  # set at the start
+        self.plan: ring.RingPlan | None = None  # set at the start (the ring's)
+        self._small: gather.GatherPlan | None = None  # ... or the small path's
         self.predecessor = -1  # the peer whose frames this attempt receives, set at the start
         self.awaited = False  # the caller waits on it (the master was told: CollectiveWait)
         self._steps: dict[tuple[int, int], Step] = {}  # (phase, offset) -> work, set at start
@@ -173,6 +174,26 @@ class Collective:
         self.world = len(ring_ids)
         rank = ring_ids.index(me)
         self.predecessor = ring_ids[rank - 1]
+        if gather.chosen(self.dst.count * self._b, self.world, self.quant is not None):
+            self._start_small(rank)
+        else:
+            self._start_ring(rank)
+        self.active = True
+        self.env.registry.add(seq, self)
+        succ = ring_ids[(rank + 1) % self.world]
+        self._run = self.env.tasks.spawn(self._run_data(succ), name=f"pccl_aio all-reduce {seq}")
+
+    def _start_small(self, rank: int) -> None:
+        """The small path (``core/gather.py``): our input into its slot of the scratch."""
+        nb = self.dst.count * self._b
+        self._small = g = gather.GatherPlan(rank, self.world, nb)
+        self._expected = g.expected()
+        self._remaining = len(self._expected)
+        self._scratch_owner, self._scratch = self.env.scratch.take(nb * self.world)
+        _ops.copy(self._scratch[g.mine() : g.mine() + nb], self.src.view)
+
+    def _start_ring(self, rank: int) -> None:
+        """The ring's plan, receive slots (or quantized scratch) and each segment's work."""
         b, cb = self._b, self._wire_bytes
         # segments are sized on the wire: a quantized one covers more elements; 4-bit codes
         # need chunks and segments of an even count of elements (whole bytes)
@@ -198,10 +219,6 @@ class Collective:
             qs = scratch[q : q + self._expected[(phase, off)]] if scratch is not None else _EMPTY
             self._steps[(phase, off)] = Step(owned, fwd, dst[off : off + n], qs,
                                              src[off : off + n])
-        self.active = True
-        self.env.registry.add(seq, self)
-        succ = ring_ids[(rank + 1) % self.world]
-        self._run = self.env.tasks.spawn(self._run_data(succ), name=f"pccl_aio all-reduce {seq}")
 
     def _confirm(self) -> None:
         self.confirmed = True
@@ -273,6 +290,7 @@ class Collective:
         self._outbox.clear()
         self._inbox.clear()
         self._expected = {}
+        self._small = self.plan = None
         self.tx = self.rx = self._suspect = 0
         self.save_input()
         if not self._in_place and self.quant is not None:
@@ -282,6 +300,9 @@ class Collective:
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         if self._expected.pop((phase, offset), -1) != length:
             return None
+        if self._small is not None:  # an input, into its slot of the scratch
+            assert self._scratch is not None
+            return self._scratch[offset : offset + length]
         _, _, seg, qs, _ = self._steps[(phase, offset)]
         if self.quant is not None:
             return qs
@@ -354,12 +375,16 @@ class Collective:
 
     async def _pipeline(self, link: Link) -> None:
         plan, dst, b, cb = self.plan, self.dst.view, self._b, self._wire_bytes
-        assert plan is not None
-        scratch, quant = self._scratch, self.quant
+        scratch, quant, small = self._scratch, self.quant, self._small
         # From here on segments are forwarded from the receive callback when the link has
         # room, interleaved with our own chunk's sends (a backlog would hold receive slots).
         self._link = link
-        for off, n in plan.first_sends():
+        if small is not None:  # our whole input, from its slot
+            assert scratch is not None
+            await self._drain(link)
+            await self._send(link, gather.GATHER, small.mine(),
+                             scratch[small.mine() : small.mine() + small.nbytes])
+        for off, n in plan.first_sends() if plan is not None else ():
             await self._drain(link)
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
                 assert scratch is not None
@@ -376,6 +401,11 @@ class Collective:
             if self._stream_error is not None:
                 raise PeerLostError(self._stream_error)
             if self._remaining == 0:
+                if small is not None:  # every input is here: reduce them, in rank order
+                    assert scratch is not None
+                    if self._backup is not None:
+                        self._backup.save(0, small.nbytes)
+                    small.reduce(dst, scratch, self._op, self._dt)
                 return
             left = self._last_rx + timeout - loop.time() if self.confirmed else None
             if left is not None and left <= 0:
@@ -400,6 +430,12 @@ class Collective:
         """Reduce (or decode) one received segment; what to forward, if anything (and the
         slot to free once it is sent). Blocks for the kernels only (1 MiB at most)."""
         self._remaining -= 1
+        if self._small is not None:  # an input: forwarded as it came, reduced at the end
+            if not self._small.forwarded(off):
+                return None
+            assert self._scratch is not None
+            return Forward(phase, off, self._scratch[off : off + self._small.nbytes], p0, p1,
+                           None)
         op, dt, quant, qdt, algo = self._op, self._dt, self.quant, self._qdt, self._algo
         owned, fwd, seg, qs, src = self._steps[(phase, off)]  # src: dst itself in place
         out, hold = qs, None
