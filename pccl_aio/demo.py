@@ -109,7 +109,9 @@ async def _peer(addr: str, steps: int, count: int, stop_file: str, die_at: int,
                         break
                 x = pattern.copy()
                 t0 = time.perf_counter()
-                handle = comm.all_reduce_async(x, tag=0)
+                # A tag per step: a reused tag would start early on its ticket, and a small
+                # all-reduce could then finish before the master's start reaches the victim.
+                handle = comm.all_reduce_async(x, tag=2 + state.revision)
                 if die_at and was_full and state.revision >= die_at and await handle.started():
                     # The master started the collective and data is flowing: die now, with
                     # no goodbye, as a crashed machine would.
