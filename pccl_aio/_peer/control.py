@@ -39,7 +39,7 @@ from .core.config import PeerConfig
 
 log = logging.getLogger("pccl_aio.communicator")
 
-_WITHDRAWABLE = ("topology", "pending", "sync")  # votes a cancelled caller takes back
+_WITHDRAWABLE = ("topology", "pending", "sync", "optimize")  # votes a cancelled caller takes back
 
 
 class ControlPlane:
@@ -67,6 +67,7 @@ class ControlPlane:
         self._joined: asyncio.Future[None] | None = None
         self._last_master = 0.0
         self._tasks = TaskSet("pccl_aio control plane")
+        self.on_measure: Callable[[m.MeasurePlan], None] | None = None  # the master's plans
 
     @property
     def peer_group_world_size(self) -> int:
@@ -260,6 +261,11 @@ class ControlPlane:
         if self.colls.get(coll.tag) is coll:
             del self.colls[coll.tag]
 
+    def report_measure(self, msg: m.MeasureReport) -> None:
+        """A link measurement to the master; dropped if the session is over."""
+        with contextlib.suppress(PcclError):
+            self.send(msg)
+
     def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
         """``CollectiveDone`` for (tag, seq); dropped if the session is over."""
         with contextlib.suppress(PcclError):
@@ -337,6 +343,11 @@ class ControlPlane:
                 self._reject(kind, cls(f"{m.VOTE_CALLS.get(kind, kind)} failed: {reason}"))
             case m.PeersPendingAnswer(pending=pending):
                 self._resolve("pending", pending)
+            case m.TopologyOptimized():
+                self._resolve("optimize", msg)
+            case m.MeasurePlan():
+                if self.on_measure is not None:
+                    self.on_measure(msg)
             case _:
                 pass  # MasterHeartbeat: liveness only
 

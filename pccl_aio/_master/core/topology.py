@@ -120,8 +120,8 @@ class Topology:
         if run is None or conn not in run.voters:
             return
         del self._runs[group]
-        reason = (f"{m.VOTE_CALLS['optimize']} failed: peer {conn} gave up during the "
-                  "measurement; the links measured so far are kept")
+        reason = (f"peer {conn} gave up during the measurement; the links measured so far "
+                  "are kept")
         out.extend(Send(c, m.VoteRejected("optimize", reason)) for c in run.voters if c != conn)
 
     def report(self, conn: int, group: int, msg: m.MeasureReport, now: float,
@@ -223,8 +223,8 @@ class Topology:
         if len(members) > 1 and math.isinf(new[0]):
             cut = sorted(p for p in self.links if self.links[p][0] == 0.0
                          and p[0] in members and p[1] in members)
-            reason = (f"{m.VOTE_CALLS['optimize']} failed: no ring of the group avoids the "
-                      f"links that could not be measured ({_pairs(cut)}); the ring stays")
+            reason = (f"no ring of the group avoids the links that could not be measured "
+                      f"({_pairs(cut)}); the ring stays")
             out.extend(Send(c, m.VoteRejected("optimize", reason)) for c in run.voters)
             return
         if old[0] > new[0] * KEEP_WITHIN:
