@@ -14,7 +14,7 @@ from pccl_aio._net.handshake import HandshakeError, connect
 from pccl_aio._peer import measure
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
-from tests.helpers import FAST, join_peers, reduce_ok
+from tests.helpers import join_peers, reduce_ok
 
 pytestmark = pytest.mark.timeout(60)
 
