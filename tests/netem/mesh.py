@@ -68,7 +68,7 @@ class Proc:
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": os.pathsep.join(
                    x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)}
-        err = tempfile.TemporaryFile()
+        err = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop)
         proc = await asyncio.create_subprocess_exec(
             "ip", "netns", "exec", Mesh.ns(host), sys.executable, str(DRIVER), *args,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, env=env)

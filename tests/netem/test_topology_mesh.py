@@ -38,7 +38,7 @@ async def test_the_optimized_ring_avoids_slow_links_and_is_3x_faster(mesh: Mesh)
     procs: list[Proc] = []
     try:
         procs, ids, ring = await run_peers(addr, [1, 2, 3, 4], 4)
-        host = {pid: h for pid, h in zip(ids, [1, 2, 3, 4])}
+        host = dict(zip(ids, [1, 2, 3, 4]))
         a, b, c, d = ring  # the join-order ring crosses a<->b and c<->d: make them slow
         for x, y in ((a, b), (c, d)):
             mesh.set(host[x], host[y], f"rate={SLOW_MBIT}")
