@@ -104,3 +104,28 @@ async def test_the_sink_caps_the_window_and_the_connections(peers, monkeypatch):
 async def _until(cond: object) -> None:
     while not cond():  # type: ignore[operator]
         await asyncio.sleep(0.01)  # polls a socket's state; nothing to await on
+
+
+def test_the_blocking_facade_optimizes_too() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pccl_aio import blocking
+
+    with blocking.Master("127.0.0.1", 0, admission_interval=0.0) as master:
+        a = blocking.Communicator(master.address)
+        b = blocking.Communicator(master.address)
+        try:
+            a.connect()
+            with ThreadPoolExecutor(2) as pool:
+                joining = pool.submit(b.connect)
+                while not a.are_peers_pending():
+                    assert not joining.done() or joining.exception() is None
+                a.update_topology()
+                joining.result()
+                infos = list(pool.map(lambda c: c.optimize_topology(timeout=30), (a, b)))
+            assert infos[0] == infos[1] and isinstance(infos[0], pccl.TopologyInfo)
+            assert infos[0].measured == 2 and sorted(infos[0].ring) == sorted(
+                (a.peer_id, b.peer_id))
+        finally:
+            a.close()
+            b.close()
