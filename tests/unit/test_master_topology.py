@@ -3,12 +3,14 @@ unreachable pairs, hostile reports, conflicts with other calls."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import pytest
 
 from pccl_aio._errors import RemoteProtocolError
 from pccl_aio._master.core import state as ms
+from pccl_aio._master.core import topology
 from pccl_aio._master.core.topology import MEASURE_SECONDS, ROUND_GRACE
 from pccl_aio._wire import messages as m
 
@@ -280,3 +282,22 @@ def test_a_group_of_one_answers_at_once() -> None:
     (a,) = h.run(0)
     got = answer(h.send(a, m.VoteOptimize()), a)
     assert (got.ring, got.measured, got.bottleneck_bps) == ([a], 0, 0.0)
+
+
+def test_a_large_group_s_ring_improves_in_the_background_and_the_next_call_takes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the switch finds nothing better than join order: the background search has to
+    monkeypatch.setattr(topology.tour, "solve", lambda cost, budget: list(range(len(cost))))
+    rng = random.Random(19)
+    h = Harness(heartbeat_timeout=1e9)
+    peers = h.run(*[0] * 14)
+    rates = {(a, b): rng.uniform(10e6, 1e9) for a in peers for b in peers if a != b}
+    _, acts = drive(h, vote_all(h, peers), lambda a, b: rates[(a, b)])
+    first = answer(acts, peers[0])
+    for t in range(1, 40):
+        h.tick(float(t))
+    rounds, acts = drive(h, vote_all(h, peers))
+    second = answer(acts, peers[0])
+    assert rounds == [] and second.measured == 0
+    assert second.bottleneck_bps > first.bottleneck_bps
+    assert first.ring == peers and sorted(second.ring) == peers and h.st.ring(0) == second.ring

@@ -8,7 +8,10 @@ time plus ``ROUND_GRACE`` kicks its silent senders. Then ``tour.solve`` orders t
 seconds per byte (an unmeasurable pair, 0 bits/s, is never a neighbour while a ring avoids
 it; if none does, every voter gets ``VoteRejected`` and the ring stays), the master bumps the
 epoch, sends the new ``Membership`` and then ``TopologyOptimized`` to the voters: the one
-agreed switch point. A ring within ``KEEP_WITHIN`` of the best stays as it is.
+agreed switch point. A ring within ``KEEP_WITHIN`` of the best stays as it is. Beyond
+``tour.EXACT_MAX`` peers the solve is a bounded local search (``SOLVE_BUDGET``); it goes on
+in the background, ``TICK_BUDGET`` evaluations per ``Tick``, and the next call (the next
+agreed switch point) takes the better ring it found, measuring nothing new.
 
 The matrix (``links``) survives runs and churn: a departed peer's entries are dropped, so
 after churn only the pairs of new peers are measured. A ring keeps its order; new members
@@ -34,6 +37,8 @@ MEASURE_SECONDS: Final = 0.5  # of pushing bytes, per measured pair
 MEASURE_STREAMS: Final = 4  # connections per measured pair
 ROUND_GRACE: Final = 10.0  # connect, latency probe and report, beyond MEASURE_SECONDS
 KEEP_WITHIN: Final = 1.05  # a ring whose bottleneck is within 5 % of the best is kept
+SOLVE_BUDGET: Final = 10_000  # ring evaluations at a switch (256 peers: ~0.25 s here)
+TICK_BUDGET: Final = 1_000  # ... per Tick afterwards, while they improve the ring
 
 Pair = tuple[int, int]
 
@@ -79,6 +84,8 @@ class Topology:
         self._runs: dict[int, _Run] = {}  # group -> its running optimize
         self._rings: dict[int, list[int]] = {}  # group -> ring order
         self._round = 0  # the last round id issued
+        self._better: dict[int, list[int]] = {}  # group -> best ring found in the background
+        self._settled: set[int] = set()  # groups whose ``_better`` no move improves
 
     # ---- queries ----------------------------------------------------------------------------
     def voters(self) -> dict[int, list[int]]:
@@ -94,7 +101,8 @@ class Topology:
 
     def order(self, group: int, members: list[int]) -> list[int]:
         """The ring of ``group``'s ``members``: its kept order, then new members ascending."""
-        kept = [c for c in self._rings.get(group, ()) if c in members]
+        now = set(members)
+        kept = [c for c in self._rings.get(group, ()) if c in now]
         known = set(kept)
         ring = kept + sorted(c for c in members if c not in known)
         self._rings[group] = ring
@@ -182,7 +190,21 @@ class Topology:
         self._next_round(group, run, now, out)
 
     def tick(self, now: float, out: list[Action]) -> None:
-        """Kick the senders of rounds that overran their time (they never reported)."""
+        """Kick the senders of rounds that overran their time (they never reported); go on
+        improving large groups' rings (``TICK_BUDGET``)."""
+        for group, ring in list(self._better.items()):
+            if group in self._runs or sorted(ring) != self._roster.accepted(group):
+                del self._better[group]  # measuring, or churn: the next call starts afresh
+                continue
+            if group in self._settled:
+                continue
+            cost = self._matrix(ring)
+            start = list(range(len(ring)))
+            found = tour.improve(cost, start, TICK_BUDGET)
+            if tour.ring_cost(cost, found) < tour.ring_cost(cost, start):
+                self._better[group] = [ring[i] for i in found]
+            else:
+                self._settled.add(group)  # a local optimum: nothing more to find
         late = []
         for run in self._runs.values():
             if run.asked and now - run.started > self.seconds + ROUND_GRACE:
@@ -216,10 +238,14 @@ class Topology:
     def _finish(self, group: int, run: _Run, out: list[Action]) -> None:
         del self._runs[group]
         members = self.order(group, self._roster.accepted(group))
-        cost = [[self._cost(a, b) for b in members] for a in members]
-        best = [members[i] for i in tour.solve(cost)]
-        new, old = tour.ring_cost(cost, [members.index(c) for c in best]), tour.ring_cost(
-            cost, list(range(len(members))))
+        cost = self._matrix(members)
+        pos = {c: i for i, c in enumerate(members)}
+        found = [tour.solve(cost, SOLVE_BUDGET)]
+        if sorted(self._better.get(group, ())) == sorted(members):
+            found.append([pos[c] for c in self._better[group]])
+        picked = min(found, key=lambda r: tour.ring_cost(cost, r))
+        best = [members[i] for i in picked]
+        new, old = tour.ring_cost(cost, picked), tour.ring_cost(cost, list(range(len(members))))
         if len(members) > 1 and math.isinf(new[0]):
             cut = sorted(p for p in self.links if self.links[p][0] == 0.0
                          and p[0] in members and p[1] in members)
@@ -229,12 +255,18 @@ class Topology:
             return
         if old[0] > new[0] * KEEP_WITHIN:
             self._rings[group] = members = best
+        self._settled.discard(group)
+        if len(members) > tour.EXACT_MAX:
+            self._better[group] = list(members)  # improved on Ticks from here
         epoch = self._roster.publish(out)
         n = len(members)
         slowest = min((self.links[(members[k], members[(k + 1) % n])][0] for k in range(n)),
                       default=0.0) if n > 1 else 0.0
         answer = m.TopologyOptimized(epoch, list(members), run.measured, slowest)
         out.extend(Send(c, answer) for c in run.voters)
+
+    def _matrix(self, ring: list[int]) -> list[list[float]]:
+        return [[self._cost(a, b) for b in ring] for a in ring]
 
     def _cost(self, a: int, b: int) -> float:
         """Seconds per byte from ``a`` to ``b`` (inf: unreachable or never measured)."""
