@@ -165,8 +165,10 @@ class CollectiveWait(_Msg, frozen=True, tag=11):
 
 class WithdrawVote(_Msg, frozen=True, tag=10):
     """The caller stopped waiting on its ``update_topology`` ("topology"),
-    ``are_peers_pending`` ("pending") or ``sync_shared_state`` ("sync") vote: take it back
-    (a sync it already takes part in counts as failed). Always answered by ``VoteWithdrawn``."""
+    ``are_peers_pending`` ("pending"), ``sync_shared_state`` ("sync") or
+    ``optimize_topology`` ("optimize") vote: take it back (a sync it already takes part in
+    counts as failed; an optimize that is measuring ends for the group). Always answered by
+    ``VoteWithdrawn``."""
 
     kind: VoteKind
 
@@ -333,8 +335,9 @@ class TopologyOptimized(_Msg, frozen=True, tag=81):
 
 
 class VoteRejected(_Msg, frozen=True, tag=75):
-    """A vote of kind ``kind`` ("topology", "pending", "sync") was withdrawn: other peers are
-    in another phase; ``deadlock``: the peers wait on each other and none can go on."""
+    """A vote of kind ``kind`` ("topology", "pending", "sync", "optimize") was withdrawn:
+    other peers are in another phase; ``deadlock``: the peers wait on each other and none can
+    go on. For "optimize" also: no ring avoids the unreachable pairs, or a member gave up."""
 
     kind: VoteKind
     reason: str

@@ -66,9 +66,10 @@ async def test_misuse_and_cancellation(peers):
     assert infos[0] == infos[1]
 
 
-async def test_optimize_next_to_an_all_reduce_is_a_typed_error_not_a_hang(peers):
+async def test_optimize_next_to_an_all_reduce_is_a_typed_error_not_a_hang(peers, master):
     a, b = await peers(2)
     vote = asyncio.ensure_future(a.optimize_topology(timeout=30))
+    await asyncio.wait_for(_until(lambda: master.state._topo.busy(a.peer_id)), 10)
     x = np.ones(8, np.float32)
     reduce = asyncio.ensure_future(b.all_reduce(x, timeout=30))
     with pytest.raises(pccl.DeadlockError, match="optimize_topology"):
