@@ -202,8 +202,8 @@ class ControlPlane:
         A withdrawal can lose the race against the other peers' votes: the round then
         completed with the withdrawn vote, and the others went on. Its answer (arriving before
         the master's ``VoteWithdrawn``) is carried to this peer's next vote of that kind
-        (topology and pending: the group's calls stay in step), which then returns it without
-        a new round; a sync that counted a withdrawn vote fails for the group instead.
+        (topology, pending, optimize: the group's calls stay in step), which then returns it
+        without a new round; a sync that counted a withdrawn vote fails for the group instead.
         """
         if kind in self._votes:
             raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
@@ -353,7 +353,7 @@ class ControlPlane:
 
     def _resolve(self, kind: str, value: Any) -> None:
         if kind in self._withdrawing:  # a round that counted a vote taken back
-            if kind in ("topology", "pending"):
+            if kind in ("topology", "pending", "optimize"):
                 fut = self._votes.pop(kind, None)
                 if fut is not None and not fut.done():  # the next vote is out: it is this
                     fut.set_result(value)               # round's, and its copy goes back
