@@ -39,10 +39,11 @@ class Mesh:
         self._run("set", str(i), str(j), *(["both"] if both else []), *opts)
 
     def uniform(self) -> None:
-        """Every ordered pair back to the mesh's delay and rate."""
+        """Every ordered pair back to the mesh's delay and rate, no loss, no cut."""
         for i in range(1, self.n + 1):
             for j in range(i + 1, self.n + 1):
-                self.set(i, j, f"delay={self.delay_ms:g}", f"rate={self.rate_mbit:g}")
+                self.set(i, j, f"delay={self.delay_ms:g}", f"rate={self.rate_mbit:g}",
+                         "loss=0", "cut=0")
 
     @staticmethod
     def ns(i: int) -> str:

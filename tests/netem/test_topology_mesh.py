@@ -85,3 +85,26 @@ async def test_after_churn_only_the_new_pairs_are_measured(mesh: Mesh) -> None:
     finally:
         for p in [*procs, master]:
             await p.stop()
+
+
+async def test_peers_that_cannot_reach_each_other_are_never_neighbours(mesh: Mesh) -> None:
+    mesh.uniform()
+    master, addr = await run_master()  # on host 1: its links stay up
+    procs: list[Proc] = []
+    try:
+        procs, ids, ring = await run_peers(addr, [1, 2, 3, 4], 4)
+        host = dict(zip(ids, [1, 2, 3, 4]))
+        x, y = next((a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if 1 not in
+                    (host[a], host[b]))  # a join-order ring link that avoids the master's host
+        mesh.set(host[x], host[y], "cut=1")
+        got = await command(procs, "optimize", "optimized")
+        new = got[0]["ring"]
+        assert all(g["ring"] == new for g in got) and frozenset((x, y)) not in edges(new)
+        master.send("links")
+        links = {(a, b): bps for a, b, bps, _ in (await master.expect("links"))["links"]}
+        assert links[(x, y)] == links[(y, x)] == 0.0
+        assert all(bps > 0 for pair, bps in links.items() if set(pair) != {x, y})
+        await reduce_time(procs)  # the new ring works across the cut mesh
+    finally:
+        for p in [*procs, master]:
+            await p.stop()
