@@ -301,3 +301,12 @@ def test_a_large_group_s_ring_improves_in_the_background_and_the_next_call_takes
     assert rounds == [] and second.measured == 0
     assert second.bottleneck_bps > first.bottleneck_bps
     assert first.ring == peers and sorted(second.ring) == peers and h.st.ring(0) == second.ring
+
+
+def test_the_departure_of_the_last_non_voter_starts_the_measurement() -> None:
+    h = Harness()
+    a, b, c = h.run(0, 0, 0)
+    assert vote_all(h, [a, b]) == []
+    _, end = drive(h, h.disconnect(c))
+    got = answer(end, a)
+    assert answer(end, b) == got and sorted(got.ring) == [a, b] and got.measured == 2
