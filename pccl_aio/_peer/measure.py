@@ -6,14 +6,18 @@ Per connection, after the handshake::
     sender -> receiver  HEADER   milliseconds to measure, pings (capped by the receiver)
     pings times:        8 bytes there, echoed back (the sender times each round trip)
     sender -> receiver  bytes, until the summary arrives
-    receiver -> sender  SUMMARY  bytes received and nanoseconds, over the window that opens
-                                 at the first data byte and lasts the header's time
+    receiver -> sender  SUMMARY  bytes received and nanoseconds over the second half of the
+                                 window that opens at the first data byte
 
 The receiver counts and drops what it reads, so a hostile sender costs it no memory; it
 bounds a connection's life (``SINK_LIFETIME``), its bytes (``MAX_BYTES``) and the number of
 measurement connections at once (``MAX_SINKS``). The sender bounds connecting, the whole
 probe and what it buffers from the receiver. Rates come from the receiver's clock, so the
-sender's socket buffers and the path's queues do not inflate them.
+sender's socket buffers and the path's queues do not inflate them. The window lasts the
+header's time but at least ``WINDOW_RTTS`` round trips (the least gap the receiver saw
+between a ping's echo and the next ping), and only its second half counts: TCP's slow start
+and receive-window growth take some round trips, and on a long path (100 ms) a window of
+0.5 s counted whole read every link at a fraction of its rate.
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ PING: Final = 8
 SUMMARY: Final = struct.Struct("<QQ")  # bytes, nanoseconds
 PINGS: Final = 3
 MAX_PINGS: Final = 8
+WINDOW_RTTS: Final = 12
 MAX_BYTES: Final = 1 << 34  # per connection: ends the window early (a 10 Tbit/s link's worth)
 MAX_SINKS: Final = 2 * m.MAX_MEASURE_STREAMS
-SINK_LIFETIME: Final = m.MAX_MEASURE_SECONDS + 10.0  # from accept to close, whatever happens
 CONNECT_TIMEOUT: Final = 5.0
+SINK_LIFETIME: Final = m.MAX_MEASURE_SECONDS + 2 * CONNECT_TIMEOUT  # accept to close, at most
 CHUNK: Final = memoryview(bytes(256 << 10))
 _SCRATCH = bytearray(256 << 10)  # every sink reads into it: the bytes are dropped
 
@@ -57,6 +62,8 @@ class _Sink(asyncio.BufferedProtocol):
         self._pings = -1  # unknown until the header arrived
         self._seconds = 0.0
         self._start = 0.0
+        self._rtt = 0.0  # the least gap from an echo to the next ping
+        self._echoed = 0.0
         self._bytes = 0
         self._done = False
         self.transport: asyncio.Transport | None = None
@@ -79,31 +86,38 @@ class _Sink(asyncio.BufferedProtocol):
             view = view[need:]
             if len(self._head) < (HEADER.size if self._pings < 0 else PING):
                 return
+            now = time.monotonic()
             if self._pings < 0:
                 ms, pings = HEADER.unpack(self._head)
-                self._seconds = min(ms / 1000, m.MAX_MEASURE_SECONDS)
+                self._seconds = ms / 1000
                 self._pings = min(pings, MAX_PINGS)
             else:
+                if self._echoed:
+                    gap = now - self._echoed
+                    self._rtt = min(self._rtt, gap) if self._rtt else gap
                 assert self.transport is not None
                 self.transport.write(bytes(self._head))
+                self._echoed = now
                 self._pings -= 1
             self._head.clear()
         if not view or self._done:
             return
-        if not self._start:
-            self._start = time.monotonic()
+        if not self._start:  # the window opens; its second half is counted
+            window = min(max(self._seconds, WINDOW_RTTS * self._rtt), m.MAX_MEASURE_SECONDS)
             loop = asyncio.get_running_loop()
-            self._timers.append(loop.call_later(self._seconds, self._finish))
-        self._bytes += len(view)
-        if self._bytes >= MAX_BYTES:
-            self._finish()
+            self._start = time.monotonic() + window / 2
+            self._timers.append(loop.call_later(window, self._finish))
+        if time.monotonic() >= self._start:
+            self._bytes += len(view)
+            if self._bytes >= MAX_BYTES:
+                self._finish()
 
     def _finish(self) -> None:
         """Send the summary, stop reading; the sender closes (or the lifetime ends)."""
         if self._done or self.transport is None:
             return
         self._done = True
-        elapsed = time.monotonic() - self._start
+        elapsed = max(time.monotonic() - self._start, 0.0)
         self.transport.write(SUMMARY.pack(self._bytes, int(elapsed * 1e9)))
         self.transport.pause_reading()
         self._timers.append(asyncio.get_running_loop().call_later(2.0, self.close))
@@ -202,8 +216,9 @@ class _Probe(asyncio.Protocol):
 async def probe(addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int, seconds: float,
                 streams: int) -> tuple[float, float]:
     """(bits/s, one-way latency in seconds) from this peer to ``addr`` over ``streams``
-    connections for ``seconds``; (0.0, 0.0) if none connects within ``CONNECT_TIMEOUT``.
-    Blocks at most ``seconds`` plus about 2 * ``CONNECT_TIMEOUT``; cancelling closes all."""
+    connections for ``seconds`` (longer on a long path: ``WINDOW_RTTS``); (0.0, 0.0) if none
+    connects within ``CONNECT_TIMEOUT``. Blocks at most ``MAX_MEASURE_SECONDS`` plus
+    2 * ``CONNECT_TIMEOUT``; cancelling closes all."""
     tls = config.ssl if config.ssl_server is not None else None
     probes: list[_Probe] = []
 
@@ -212,7 +227,7 @@ async def probe(addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int, secon
         probes.append(p)
         async with asyncio.timeout(CONNECT_TIMEOUT):
             await connect(addr.host, addr.port, tls, auth.ROLE_MEASURE, key, me, addr.peer_id, p)
-        async with asyncio.timeout(seconds + CONNECT_TIMEOUT):
+        async with asyncio.timeout(m.MAX_MEASURE_SECONDS + CONNECT_TIMEOUT):
             return await p.run(seconds, PINGS)
 
     try:

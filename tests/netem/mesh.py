@@ -26,7 +26,13 @@ class Mesh:
         self.n, self.delay_ms, self.rate_mbit = n, delay_ms, rate_mbit
 
     def up(self) -> None:
-        self._run("up", str(self.n), f"{self.delay_ms:g}", f"{self.rate_mbit:g}")
+        """Bring the mesh up (one retry: on a loaded machine the forwarder once missed the
+        tool's 12 s start-up wait)."""
+        args = ("up", str(self.n), f"{self.delay_ms:g}", f"{self.rate_mbit:g}")
+        try:
+            self._run(*args)
+        except RuntimeError:
+            self._run(*args)
         for i in range(1, self.n + 1):  # long-fat-link tuning (bench/wan.py does the same)
             subprocess.run(["ip", "netns", "exec", self.ns(i), "sysctl", "-qw",
                             "net.ipv4.tcp_slow_start_after_idle=0"], check=True, timeout=30)
@@ -54,8 +60,13 @@ class Mesh:
         return f"10.204.0.{i}"
 
     def _run(self, *args: str) -> None:
-        subprocess.run(["bash", str(WAN_MESH), *args], check=True, timeout=60,
-                       stdout=subprocess.DEVNULL, env={**os.environ, "PYTHON": sys.executable})
+        done = subprocess.run(["bash", str(WAN_MESH), *args], timeout=60, capture_output=True,
+                              text=True, env={**os.environ, "PYTHON": sys.executable})
+        if done.returncode:
+            log = Path("/tmp/pccl-wan-mesh.log")
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"wan-mesh {' '.join(args)}: status {done.returncode}\n"
+                               f"{done.stdout[-2000:]}{done.stderr[-2000:]}\nlog: {tail}")
 
 
 class Proc:
