@@ -247,11 +247,12 @@ class Communicator:
         """Joint vote of the group's accepted peers: order the ring to fit the network.
 
         Once every member voted, the master has the ordered pairs without a measurement
-        measured (each sender pushes bytes to its receiver over several connections for about
-        half a second; pairs that share no peer run at once), solves the ring whose slowest
-        link is fastest (peers that cannot reach each other are never neighbours) and the
-        whole group switches to it at once. Measurements are kept: after churn only the new
-        peers' pairs are measured. Blocks until then (about a second per round of pairs).
+        measured (each sender pushes bytes to its receiver over several connections for half
+        a second, or 12 round trips; pairs that share no peer run at once), solves the ring
+        whose slowest link is fastest (peers that cannot reach each other are never
+        neighbours) and the whole group switches to it at once. Measurements are kept: after
+        churn only the new peers' pairs are measured. Blocks until then (about a second per
+        round of pairs on a short path).
         Returns the new ring, the pairs measured for this call and the ring's slowest link.
         Raises ``InvalidUsageError`` if collectives are in flight (nothing is sent), or if no
         ring avoids the unreachable pairs (the ring stays) or a member gave up meanwhile;
