@@ -38,6 +38,7 @@ from ._types import (
     ReduceOp,
     SyncInfo,
     SyncStrategy,
+    TopologyInfo,
 )
 from ._version import __version__
 
@@ -66,6 +67,7 @@ __all__ = [
     "SyncInfo",
     "SyncStrategy",
     "TooFewPeersError",
+    "TopologyInfo",
     "VersionMismatchError",
     "__version__",
     "load_secret",

@@ -28,6 +28,7 @@ __all__ = [
     "ReduceOp",
     "SyncInfo",
     "SyncStrategy",
+    "TopologyInfo",
 ]
 
 
@@ -247,3 +248,13 @@ class SyncInfo(msgspec.Struct, frozen=True):
     tx_bytes: int
     rx_bytes: int
     revision: int
+
+
+class TopologyInfo(msgspec.Struct, frozen=True):
+    """What one ``optimize_topology()`` did: the group's new ``ring`` (peer ids, in order),
+    how many ordered peer pairs were ``measured`` for it (pairs measured before are kept), and
+    the measured bandwidth of the ring's slowest link in bits/s (0 for a ring of one)."""
+
+    ring: tuple[int, ...]
+    measured: int
+    bottleneck_bps: float

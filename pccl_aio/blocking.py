@@ -30,7 +30,7 @@ from ._master.server import Master as _AsyncMaster
 from ._peer.communicator import AllReduceHandle as _AsyncHandle
 from ._peer.communicator import Communicator as _AsyncCommunicator
 from ._peer.core.shared_state import SharedState
-from ._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+from ._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
 
 __all__ = ["AllReduceHandle", "Communicator", "Master"]
 
@@ -201,6 +201,9 @@ class Communicator:
 
     def update_topology(self, *, timeout: float | None = None) -> None:
         self._runner.call(self._comm.update_topology(timeout=timeout))
+
+    def optimize_topology(self, *, timeout: float | None = None) -> TopologyInfo:
+        return self._runner.call(self._comm.optimize_topology(timeout=timeout))
 
     def are_peers_pending(self, *, timeout: float | None = None) -> bool:
         return self._runner.call(self._comm.are_peers_pending(timeout=timeout))

@@ -18,7 +18,7 @@ from typing import Any
 from .._errors import InvalidUsageError, TooFewPeersError
 from .._net.credentials import load_secret
 from .._net.handshake import Gate
-from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy
+from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
 from .._wire import auth
 from .._wire import messages as m
 from . import deadline
@@ -31,6 +31,7 @@ from .core.shared_state import SharedState
 from .dataplane import DataPlane
 from .handle import AllReduceHandle
 from .keys import KeyRing
+from .measure import Measurer
 from .retry import MultiReduce
 from .sync import SharedStateSync
 
@@ -91,6 +92,9 @@ class Communicator:
         self._data = DataPlane(self.config, self._control.report, self._keys, self.gate)
         self._control.attach(self._data.registry)
         self._sync = SharedStateSync(self._control, self.config, self._keys, self.gate)
+        self._measure = Measurer(self.config, self._keys, self._control.report_measure)
+        self._data.listener.measure = self._measure
+        self._control.on_measure = self._measure.on_plan
 
     async def __aenter__(self) -> Communicator:
         return self
@@ -184,6 +188,7 @@ class Communicator:
         await self._shutdown()
 
     async def _shutdown(self) -> None:
+        await self._measure.close()
         await self._control.close()
         await self._data.close()
         await self._sync.server.close()
@@ -238,6 +243,32 @@ class Communicator:
         limit = deadline.check(timeout)
         return bool(await deadline.within(self._control.vote("pending", m.VotePeersPending()),
                                           limit, "are_peers_pending()"))
+
+    async def optimize_topology(self, *, timeout: float | None = None) -> TopologyInfo:
+        """Joint vote of the group's accepted peers: order the ring to fit the network.
+
+        Once every member voted, the master has the ordered pairs without a measurement
+        measured (each sender pushes bytes to its receiver over several connections for half
+        a second, or 12 round trips; pairs that share no peer run at once), solves the ring
+        whose slowest link is fastest (peers that cannot reach each other are never
+        neighbours) and the whole group switches to it at once. Measurements are kept: after
+        churn only the new peers' pairs are measured. Blocks until then (about a second per
+        round of pairs on a short path).
+        Returns the new ring, the pairs measured for this call and the ring's slowest link.
+        Raises ``InvalidUsageError`` if collectives are in flight (nothing is sent), or if no
+        ring avoids the unreachable pairs (the ring stays) or a member gave up meanwhile;
+        ``DeadlockError`` if the members wait on each other in other calls;
+        ``MasterConnectionError``/``KickedError`` if the session ended. Cancelling, or
+        ``timeout`` expiring (``PcclTimeoutError``), takes the vote back; during the
+        measurement that ends the call for the whole group (measurements so far are kept).
+        """
+        self._check_usable()
+        limit = deadline.check(timeout)
+        if self._control.colls:
+            raise InvalidUsageError("optimize_topology() while collectives are in flight")
+        answer: m.TopologyOptimized = await deadline.within(
+            self._control.vote("optimize", m.VoteOptimize()), limit, "optimize_topology()")
+        return TopologyInfo(tuple(answer.ring), answer.measured, answer.bottleneck_bps)
 
     # ---- all-reduce -------------------------------------------------------------------------
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,

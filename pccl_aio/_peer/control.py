@@ -41,7 +41,7 @@ from .receiver import Registry
 
 log = logging.getLogger("pccl_aio.communicator")
 
-_WITHDRAWABLE = ("topology", "pending", "sync")  # votes a cancelled caller takes back
+_WITHDRAWABLE = ("topology", "pending", "sync", "optimize")  # votes a cancelled caller takes back
 
 
 class ControlPlane:
@@ -70,6 +70,7 @@ class ControlPlane:
         self._last_master = 0.0
         self._tasks = TaskSet("pccl_aio control plane")
         self.tickets = Tickets(Stash())  # ``attach`` gives it the data plane's stash
+        self.on_measure: Callable[[m.MeasurePlan], None] | None = None  # the master's plans
 
     @property
     def peer_group_world_size(self) -> int:
@@ -208,8 +209,8 @@ class ControlPlane:
         A withdrawal can lose the race against the other peers' votes: the round then
         completed with the withdrawn vote, and the others went on. Its answer (arriving before
         the master's ``VoteWithdrawn``) is carried to this peer's next vote of that kind
-        (topology and pending: the group's calls stay in step), which then returns it without
-        a new round; a sync that counted a withdrawn vote fails for the group instead.
+        (topology, pending, optimize: the group's calls stay in step), which then returns it
+        without a new round; a sync that counted a withdrawn vote fails for the group instead.
         """
         if kind in self._votes:
             raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
@@ -271,6 +272,11 @@ class ControlPlane:
     def _forget(self, coll: Collective) -> None:
         if self.colls.get(coll.tag) is coll:
             del self.colls[coll.tag]
+
+    def report_measure(self, msg: m.MeasureReport) -> None:
+        """A link measurement to the master; dropped if the session is over."""
+        with contextlib.suppress(PcclError):
+            self.send(msg)
 
     def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
         """``CollectiveDone`` for (tag, seq); dropped if the session is over."""
@@ -351,12 +357,17 @@ class ControlPlane:
                 self._reject(kind, cls(f"{m.VOTE_CALLS.get(kind, kind)} failed: {reason}"))
             case m.PeersPendingAnswer(pending=pending):
                 self._resolve("pending", pending)
+            case m.TopologyOptimized():
+                self._resolve("optimize", msg)
+            case m.MeasurePlan():
+                if self.on_measure is not None:
+                    self.on_measure(msg)
             case _:
                 pass  # MasterHeartbeat: liveness only
 
     def _resolve(self, kind: str, value: Any) -> None:
         if kind in self._withdrawing:  # a round that counted a vote taken back
-            if kind in ("topology", "pending"):
+            if kind in ("topology", "pending", "optimize"):
                 fut = self._votes.pop(kind, None)
                 if fut is not None and not fut.done():  # the next vote is out: it is this
                     fut.set_result(value)               # round's, and its copy goes back

@@ -1,5 +1,6 @@
 """The data plane's listening socket: every connection completes the handshake
-(``_net/handshake.py``) before its bytes reach a ``receiver._Receiver``."""
+(``_net/handshake.py``) before its bytes reach a ``receiver._Receiver`` (or, for a link
+measurement, the ``measure.Measurer`` set as ``measure``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import ssl
 
 from .._net.handshake import Gate, Handoff, KeyFor
 from .._net.tasks import TaskSet
+from .._wire import auth
+from .measure import Measurer
 from .receiver import Registry, _Receiver
 
 
@@ -23,6 +26,7 @@ class Listener:
         self._server: asyncio.Server | None = None
         self._tasks = TaskSet("pccl_aio data listener")
         self.port = 0
+        self.measure: Measurer | None = None  # takes ROLE_MEASURE connections, if set
 
     async def start(self, host: str, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
         """Listen on ``host:port`` (0: the OS chooses; ``port`` tells it), over TLS with ``tls``."""
@@ -33,13 +37,21 @@ class Listener:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _accept(self, conn: Handoff) -> None:
-        admitted = await self._gate.admit(conn, conn, self._key_for)
+        admitted = await self._gate.admit(conn, conn, self._role_key)
         if admitted is None:
             return
         if self._server is None or not self._server.is_serving():
             conn.transport.abort()
             return
+        if admitted[0].role == auth.ROLE_MEASURE and self.measure is not None:
+            self.measure.accept(conn)
+            return
         conn.hand_over(_Receiver(self.registry, self.conns, peer=admitted[0].client_id))
+
+    async def _role_key(self, opening: auth.Opening) -> bytes | None:
+        if opening.role == auth.ROLE_MEASURE and self.measure is not None:
+            return await self.measure.key_for(opening)
+        return await self._key_for(opening)
 
     def abort(self) -> None:
         """Stop listening and drop every receive connection at once."""

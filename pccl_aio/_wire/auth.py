@@ -29,8 +29,9 @@ VERSION: Final = 1
 NONCE_SIZE: Final = 32
 KEY_SIZE: Final = 32
 
-ROLE_MASTER, ROLE_DATA, ROLE_STATE = 1, 2, 3
-ROLES: Final = {ROLE_MASTER: "master", ROLE_DATA: "data", ROLE_STATE: "state transfer"}
+ROLE_MASTER, ROLE_DATA, ROLE_STATE, ROLE_MEASURE = 1, 2, 3, 4
+ROLES: Final = {ROLE_MASTER: "master", ROLE_DATA: "data", ROLE_STATE: "state transfer",
+                ROLE_MEASURE: "link measurement"}
 
 OK, REFUSED, UNKNOWN_PEER, BAD_VERSION = 0, 1, 2, 3
 STATUS: Final = {OK: "accepted", REFUSED: "refused: wrong run secret",

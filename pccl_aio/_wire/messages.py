@@ -35,7 +35,9 @@ PROTOCOL_VERSION: Final = 1
 
 #: The public call behind each kind of vote, for messages on both sides of the wire.
 VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pending()",
-                     "sync": "sync_shared_state()"}
+                     "sync": "sync_shared_state()", "optimize": "optimize_topology()"}
+#: The kinds of vote a caller can take back (``WithdrawVote``) and the master can reject.
+VoteKind: TypeAlias = Literal["topology", "pending", "sync", "optimize"]
 
 
 def _codes(cls: type[enum.IntEnum], members: Iterable[enum.IntEnum] | None = None
@@ -76,6 +78,15 @@ StateKey: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_KEY)]
 Reason: TypeAlias = Annotated[str, msgspec.Meta(max_length=1024)]
 MAX_SYNC_ENTRIES: Final = 1 << 20
 MAX_EVICTED: Final = 64
+#: A measured link (``optimize_topology``): bits/s up to 10 Tbit/s (0: unreachable), one-way
+#: latency up to 60 s; a measurement lasts at most ``MAX_MEASURE_SECONDS`` on at most
+#: ``MAX_MEASURE_STREAMS`` streams (receivers enforce both).
+BitsPerS: TypeAlias = Annotated[float, msgspec.Meta(ge=0.0, le=1e13)]
+Latency: TypeAlias = Annotated[float, msgspec.Meta(ge=0.0, le=60.0)]
+MAX_MEASURE_SECONDS: Final = 5.0
+MAX_MEASURE_STREAMS: Final = 16
+MeasureSeconds: TypeAlias = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_MEASURE_SECONDS)]
+MeasureStreams: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=MAX_MEASURE_STREAMS)]
 
 
 class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
@@ -175,10 +186,27 @@ class CollectiveWait(_Msg, frozen=True, tag=11):
 
 class WithdrawVote(_Msg, frozen=True, tag=10):
     """The caller stopped waiting on its ``update_topology`` ("topology"),
-    ``are_peers_pending`` ("pending") or ``sync_shared_state`` ("sync") vote: take it back
-    (a sync it already takes part in counts as failed). Always answered by ``VoteWithdrawn``."""
+    ``are_peers_pending`` ("pending"), ``sync_shared_state`` ("sync") or
+    ``optimize_topology`` ("optimize") vote: take it back (a sync it already takes part in
+    counts as failed; an optimize that is measuring ends for the group). Always answered by
+    ``VoteWithdrawn``."""
 
-    kind: Literal["topology", "pending", "sync"]
+    kind: VoteKind
+
+
+class VoteOptimize(_Msg, frozen=True, tag=12):
+    """Joint vote of the group's accepted peers: measure the links that lack a measurement,
+    then order the group's ring to fit them (``optimize_topology``)."""
+
+
+class MeasureReport(_Msg, frozen=True, tag=13):
+    """The measurement ``MeasurePlan(round)`` asked for: this peer -> ``to``, ``bits_per_s``
+    (0: unreachable) and one-way ``latency`` in seconds."""
+
+    round: U64
+    to: U64
+    bits_per_s: BitsPerS
+    latency: Latency
 
 
 # ---- master -> peer ------------------------------------------------------------------------
@@ -310,26 +338,49 @@ class VoteWithdrawn(_Msg, frozen=True, tag=79):
     """The master handled this peer's ``WithdrawVote(kind)``: answers of that kind sent before
     this one belong to the withdrawn vote, the ones after it to a new vote."""
 
-    kind: Literal["topology", "pending", "sync"]
+    kind: VoteKind
+
+
+class MeasurePlan(_Msg, frozen=True, tag=80):
+    """Measure the link from this peer to ``to`` now: ``streams`` connections for
+    ``seconds``, then answer ``MeasureReport(round, ...)``. In one round every peer sends to
+    at most one peer and receives from at most one."""
+
+    round: U64
+    to: PeerAddr
+    seconds: MeasureSeconds
+    streams: MeasureStreams
+
+
+class TopologyOptimized(_Msg, frozen=True, tag=81):
+    """Answer to ``VoteOptimize``, sent after the new ``Membership`` (``epoch``): the group's
+    ``ring`` (peer ids), the ordered pairs measured for this vote, the ring's slowest link."""
+
+    epoch: U64
+    ring: list[U64]
+    measured: U64
+    bottleneck_bps: BitsPerS
 
 
 class VoteRejected(_Msg, frozen=True, tag=75):
-    """A vote of kind ``kind`` ("topology", "pending", "sync") was withdrawn: other peers are
-    in another phase; ``deadlock``: the peers wait on each other and none can go on."""
+    """A vote of kind ``kind`` ("topology", "pending", "sync", "optimize") was withdrawn:
+    other peers are in another phase; ``deadlock``: the peers wait on each other and none can
+    go on. For "optimize" also: no ring avoids the unreachable pairs, or a member gave up."""
 
-    kind: Literal["topology", "pending", "sync"]
+    kind: VoteKind
     reason: str
     deadlock: bool = False
 
 
 PeerToMaster: TypeAlias = (
     Hello | Heartbeat | VoteUpdateTopology | VotePeersPending | CollectiveInit | CollectiveDone
-    | Leave | VoteSync | SyncDone | WithdrawVote | CollectiveWait
+    | Leave | VoteSync | SyncDone | WithdrawVote | CollectiveWait | VoteOptimize | MeasureReport
 )
 MasterToPeer: TypeAlias = (
     Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart
     | CollectiveComplete | CollectiveAbort | CollectiveRejected | Kicked | MasterHeartbeat
-    | VoteRejected | SyncPlan | SyncComplete | SyncFailed | VoteWithdrawn
+    | VoteRejected | SyncPlan | SyncComplete | SyncFailed | VoteWithdrawn | MeasurePlan
+    | TopologyOptimized
 )
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

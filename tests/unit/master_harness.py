@@ -158,7 +158,8 @@ def ring_ids(msg: m.Membership) -> list[int]:
 
 # ---- deadlock: the rule, written the naive way (an oracle independent of ``deadlock.find``) ------
 
-Item = tuple[str, int, int]  # ("topology" | "pending", 0, 0), ("sync", group, 0), ("collective", group, tag)
+Item = tuple[str, int, int]  # ("topology" | "pending", 0, 0), ("sync" | "optimize", group, 0),
+#                              ("collective", group, tag)
 
 
 def stuck_peers(members: dict[int, int], waits: dict[int, set[Item]],
@@ -177,7 +178,7 @@ def stuck_peers(members: dict[int, int], waits: dict[int, set[Item]],
         held = {c for c in members if c not in stuck and any(
             c in v and missing(x) & stuck for x, v in voters.items() if x[0] == "collective")}
         free = {c for c in stuck if any(
-            not missing(i) or any(x not in stuck and not (i[0] in ("topology", "sync") and x in held)
+            not missing(i) or any(x not in stuck and not (i[0] in ("topology", "sync", "optimize") and x in held)
                                   for x in missing(i)) for i in waits[c])}
         if not free:
             return stuck

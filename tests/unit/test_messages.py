@@ -38,6 +38,10 @@ PEER_TO_MASTER = [
     m.WithdrawVote("pending"),
     m.WithdrawVote("sync"),
     m.CollectiveWait(7),
+    m.WithdrawVote("optimize"),
+    m.VoteOptimize(),
+    m.MeasureReport(3, 2, 4.9e8, 0.005),
+    m.MeasureReport(1, 9, 0.0, 0.0),
 ]
 MASTER_TO_PEER = [
     m.Welcome(5, True),
@@ -63,6 +67,10 @@ MASTER_TO_PEER = [
     m.SyncFailed("no up-to-date peer"),
     m.SyncFailed("a peer's fetch failed", True),
     m.VoteWithdrawn("topology"),
+    m.MeasurePlan(3, m.PeerAddr(2, "10.204.0.2", 5000), 0.5, 4),
+    m.TopologyOptimized(7, [1, 3, 2, 4], 12, 4.9e8),
+    m.TopologyOptimized(8, [5], 0, 0.0),
+    m.VoteRejected("optimize", "no ring avoids 1->2"),
 ]
 P2M_CLASSES = {type(x) for x in PEER_TO_MASTER}
 M2P_CLASSES = {type(x) for x in MASTER_TO_PEER}

@@ -17,7 +17,8 @@ EXPECTED_ALL = {
     "KickedError", "Master",
     "MasterConnectionError", "PcclError", "PcclTimeoutError", "PeerLostError", "ProtocolError",
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
-    "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "VersionMismatchError",
+    "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "TopologyInfo",
+    "VersionMismatchError",
     "__version__", "load_secret", "run", "tls_contexts",
 }
 

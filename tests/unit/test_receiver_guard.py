@@ -354,15 +354,17 @@ async def test_a_repeated_frame_after_the_success_report_reports_a_failure() -> 
     """Before the fix the repeated frame only set an error that nothing read: the success
     report stood and the master completed the collective on the first (forged) bytes."""
     from pccl_aio._peer.collective import Collective
+    from pccl_aio._peer.core.gather import GATHER_MAX
     from pccl_aio._types import ReduceOp
 
     env = FakeEnv()
-    x = np.ones(8, np.float32)
+    n = GATHER_MAX // 4 + 2  # above the small all-reduce's size: the ring's frames
+    x = np.ones(n, np.float32)
     buf = as_buffer(x, writable=True)
     coll = Collective(env, 1, buf, buf, ReduceOp.SUM, in_place=True)  # type: ignore[arg-type]
     coll.save_input()  # (after the vote, as the communicator does)
     coll.on_start(9, [0, 1], 1)  # rank 1 of 2: receives from peer 0
-    expected = ring.RingPlan(1, 2, 8, 4, 1 << 18).expected()
+    expected = ring.RingPlan(1, 2, n, 4, 1 << 18).expected()
     async with served(env.registry, env.reported) as s:
         data = b"".join(frame(9, ph, off, np.full(n // 4, 2, np.float32).tobytes())
                         for (ph, off), n in sorted(expected.items()))

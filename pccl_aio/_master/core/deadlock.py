@@ -1,7 +1,7 @@
 """Deadlock detection, sans-IO: who waits on what, and which peers can never go on.
 
 A peer *waits* on an item: a counted topology or pending vote (global: every accepted peer
-must cast it), a counted sync vote of its group, or a collective ``(group, tag)`` it launched,
+must cast it), a counted sync or optimize vote of its group, or a collective ``(group, tag)`` it launched,
 *awaits* (``CollectiveWait``) and the master has not started (both: every accepted member of
 the group must cast it). A peer that waits on at least one item is *blocked*; one that is
 computing, or syncing and waiting for the others' ``SyncDone``, is free.
@@ -26,11 +26,11 @@ from ..._wire.messages import VOTE_CALLS
 
 __all__ = ["Board", "Deadlock", "Item", "conflict", "find"]
 
-Kind: TypeAlias = Literal["topology", "pending", "sync", "collective"]
+Kind: TypeAlias = Literal["topology", "pending", "sync", "optimize", "collective"]
 #: (kind, group, tag); group and tag are 0 where the kind has none.
 Item: TypeAlias = tuple[Kind, int, int]
 _GLOBAL = ("topology", "pending")
-_HELD = ("topology", "sync")  # votes a peer cannot cast while a launch of its is unstarted
+_HELD = ("topology", "sync", "optimize")  # not cast while a launch of its is unstarted
 _LISTED = 8  # peers named in a reason; the rest are counted
 
 

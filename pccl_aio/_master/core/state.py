@@ -12,7 +12,9 @@ with one descriptor; it completes when every participant sent ``CollectiveDone(o
 aborted (once, for everyone) when a participant fails or disappears. Every peer gets exactly
 one terminal message (``CollectiveComplete``, ``CollectiveAbort`` or ``CollectiveRejected``)
 per collective it voted for. ``WithdrawVote`` takes back a counted vote (acknowledged);
-``CollectiveWait`` marks a voted collective as awaited. After every event, calls that can
+``CollectiveWait`` marks a voted collective as awaited. ``VoteOptimize`` is a joint vote of
+a group that measures its links and reorders its ring (``topology.py``). After every event,
+calls that can
 never complete fail at once. A peer silent for ``heartbeat_timeout`` is treated as dead.
 Anything illegal gets ``Kicked`` and a ``Close``; it never raises out of ``handle``. What a
 hostile client or member can make the master hold is bounded (``limits.py``): joiners count
@@ -28,6 +30,7 @@ from .deadlock import conflict, find
 from .events import Action, Close, Connected, Disconnected, Event, Malformed, Received, Send, Tick
 from .limits import Gate, Limits, advertise_error
 from .records import Op, Peer, describe, is_loopback, membership, version_reason
+from .topology import Topology
 from .view import View
 
 #: Tickets a group holds at most (older ones are evicted); each peer holds as many.
@@ -60,12 +63,22 @@ class MasterState:
         self._tickets: dict[int, dict[int, tuple[int, int]]] = {}
         self._view = View(self)
         self._sync = SyncBarrier(self._view)
+        self._topo = Topology(self._view)
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
-        """Accepted peers (of ``group``) in ring order."""
+        """Accepted peers (of ``group``), ascending (the ring order is ``ring``)."""
         return sorted(p.conn for p in self._peers.values()
                       if p.accepted and (group is None or p.group == group))
+
+    def ring(self, group: int) -> list[int]:
+        """The group's accepted peers in ring order (join order until optimized)."""
+        return self._topo.order(group, self.accepted(group))
+
+    def links(self) -> dict[tuple[int, int], tuple[float, float]]:
+        """The measured links (``optimize_topology``): (src, dst) peer ids -> (bits/s, one-way
+        latency in seconds); 0 bits/s: unreachable. For logs and metrics."""
+        return dict(self._topo.links)
 
     def pending(self) -> list[int]:
         """Registered peers waiting for admission."""
@@ -116,6 +129,7 @@ class MasterState:
                 for peer in list(self._peers.values()):
                     if now - peer.last_seen > self.heartbeat_timeout:
                         self._close(peer.conn, "heartbeat timeout", out)
+                self._topo.tick(now, out)
                 self._settle(out)
                 out.extend(Send(c, m.MasterHeartbeat()) for c in self._peers)
         return out
@@ -135,12 +149,21 @@ class MasterState:
                 self._close(peer.conn, "left", out)
             case m.VoteUpdateTopology():
                 self._require_accepted(peer, msg)
-                if peer.voted_topology or peer.tags:
+                if peer.voted_topology or peer.tags or self._topo.busy(peer.conn):
                     raise RemoteProtocolError(
                         "update_topology vote while already voting or with collectives running")
                 peer.voted_topology = True
                 self._check_conflict(out)
                 self._check_topology(out)
+            case m.VoteOptimize():
+                self._require_accepted(peer, msg)
+                if peer.voted_topology or peer.tags or self._sync.busy(peer.conn):
+                    raise RemoteProtocolError(
+                        "optimize_topology vote while another operation is running")
+                self._topo.vote(peer.conn, peer.group, self._now, out)
+            case m.MeasureReport():
+                self._require_accepted(peer, msg)
+                self._topo.report(peer.conn, peer.group, msg, self._now, out)
             case m.VotePeersPending():
                 self._require_accepted(peer, msg)
                 if peer.voted_pending:
@@ -216,6 +239,9 @@ class MasterState:
             peer.voted_topology = False
         elif kind == "pending":
             peer.voted_pending = False
+        elif kind == "optimize":
+            if peer.accepted:
+                self._topo.withdraw(peer.conn, peer.group, out)
         elif peer.accepted:
             self._sync.withdraw(peer.conn, peer.group, out)
         if peer.registered:  # the answers of the withdrawn vote came before this one
@@ -259,7 +285,8 @@ class MasterState:
     # ---- consensus ----------------------------------------------------------------------------
     def _membership(self, conns: list[int]) -> list[Action]:
         self._tickets.clear()  # a new epoch: every ticket of the old ring is void
-        accepted = [self._peers[c] for c in self.accepted()]
+        groups = sorted({p.group for p in self._peers.values() if p.accepted})
+        accepted = [self._peers[c] for g in groups for c in self.ring(g)]
         return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns)]
 
     def _check_conflict(self, out: list[Action]) -> None:
@@ -291,6 +318,9 @@ class MasterState:
                 elif kind == "sync":
                     self._sync.withdraw(c)
                     out.append(Send(c, m.VoteRejected("sync", reason, True)))
+                elif kind == "optimize":
+                    self._topo.reject(c)
+                    out.append(Send(c, m.VoteRejected("optimize", reason, True)))
                 elif (group, tag) not in ops:
                     ops.append((group, tag))
         for group, tag in ops:
@@ -402,6 +432,7 @@ class MasterState:
         if peer is None or not peer.accepted:
             return
         self._sync.drop(conn, peer.group)
+        self._topo.drop(conn, peer.group)
         self.epoch += 1
         # Membership first: when a survivor sees the abort, its world size is already fresh.
         out.extend(self._membership(self.accepted()))
@@ -431,3 +462,4 @@ class MasterState:
         self._check_topology(out)
         self._check_pending(out)
         self._sync.check(peer.group, out)
+        self._topo.check(peer.group, self._now, out)

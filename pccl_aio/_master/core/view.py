@@ -1,5 +1,5 @@
-"""How the sync barrier (``barrier.Roster``) and deadlock detection (``deadlock.Board``) see
-a ``MasterState`` (sans-IO)."""
+"""How the sync barrier (``barrier.Roster``), the optimizer (``topology.Roster``) and deadlock
+detection (``deadlock.Board``) see a ``MasterState`` (sans-IO)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ class View:
     def kick(self, conn: int, reason: str, out: list[Action]) -> None:
         self._state._kick(conn, reason, out)
 
+    def publish(self, out: list[Action]) -> int:
+        st = self._state
+        st.epoch += 1
+        out.extend(st._membership(st.accepted()))
+        return st.epoch
+
     def members(self) -> dict[int, int]:
         return {p.conn: p.group for p in self._state._peers.values() if p.accepted}
 
@@ -50,6 +56,8 @@ class View:
             syncs.setdefault(st._peers[c].group, []).append(c)
         for g, voters in syncs.items():
             yield ("sync", g, 0), voters, voters
+        for g, voters in st._topo.voters().items():
+            yield ("optimize", g, 0), voters, voters
         for (g, tag), op in st._ops.items():
             if not op.seq:
                 yield ("collective", g, tag), op.descs, op.waits
