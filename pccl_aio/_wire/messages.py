@@ -12,81 +12,45 @@ fails is a RemoteProtocolError naming the field.
 
 from __future__ import annotations
 
-import enum
 import re
-from collections.abc import Iterable
-from typing import Annotated, Final, Literal, TypeAlias
+from typing import Annotated, Final, TypeAlias
 
 import msgspec
 
 from .._errors import RemoteProtocolError
-from .._types import (
-    MIN_MAX_ONLY,
-    QUANTIZED_DTYPES,
-    TENSOR_DTYPES,
-    DataType,
-    QuantAlgo,
-    ReduceOp,
-    SyncStrategy,
+from .._types import QuantAlgo
+
+# The field types and limits, re-exported (``m.U64``, ``m.PROTOCOL_VERSION``, ...).
+from .fields import (
+    PROTOCOL_VERSION as PROTOCOL_VERSION,
+    VOTE_CALLS as VOTE_CALLS,
+    VoteKind as VoteKind,
+    U64 as U64,
+    U32 as U32,
+    Port as Port,
+    OptPort as OptPort,
+    DType as DType,
+    QDType as QDType,
+    Op as Op,
+    Algo as Algo,
+    Strategy as Strategy,
+    Hash as Hash,
+    HASH_SIZE as HASH_SIZE,
+    Key as Key,
+    QDTYPES as QDTYPES,
+    MIN_MAX_ONLY_CODES as MIN_MAX_ONLY_CODES,
+    HostName as HostName,
+    StateKey as StateKey,
+    Reason as Reason,
+    MAX_SYNC_ENTRIES as MAX_SYNC_ENTRIES,
+    MAX_EVICTED as MAX_EVICTED,
+    BitsPerS as BitsPerS,
+    Latency as Latency,
+    MAX_MEASURE_SECONDS as MAX_MEASURE_SECONDS,
+    MAX_MEASURE_STREAMS as MAX_MEASURE_STREAMS,
+    MeasureSeconds as MeasureSeconds,
+    MeasureStreams as MeasureStreams,
 )
-from .state import MAX_KEY
-
-PROTOCOL_VERSION: Final = 1
-
-#: The public call behind each kind of vote, for messages on both sides of the wire.
-VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pending()",
-                     "sync": "sync_shared_state()", "optimize": "optimize_topology()"}
-#: The kinds of vote a caller can take back (``WithdrawVote``) and the master can reject.
-VoteKind: TypeAlias = Literal["topology", "pending", "sync", "optimize"]
-
-
-def _codes(cls: type[enum.IntEnum], members: Iterable[enum.IntEnum] | None = None
-           ) -> msgspec.Meta:
-    """The range of an enum's wire values (or of some ``members``), which must be
-    contiguous: membership as a range."""
-    values = sorted(int(x) for x in (cls if members is None else members))
-    if values != list(range(values[0], values[-1] + 1)):
-        raise TypeError(f"{cls.__name__}'s values are not contiguous")
-    return msgspec.Meta(ge=values[0], le=values[-1])
-
-
-#: Non-negative; msgpack carries no integer above 2**64 - 1.
-U64: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
-U32: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
-Port: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=65535)]
-#: A port or 0 (none).
-OptPort: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=65535)]
-#: A tensor's dtype (every DataType but UINT4, the last one: a quantization code only).
-DType: TypeAlias = Annotated[int, _codes(DataType, TENSOR_DTYPES)]
-#: A quantized dtype, 0 for none; which ones are allowed is checked by ``_check``.
-QDType: TypeAlias = Annotated[int, _codes(DataType)]
-Op: TypeAlias = Annotated[int, _codes(ReduceOp)]
-Algo: TypeAlias = Annotated[int, _codes(QuantAlgo)]
-Strategy: TypeAlias = Annotated[int, _codes(SyncStrategy)]
-#: An xxh3-128 digest (16 bytes), or empty; the length is checked by ``_check``.
-Hash: TypeAlias = Annotated[bytes, msgspec.Meta(max_length=16)]
-HASH_SIZE: Final = 16
-#: A wrapped pair key (``_wire/auth.py``): 32 bytes, or empty in a run without a secret.
-Key: TypeAlias = Annotated[bytes, msgspec.Meta(max_length=32)]
-_QDTYPES: Final = frozenset(int(d) for d in QUANTIZED_DTYPES)
-_MIN_MAX_ONLY: Final = frozenset(int(d) for d in MIN_MAX_ONLY)
-#: Caps on what a peer sends the master (so a frame cannot make it hold more): a host name
-#: (DNS: 253 characters), a shared-state key (``_wire/state.py``'s MAX_KEY), a failure reason,
-#: the entries of a sync vote.
-HostName: TypeAlias = Annotated[str, msgspec.Meta(max_length=253)]
-StateKey: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_KEY)]
-Reason: TypeAlias = Annotated[str, msgspec.Meta(max_length=1024)]
-MAX_SYNC_ENTRIES: Final = 1 << 20
-MAX_EVICTED: Final = 64
-#: A measured link (``optimize_topology``): bits/s up to 10 Tbit/s (0: unreachable), one-way
-#: latency up to 60 s; a measurement lasts at most ``MAX_MEASURE_SECONDS`` on at most
-#: ``MAX_MEASURE_STREAMS`` streams (receivers enforce both).
-BitsPerS: TypeAlias = Annotated[float, msgspec.Meta(ge=0.0, le=1e13)]
-Latency: TypeAlias = Annotated[float, msgspec.Meta(ge=0.0, le=60.0)]
-MAX_MEASURE_SECONDS: Final = 5.0
-MAX_MEASURE_STREAMS: Final = 16
-MeasureSeconds: TypeAlias = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_MEASURE_SECONDS)]
-MeasureStreams: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=MAX_MEASURE_STREAMS)]
 
 
 class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
@@ -431,9 +395,9 @@ def _check(msg: _Msg, direction: str) -> None:
     if isinstance(msg, CollectiveInit):
         if msg.quant_algo == QuantAlgo.NONE and msg.quant_dtype != 0:
             bad = f"CollectiveInit.quant_dtype: {msg.quant_dtype} without quantization (must be 0)"
-        elif msg.quant_dtype not in _QDTYPES:
+        elif msg.quant_dtype not in QDTYPES:
             bad = f"CollectiveInit.quant_dtype: {msg.quant_dtype} is not uint8, uint16 or uint4"
-        elif msg.quant_dtype in _MIN_MAX_ONLY and msg.quant_algo != QuantAlgo.MIN_MAX:
+        elif msg.quant_dtype in MIN_MAX_ONLY_CODES and msg.quant_algo != QuantAlgo.MIN_MAX:
             bad = (f"CollectiveInit.quant_dtype: {msg.quant_dtype} (uint4) needs MIN_MAX, "
                    f"not algorithm {msg.quant_algo}")
     elif isinstance(msg, VoteSync):

@@ -7,7 +7,8 @@ event per line on stdout (``tests/netem`` and ``bench/topology.py``).
         (connects, then votes update_topology until the run has WORLD peers)
         stdin "admit N"                        -> {"event": "admitted", "ring": [...]}
         (waits until a joiner is pending, then votes until the run has N peers)
-        stdin "reduce MIB ITERS"               -> {"event": "reduced", "times": [...]} (one warm-up)
+        stdin "reduce MIB ITERS [fresh]"       -> {"event": "reduced", "times": [...]} (one warm-up;
+                                                  tag 0, or with "fresh" a new tag each time)
         stdin "optimize"                       -> {"event": "optimized", "ring": [...], "measured": M,
                                                    "bottleneck_bps": B, "membership": [...]}
         stdin "leave"                          -> {"event": "left"}, then exits
@@ -59,6 +60,7 @@ async def peer(addr: str, host: str, world: int) -> None:
         await comm.connect(attempts=50, timeout=120)
         await admit(comm, world)
         emit("joined", id=comm.peer_id, ring=ring(comm))
+        fresh_tags = 1000  # the next never-used tag (a tag's first run has no ticket)
         while True:
             cmd = await command()
             if cmd[0] == "admit":  # a joiner is on its way: wait until it registered
@@ -66,16 +68,18 @@ async def peer(addr: str, host: str, world: int) -> None:
                     pass
                 await admit(comm, int(cmd[1]))
                 emit("admitted", ring=ring(comm))
-            elif cmd[0] == "reduce":
+            elif cmd[0] == "reduce":  # "reduce MIB ITERS [fresh]": fresh, a new tag each time
                 x = np.empty(int(float(cmd[1]) * 2**20) // 4, np.float32)
                 times = []
-                for _ in range(int(cmd[2]) + 1):
+                for i in range(int(cmd[2]) + 1):
                     x.fill(1.0)
+                    tag = fresh_tags + i if cmd[3:] == ["fresh"] else 0  # fresh: no ticket
                     t0 = time.perf_counter()
-                    await comm.all_reduce(x, timeout=120)
+                    await comm.all_reduce(x, tag=tag, timeout=120)
                     times.append(time.perf_counter() - t0)
                     assert float(x[0]) == float(x[-1]) == comm.peer_group_world_size, x[:4]
                 emit("reduced", times=times[1:])
+                fresh_tags += len(times)
             elif cmd[0] == "optimize":
                 info = await comm.optimize_topology(timeout=60)
                 emit("optimized", ring=list(info.ring), measured=info.measured,
