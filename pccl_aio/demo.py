@@ -33,6 +33,7 @@ import numpy as np
 from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, TooFewPeersError, run
 from ._compute import front
 from ._net.credentials import SECRET_ENV
+from ._peer.core.gather import GATHER_MAX
 from ._peer.core.shared_state import hash_bytes
 
 
@@ -290,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pccl_aio.demo", description=__doc__)
     p.add_argument("--peers", type=int, default=4)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--count", type=int, default=1 << 21, help="float32 elements per all-reduce")
+    p.add_argument("--count", type=int, default=1 << 21,
+                   help=f"float32 elements per all-reduce (above {GATHER_MAX // 4})")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--peer", metavar="MASTER", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", default="", help=argparse.SUPPRESS)
@@ -304,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         print(warning, file=sys.stderr, flush=True)
     if args.peers < 3:
         p.error("--peers must be at least 3 (one is killed, the survivors go on)")
+    if args.count * 4 <= GATHER_MAX:  # its inputs can all reach the victim before it dies
+        p.error(f"--count must be above {GATHER_MAX // 4}: a smaller all-reduce takes the "
+                "small path, which can finish before the victim's kill lands")
     return run(_controller(args))
 
 

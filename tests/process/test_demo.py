@@ -66,7 +66,7 @@ async def test_demo_passes_and_shows_the_lost_peer_on_every_survivor():
 
 
 async def test_demo_warns_first_on_stderr_when_the_numpy_kernels_run():
-    code, out, err = await _demo("--peers", "3", "--steps", "9", "--count", "4096",
+    code, out, err = await _demo("--peers", "3", "--steps", "9", "--count", "16400",
                                  env={"PCCL_AIO_NO_EXTENSIONS": "1"})
     first = err.splitlines()[0] if err else ""
     assert first.startswith(WARNING), err[:2000]
