@@ -1,18 +1,17 @@
-"""One ring all-reduce attempt on one peer: the pipelined data path and its life cycle.
+"""One all-reduce attempt on one peer: the pipelined data path and its life cycle.
 
-Life cycle, driven by the communicator's control reader *in master message order*:
-``launch`` (CollectiveInit sent) -> ``on_start`` (seq known, data flows) -> the run task
-reports ``CollectiveDone`` -> ``on_complete`` | ``on_abort`` | ``on_rejected``. The terminal
-callbacks run synchronously inside the reader so that every peer of a group reacts to the same
-sequence of verdicts identically (that is what keeps retries in lock-step).
+Life cycle, driven by the control reader *in master message order*: ``launch`` (the vote
+sent) -> ``on_start`` (data flows; on a ticket already at launch, ``early``, which the master's
+start then confirms or replaces) -> the run task reports ``CollectiveDone`` -> ``on_complete``
+| ``on_abort`` | ``on_rejected``, synchronously in the reader, so every peer of a group reacts
+to the same verdicts alike (that keeps retries in lock-step).
 
-The data path: received segments are written by the receiver straight into a reused receive
-slot (reduce-scatter; the quantized path uses a full-size scratch) or ``dst`` (all-gather);
-the receive callback reduces each reduce-scatter segment with the Cython kernel and forwards
-it at once when the link has room (else the run task does, once it has), so receive, reduce
-and send overlap. In place, ``core.backup.InputBackup`` keeps what an abort must put back.
-The collective sees its communicator only as a ``CollectiveEnv`` (buffers, the receive
-registry, links, a task set and the report to the master).
+The ring's data path: the receiver writes segments straight into a reused receive slot (the
+quantized path: a scratch) or ``dst`` (all-gather); the receive callback reduces a segment
+and forwards it at once when the link has room (else the run task does), so receive, reduce
+and send overlap. Small buffers take ``core/gather.py``'s path instead. In place,
+``core.backup.InputBackup`` keeps what an abort must put back. The collective sees its
+communicator only as a ``CollectiveEnv``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
 
 from .._compute import front as _ops
 from .._errors import DeadlockError, InvalidUsageError, PcclTimeoutError, PeerLostError
@@ -31,45 +29,13 @@ from .core import gather, ring
 from .core.backup import InputBackup
 from .core.buffers import Buffer
 from .core.slots import SLOTS_BASE, Slots
+from .core.steps import Arrival, Forward, Step, cut, wire_lengths
 from .env import CollectiveEnv
 from .link import Link
 
 log = logging.getLogger("pccl_aio.collective")
 
 SEGMENT_BYTES = 1 << 20  # pipeline segment, in bytes on the wire
-_EMPTY = memoryview(b"")
-
-
-class Step(NamedTuple):
-    """A segment's work, cut once at the start: final reduce of our chunk?, the phase to
-    forward it in (None: not forwarded), its slices of dst, of the quantized scratch and of
-    the input."""
-
-    owned: bool
-    forward: int | None
-    dst: memoryview
-    codes: memoryview
-    src: memoryview
-
-
-class Arrival(NamedTuple):
-    """A quantized segment waiting unprocessed for room on the link."""
-
-    phase: int
-    offset: int
-    p0: float
-    p1: float
-
-
-class Forward(NamedTuple):
-    """A processed segment waiting for room on the link; ``slot`` is freed once it is sent."""
-
-    phase: int
-    offset: int
-    payload: memoryview
-    p0: float
-    p1: float
-    slot: memoryview | None
 
 
 class Collective:
@@ -201,10 +167,8 @@ class Collective:
                                          max(1, SEGMENT_BYTES * 8 // self._bits),
                                          2 if self._bits < 8 else 1)
         lens = plan.expected()  # (phase, byte offset in dst) -> bytes in dst
-        self._expected = {(p, off): cb((off + n) // b) - cb(off // b)
-                          for (p, off), n in lens.items()}
+        self._expected = wire_lengths(lens, b, cb)
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
-        dst, src = self.dst.view, self.src.view
         if self.quant is not None:  # codes are received and sent from their place in it
             self._scratch_owner, self._scratch = self.env.scratch.take(cb(self.dst.count))
         else:
@@ -212,13 +176,8 @@ class Collective:
             if rs:
                 self._slots = Slots(self.env.scratch, max(rs), min(
                     len(rs), SLOTS_BASE + 2 * self.env.p2p_connections))
-        scratch = self._scratch
-        for (phase, off), n in lens.items():  # each segment's work, cut once
-            q = cb(off // b)
-            owned, fwd = plan.after_receive(phase, off)
-            qs = scratch[q : q + self._expected[(phase, off)]] if scratch is not None else _EMPTY
-            self._steps[(phase, off)] = Step(owned, fwd, dst[off : off + n], qs,
-                                             src[off : off + n])
+        self._steps = cut(plan, lens, self._expected, self.dst.view, self.src.view,
+                          self._scratch, b, cb)
 
     def _confirm(self) -> None:
         self.confirmed = True

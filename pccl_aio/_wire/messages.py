@@ -12,13 +12,14 @@ fails is a RemoteProtocolError naming the field.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Final, TypeAlias
 
 import msgspec
 
 from .._errors import RemoteProtocolError
 from .._types import QuantAlgo
+from .explain import DECODE_ERRORS, explain
+from .explain import peek_hello_version as peek_hello_version
 
 # The field types and limits, re-exported (``m.U64``, ``m.PROTOCOL_VERSION``, ...).
 from .fields import (
@@ -352,12 +353,8 @@ _P2M: Final = msgspec.msgpack.Decoder(PeerToMaster)
 _M2P: Final = msgspec.msgpack.Decoder(MasterToPeer)
 
 
-# msgspec raises more than DecodeError on hostile input: invalid UTF-8 in a str field and
-# deeply nested arrays surface as UnicodeDecodeError / RecursionError.
-_DECODE_ERRORS: Final = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 _BY_TAG: Final = {c.__struct_config__.tag: c for c in (*PeerToMaster.__args__,
                                                        *MasterToPeer.__args__)}
-_AT: Final = re.compile(r" - at `\$((?:\[\d+\])+)`$")
 
 
 def encode(msg: _Msg) -> bytes:
@@ -370,8 +367,8 @@ def decode_peer_to_master(buf: bytes | memoryview) -> PeerToMaster:
     range."""
     try:
         msg: PeerToMaster = _P2M.decode(buf)
-    except _DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"bad peer->master message: {_explain(buf, exc)}") from exc
+    except DECODE_ERRORS as exc:
+        raise RemoteProtocolError(f"bad peer->master message: {explain(buf, exc, _BY_TAG)}") from exc
     if type(msg) in _CHECKED:
         _check(msg, "peer->master")
     return msg
@@ -382,8 +379,8 @@ def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
     range."""
     try:
         reply: MasterToPeer = _M2P.decode(buf)
-    except _DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"bad master->peer message: {_explain(buf, exc)}") from exc
+    except DECODE_ERRORS as exc:
+        raise RemoteProtocolError(f"bad master->peer message: {explain(buf, exc, _BY_TAG)}") from exc
     if type(reply) in _CHECKED:
         _check(reply, "master->peer")
     return reply
@@ -418,46 +415,3 @@ def _check(msg: _Msg, direction: str) -> None:
 
 
 _CHECKED: Final = frozenset({CollectiveInit, VoteSync, SyncPlan, Membership})
-
-
-def _explain(buf: bytes | memoryview, exc: Exception) -> str:
-    """msgspec's error with its path (``$[5]``) named: ``Hello.state_port: Expected ...``."""
-    text = str(exc)
-    found = _AT.search(text)
-    if not isinstance(exc, msgspec.ValidationError) or found is None:
-        return text
-    try:
-        raw = msgspec.msgpack.decode(buf)
-        info: object = msgspec.inspect.type_info(_BY_TAG[raw[0]])
-    except Exception:  # the path names no known message: keep msgspec's words
-        return text
-    where = ""
-    for index in map(int, re.findall(r"\d+", found.group(1))):
-        if isinstance(info, msgspec.inspect.StructType):
-            i = index - (info.tag_field is not None)  # a tagged array leads with its tag
-            if not 0 <= i < len(info.fields):
-                where += f"[{index}]"
-                break
-            where += f".{info.fields[i].name}" if where else (
-                f"{info.cls.__name__}.{info.fields[i].name}")
-            info = info.fields[i].type
-        elif isinstance(info, msgspec.inspect.ListType):
-            where, info = where + f"[{index}]", info.item_type
-        else:
-            where += f"[{index}]"
-    return f"{where}: {text[:found.start()]}" if where else text
-
-
-def peek_hello_version(buf: bytes | memoryview) -> int | None:
-    """The protocol version inside a Hello body this version cannot decode, else None.
-
-    Lets the master refuse a peer of another version with a clear reason even when the
-    Hello's schema changed.
-    """
-    try:
-        raw = msgspec.msgpack.decode(buf)
-    except _DECODE_ERRORS:
-        return None
-    if (isinstance(raw, list) and len(raw) >= 2 and raw[0] == 1 and type(raw[1]) is int):
-        return raw[1]
-    return None
