@@ -410,7 +410,7 @@ class Fuzzer:
                 raise AssertionError(f"peer {conn} votes but is not accepted: {p}")
             if p.accepted and not p.registered:
                 raise AssertionError(f"peer {conn} accepted before its Hello")
-        for (group, tag), op in st._ops.items():
+        for (group, tag), op in st._colls.ops.items():
             who = op.participants if op.seq else tuple(op.descs)
             if not who or op.waits - set(op.descs):
                 raise AssertionError(f"op ({group}, {tag}) is inconsistent: {op}")

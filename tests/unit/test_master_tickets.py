@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pccl_aio._master.core import collectives as mc
 from pccl_aio._master.core import state as ms
 from pccl_aio._wire import messages as m
 
@@ -125,7 +126,7 @@ def test_a_ticket_is_not_honoured_in_another_group_or_for_another_tag() -> None:
 
 def test_tickets_are_bounded_and_evictions_are_announced(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ms, "MAX_TICKETS", 2)
+    monkeypatch.setattr(mc, "MAX_TICKETS", 2)
     h = Harness()
     a, b = h.run(0, 0)
     done = [complete(h, [a, b], tag) for tag in (10, 11, 12, 13)]

@@ -1,24 +1,23 @@
 """The master's whole logic, sans-IO: events in, actions out.
 
-Rule 1: every membership and collective transition lives here; the sync barrier is the
-``SyncBarrier`` it holds; ``deadlock.py`` finds the calls that wait forever, this fails them.
+Rule 1: every membership transition lives here; the collectives, the sync barrier and the
+topology votes are the ``Collectives``, ``SyncBarrier`` and ``Topology`` objects it holds;
+``deadlock.py`` finds the calls that wait forever, this fails them.
 Rule 2: time arrives only through ``Event.now`` (sans-IO: ``test_layering.py`` checks it).
 
 Theory of operation. A connection becomes a peer with ``Hello``. The first peer is accepted
 at once; later ones stay *pending* until every accepted peer (all groups) votes
 ``VoteUpdateTopology``. ``VotePeersPending`` is a joint vote of the same scope. A collective
-``tag`` of a peer group starts when every accepted member of the group sent ``CollectiveInit``
-with one descriptor; it completes when every participant sent ``CollectiveDone(ok)``, and is
-aborted (once, for everyone) when a participant fails or disappears. Every peer gets exactly
-one terminal message (``CollectiveComplete``, ``CollectiveAbort`` or ``CollectiveRejected``)
-per collective it voted for. ``WithdrawVote`` takes back a counted vote (acknowledged);
-``CollectiveWait`` marks a voted collective as awaited. ``VoteOptimize`` is a joint vote of
-a group that measures its links and reorders its ring (``topology.py``). After every event,
-calls that can
-never complete fail at once. A peer silent for ``heartbeat_timeout`` is treated as dead.
-Anything illegal gets ``Kicked`` and a ``Close``; it never raises out of ``handle``. What a
-hostile client or member can make the master hold is bounded (``limits.py``): joiners count
-as pending once heard from after ``Hello`` and are admitted in batches.
+``tag`` of a peer group starts when every accepted member of the group voted for it with one
+descriptor, completes when every participant succeeded, and is aborted for everyone when one
+fails or disappears (``collectives.py``; every voter gets exactly one terminal message).
+``WithdrawVote`` takes back a counted vote (acknowledged); ``CollectiveWait`` marks a voted
+collective as awaited. ``VoteOptimize`` is a joint vote of a group that measures its links and
+reorders its ring (``topology.py``). After every event, calls that can never complete fail at
+once. A peer silent for ``heartbeat_timeout`` is treated as dead. Anything illegal gets
+``Kicked`` and a ``Close``; it never raises out of ``handle``. What a hostile client or member
+can make the master hold is bounded (``limits.py``): joiners count as pending once heard from
+after ``Hello`` and are admitted in batches.
 """
 
 from __future__ import annotations
@@ -26,15 +25,13 @@ from __future__ import annotations
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
 from .barrier import SyncBarrier
+from .collectives import Collectives
 from .deadlock import conflict, find
 from .events import Action, Close, Connected, Disconnected, Event, Malformed, Received, Send, Tick
 from .limits import Gate, Limits, advertise_error
-from .records import Op, Peer, describe, is_loopback, membership, version_reason
+from .records import Peer, is_loopback, membership, version_reason
 from .topology import Topology
 from .view import View
-
-#: Tickets a group holds at most (older ones are evicted); each peer holds as many.
-MAX_TICKETS = 4096
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Malformed", "MasterState",
            "Received", "Send", "Tick"]
@@ -57,11 +54,8 @@ class MasterState:
         self._now = 0.0  # of the event being handled
         self.epoch = 0
         self._peers: dict[int, Peer] = {}
-        self._ops: dict[tuple[int, int], Op] = {}
-        self._seq = 0
-        # group -> tag -> (seq, epoch): the seq its next collective may start as (``Op.ticket``)
-        self._tickets: dict[int, dict[int, tuple[int, int]]] = {}
         self._view = View(self)
+        self._colls = Collectives(self._view, max_collectives_per_peer)
         self._sync = SyncBarrier(self._view)
         self._topo = Topology(self._view)
 
@@ -86,7 +80,7 @@ class MasterState:
 
     def running(self, group: int) -> dict[int, int]:
         """tag -> seq of the group's collectives that started (for tests)."""
-        return {t: op.seq for (g, t), op in self._ops.items() if g == group and op.seq}
+        return self._colls.running(group)
 
     # ---- entry point ----------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
@@ -173,31 +167,12 @@ class MasterState:
                 self._check_pending(out)
             case m.CollectiveInit():
                 self._require_accepted(peer, msg)
-                if msg.tag in peer.tags or peer.voted_topology:
-                    raise RemoteProtocolError(f"collective tag {msg.tag} already running")
-                if len(peer.tags) >= self.limits.max_collectives_per_peer:
-                    raise RemoteProtocolError(f"more than {len(peer.tags)} collectives at once")
-                op = self._ops.get((peer.group, msg.tag))
-                if op is None:  # the first vote of this round takes the tag's ticket
-                    op = self._ops[(peer.group, msg.tag)] = Op(
-                        ticket=self._tickets.get(peer.group, {}).pop(msg.tag, (0, 0)))
-                if op.seq:
-                    raise RemoteProtocolError(f"collective tag {msg.tag} already started")
-                peer.tags.add(msg.tag)
-                op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo,
-                                       msg.quant_dtype)
-                if msg.seq and msg.seq == op.ticket[0]:
-                    if msg.spoiled:  # it dropped frames of the ticket: start afresh
-                        op.ticket = (0, 0)
-                    else:
-                        op.early.add(peer.conn)  # else a void ticket: it follows the start
+                self._colls.vote(peer, msg)
                 self._check_conflict(out)
-                self._check_initiate(peer.group, msg.tag, out)
+                self._colls.check_start(peer.group, msg.tag, out)
             case m.CollectiveWait():
                 self._require_accepted(peer, msg)
-                waited = self._ops.get((peer.group, msg.tag))
-                if waited is not None and not waited.seq and peer.conn in waited.descs:
-                    waited.waits.add(peer.conn)  # else it started or ended meanwhile: stale
+                self._colls.wait(peer, msg.tag)
             case m.VoteSync():
                 self._require_accepted(peer, msg)
                 if peer.tags or peer.voted_topology:
@@ -207,27 +182,7 @@ class MasterState:
                 self._sync.done(peer.conn, peer.group, out, msg.ok, msg.reason)
             case m.CollectiveDone():
                 self._require_accepted(peer, msg)
-                done_op = self._ops.get((peer.group, msg.tag))
-                if (done_op is not None and msg.seq == 0 and not done_op.seq and not msg.ok
-                        and peer.conn in done_op.descs):  # withdrawn before it started
-                    self._end_vote(peer.group, msg.tag, f"peer {peer.conn}: {msg.reason}", out,
-                                   abort=True)
-                    return
-                if (done_op is not None and not done_op.seq and msg.seq
-                        and peer.conn in done_op.early and msg.seq == done_op.ticket[0]):
-                    if msg.ok:  # an early start finished before the last vote arrived
-                        done_op.done.add(peer.conn)
-                    else:
-                        self._end_vote(peer.group, msg.tag, f"peer {peer.conn}: {msg.reason}",
-                                       out, abort=True)
-                    return
-                if done_op is None or done_op.seq != msg.seq or peer.conn not in done_op.participants:
-                    return  # stale: the op was aborted before this report arrived
-                if msg.ok:
-                    done_op.done.add(peer.conn)
-                    self._check_complete(peer.group, msg.tag, out)
-                else:
-                    self._abort(peer.group, msg.tag, f"peer {peer.conn} failed: {msg.reason}", out)
+                self._colls.done(peer, msg, out)
 
     def _require_accepted(self, peer: Peer, msg: m.PeerToMaster) -> None:
         if not peer.accepted:
@@ -284,7 +239,7 @@ class MasterState:
 
     # ---- consensus ----------------------------------------------------------------------------
     def _membership(self, conns: list[int]) -> list[Action]:
-        self._tickets.clear()  # a new epoch: every ticket of the old ring is void
+        self._colls.void_tickets()  # a new epoch: every ticket of the old ring is void
         groups = sorted({p.group for p in self._peers.values() if p.accepted})
         accepted = [self._peers[c] for g in groups for c in self.ring(g)]
         return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns)]
@@ -324,7 +279,7 @@ class MasterState:
                 elif (group, tag) not in ops:
                     ops.append((group, tag))
         for group, tag in ops:
-            self._end_vote(group, tag, reason, out, deadlock=True)
+            self._colls.end_vote(group, tag, reason, out, deadlock=True)
 
     def _check_topology(self, out: list[Action]) -> None:
         voters = self.accepted()
@@ -348,68 +303,6 @@ class MasterState:
         for c in voters:
             self._peers[c].voted_pending = False
             out.append(Send(c, answer))
-
-    def _check_initiate(self, group: int, tag: int, out: list[Action]) -> None:
-        op = self._ops.get((group, tag))
-        if op is None or op.seq:
-            return
-        members = self.accepted(group)
-        if not op.descs or not all(c in op.descs for c in members):
-            return
-        voters = sorted(op.descs)
-        if len(set(op.descs.values())) > 1:
-            reason = "peers disagree on count/dtype/op/quantization: " + ", ".join(
-                f"peer {c}: {describe(op.descs[c])}" for c in voters)
-            self._end_vote(group, tag, reason, out)
-            return
-        if len(voters) < 2:
-            self._end_vote(group, tag, "too few peers in the group", out, abort=True)
-            return
-        op.participants = tuple(voters)
-        if op.ticket[0] and op.ticket[1] == self.epoch:
-            op.seq = op.ticket[0]  # the early voters run it already (this confirms it)
-        else:  # no ticket, or the ring changed since: early voters start over
-            self._seq += 1
-            op.seq = self._seq
-            op.done.clear()
-        out.extend(Send(c, m.CollectiveStart(tag, op.seq, self.epoch)) for c in voters)
-        self._check_complete(group, tag, out)
-
-    def _end_vote(self, group: int, tag: int, reason: str, out: list[Action], *,
-                  abort: bool = False, deadlock: bool = False) -> None:
-        """Answer every voter of a collective that never started: ``CollectiveAbort`` (seq 0,
-        the caller may retry) or ``CollectiveRejected``."""
-        op = self._ops.pop((group, tag))
-        for c in sorted(op.descs):
-            self._peers[c].tags.discard(tag)
-            out.append(Send(c, m.CollectiveAbort(tag, 0, reason) if abort
-                            else m.CollectiveRejected(tag, reason, deadlock)))
-
-    def _check_complete(self, group: int, tag: int, out: list[Action]) -> None:
-        op = self._ops[(group, tag)]
-        if not op.done.issuperset(op.participants):
-            return
-        del self._ops[(group, tag)]
-        done = m.CollectiveComplete(tag, op.seq)
-        if list(op.participants) == self.accepted(group):  # the ring is as it was: a ticket
-            self._seq += 1
-            tickets = self._tickets.setdefault(group, {})
-            tickets[tag] = (self._seq, self.epoch)
-            evicted: list[int] = []  # never-reused tags: forget the oldest tickets
-            while len(tickets) > MAX_TICKETS and len(evicted) < m.MAX_EVICTED:
-                evicted.append(next(iter(tickets)))
-                del tickets[evicted[-1]]
-            done = m.CollectiveComplete(tag, op.seq, self._seq, self.epoch, evicted)
-        for c in op.participants:
-            self._peers[c].tags.discard(tag)
-            out.append(Send(c, done))
-
-    def _abort(self, group: int, tag: int, reason: str, out: list[Action]) -> None:
-        op = self._ops.pop((group, tag))
-        for c in op.participants:
-            if c in self._peers:
-                self._peers[c].tags.discard(tag)
-                out.append(Send(c, m.CollectiveAbort(tag, op.seq, reason)))
 
     # ---- departures -----------------------------------------------------------------------------
     def _kick(self, conn: int, reason: str, out: list[Action]) -> None:
@@ -436,21 +329,7 @@ class MasterState:
         self.epoch += 1
         # Membership first: when a survivor sees the abort, its world size is already fresh.
         out.extend(self._membership(self.accepted()))
-        for (group, tag), op in list(self._ops.items()):
-            if group != peer.group:
-                continue
-            if op.seq:
-                if conn in op.participants:
-                    self._abort(group, tag, f"peer {conn} left the run", out)
-            else:
-                op.descs.pop(conn, None)
-                op.waits.discard(conn)
-                op.early.discard(conn)
-                op.done.discard(conn)
-                if op.descs:
-                    self._check_initiate(group, tag, out)
-                else:
-                    del self._ops[(group, tag)]
+        self._colls.depart(conn, peer.group, out)
         if not self.accepted() and self.pending():
             # Nobody is left to vote the waiting peers in: admit them now.
             for c in self.pending():

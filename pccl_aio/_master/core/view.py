@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ..._wire import messages as m
 from .deadlock import Item
 from .events import Action
+from .records import Peer
 
 if TYPE_CHECKING:
     from .state import MasterState
@@ -27,6 +28,13 @@ class View:
 
     def accepted(self, group: int | None = None) -> list[int]:
         return self._state.accepted(group)
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    def peer(self, conn: int) -> Peer | None:
+        return self._state._peers.get(conn)
 
     def addr(self, conn: int) -> m.PeerAddr:
         return self._state._peers[conn].addr()
@@ -58,6 +66,6 @@ class View:
             yield ("sync", g, 0), voters, voters
         for g, voters in st._topo.voters().items():
             yield ("optimize", g, 0), voters, voters
-        for (g, tag), op in st._ops.items():
+        for (g, tag), op in st._colls.ops.items():
             if not op.seq:
                 yield ("collective", g, tag), op.descs, op.waits
