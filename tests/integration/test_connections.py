@@ -76,3 +76,12 @@ async def test_a_bad_bandwidth_is_invalid_usage(peers, bw):
     comms = await peers(1)
     with pytest.raises(pccl.InvalidUsageError, match="bandwidth"):
         comms[0]._data.set_bandwidth(2, bw)
+
+
+async def test_a_forgotten_bandwidth_falls_back_to_the_assumed_one(peers):
+    comms = await peers(2)
+    a, b = comms
+    a._data.set_bandwidth(b.peer_id, 1e15)
+    a._data.set_bandwidth(b.peer_id, None)
+    await _reduce(comms)
+    assert a._data.link_connections() == {b.peer_id: 1}
