@@ -50,7 +50,7 @@ class Communicator:
             over all of them. None or ``"auto"`` (the default) chooses them per neighbour
             when the link opens: the first connection's RTT times the bandwidth (10 Gbit/s
             assumed until measured) over one stream's window (half of ``tcp_wmem`` max), at
-            most 16. Loopback and LANs get 1; a 100 ms RTT gets 16. An int (1..256) fixes it.
+            most 8. Loopback and LANs get 1; a 100 ms RTT gets 8. An int (1..256) fixes it.
         listen_host: interface of the data-plane listener (default: all interfaces).
         advertise_host: address other peers use to reach this one (default: as the master
             sees it).

@@ -32,9 +32,10 @@ async def peer(addr: str, host: str, k: str) -> None:
         x = np.full(1 << 18, 1.0, np.float32)
         await comm.all_reduce(x)
         assert float(x[0]) == float(x[-1]) == 2.0
-        links = comm._data._links
-        print(json.dumps({"k": comm._data.link_connections(),
-                          "rtt": [lk.rtt for lk in links.values()]}), flush=True)
+        report = {"k": comm._data.link_connections(),
+                  "rtt": [lk.rtt for lk in comm._data._links.values()]}
+        await comm.all_reduce(x)  # a barrier: neither leaves (closing the other's link) before
+        print(json.dumps(report), flush=True)  # both took their report
 
 
 if __name__ == "__main__":

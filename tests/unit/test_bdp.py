@@ -17,12 +17,13 @@ MIB = 1 << 20
 @pytest.mark.parametrize(("rtt", "bandwidth", "window", "k"), [
     (50e-6, None, 4 * MIB, 1),      # loopback, bandwidth assumed: 62 KB in flight
     (0.5e-3, None, 4 * MIB, 1),     # a LAN
-    (100e-3, None, 4 * MIB, 16),    # a WAN at the assumed 10 Gbit/s: the cap
+    (100e-3, None, 4 * MIB, 8),     # a WAN at the assumed 10 Gbit/s: the cap
     (100e-3, 1e9, 4 * MIB, 6),      # 12.5 MB in flight over 2 MiB per stream: 5.96
     (100e-3, 1e9, 32 * MIB, 1),     # a large window: one stream suffices
     (10e-3, 1e9, 4 * MIB, 1),       # 1.25 MB
-    (20e-3, 10e9, 4 * MIB, 12),     # 25 MB / 2 MiB = 11.9
-    (1.0, 100e9, 4 * MIB, 16),      # far beyond the cap
+    (20e-3, 1e9, 4 * MIB, 2),       # 2.5 MB / 2 MiB = 1.19
+    (20e-3, 3e9, 4 * MIB, 4),       # 7.5 MB / 2 MiB = 3.6
+    (1.0, 100e9, 4 * MIB, 8),       # far beyond the cap
 ])
 def test_connections_follow_the_bandwidth_delay_product(rtt, bandwidth, window, k):
     assert bdp.choose_connections(rtt, bandwidth, window) == k

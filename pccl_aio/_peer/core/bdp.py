@@ -13,7 +13,11 @@ import math
 import struct
 from typing import Final
 
-AUTO_CAP: Final = 16  # connections per neighbour chosen automatically, at most
+# Connections per neighbour chosen automatically, at most. On the emulated 100 ms / 1 Gbit/s
+# link more than 8 measured no faster unquantized and 20-25 % slower with uint8 (BBR keeps
+# about 2 x BDP in flight over all of a link's flows, whatever their number; bench/RESULTS.md,
+# "Issue 19"). A faster link that needs more: fix ``p2p_connections``.
+AUTO_CAP: Final = 8
 # The bandwidth assumed when none was measured (bits/s): high enough that a long link gets
 # the cap, low enough that loopback (RTT ~50 us: 62 KB in flight) and LANs (0.5 ms:
 # 625 KB) stay at one connection.
