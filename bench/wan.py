@@ -13,7 +13,7 @@ B in namespace B (10.203.0.2). Measured in one run:
 - a ``--mib`` MiB float32 SUM all-reduce for each ``--conns`` entry (K connections per
   neighbour, or ``auto``: the library's choice from the bandwidth-delay product, reported in
   the ``K_used`` column), unquantized, and with MIN_MAX quantization to ``--quant`` (any
-  ``Quantization`` dtype: uint8, int8, ..., or ``none``) at ``--quant-conns``.
+  ``Quantization`` dtype: uint8, uint16, ...; or ``none``) at ``--quant-conns``.
 
 Each direction carries the whole buffer for P = 2 (half in reduce-scatter, half in all-gather),
 so the link-rate figure is bytes / time against the nominal rate and the 8-stream TCP rate.
@@ -217,6 +217,10 @@ def main() -> None:
         import pccl_aio
 
         return pccl_aio.run(master(int(a.master)))
+    if a.quant != "none":  # a dtype this version does not know fails here, not in a peer
+        import pccl_aio
+
+        pccl_aio.Quantization(algo=pccl_aio.QuantAlgo.MIN_MAX, dtype=a.quant)
     brought_up = subprocess.run(["ip", "netns", "exec", NS_A, "true"],
                                 capture_output=True).returncode != 0
     if brought_up:
