@@ -13,7 +13,7 @@ import logging
 import ssl as _ssl
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from .._errors import InvalidUsageError, TooFewPeersError
 from .._net.credentials import load_secret
@@ -48,7 +48,10 @@ class Communicator:
         peer_group: collectives and shared state are partitioned by group; membership votes
             (``update_topology``, ``are_peers_pending``) stay global.
         p2p_connections: TCP connections to each ring neighbour; one collective is striped
-            over all of them.
+            over all of them. None or ``"auto"`` (the default) chooses them per neighbour
+            when the link opens: the first connection's RTT times the bandwidth (10 Gbit/s
+            assumed until measured) over one stream's window (half of ``tcp_wmem`` max), at
+            most 8. Loopback and LANs get 1; a 100 ms RTT gets 8. An int (1..256) fixes it.
         listen_host: interface of the data-plane listener (default: all interfaces).
         advertise_host: address other peers use to reach this one (default: as the master
             sees it).
@@ -70,7 +73,8 @@ class Communicator:
     ``async with Communicator(...) as comm: await comm.connect()``.
     """
 
-    def __init__(self, master: str, *, peer_group: int = 0, p2p_connections: int = 1,
+    def __init__(self, master: str, *, peer_group: int = 0,
+                 p2p_connections: int | Literal["auto"] | None = None,
                  listen_host: str = "0.0.0.0", advertise_host: str = "",
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
                  data_timeout: float = 10.0, secret: str | bytes | None = None,
@@ -92,7 +96,8 @@ class Communicator:
         self._data = DataPlane(self.config, self._control.report, self._keys, self.gate)
         self._control.attach(self._data.registry)
         self._sync = SharedStateSync(self._control, self.config, self._keys, self.gate)
-        self._measure = Measurer(self.config, self._keys, self._control.report_measure)
+        self._measure = Measurer(self.config, self._keys, self._control.report_measure,
+                                 self._data.set_bandwidth)
         self._data.listener.measure = self._measure
         self._control.on_measure = self._measure.on_plan
 

@@ -8,8 +8,10 @@ come from the master's latest ``Membership``; reports go to the master through `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+from .._errors import InvalidUsageError
 from .._net.handshake import Gate
 from .._net.tasks import TaskSet
 from .._wire import auth
@@ -35,6 +37,7 @@ class DataPlane:
         self.keys = keys
         self.listener = Listener(self.registry, keys.accepting(auth.ROLE_DATA), gate)
         self._links: dict[int, Link] = {}
+        self._bandwidth: dict[int, float] = {}  # peer id -> measured bits/s (set_bandwidth)
         self._ring: list[m.PeerAddr] = []
         self.peer_id = 0
 
@@ -43,7 +46,32 @@ class DataPlane:
 
     @property
     def p2p_connections(self) -> int:
-        return self.config.p2p_connections
+        """The connections per link: the fixed count, or (automatic) the most any open link
+        has (a collective sizes its receive-slot blocks by it)."""
+        fixed = self.config.p2p_connections
+        return fixed if fixed is not None else max((k.k for k in self._links.values()),
+                                                   default=1)
+
+    def link_connections(self) -> dict[int, int]:
+        """Peer id -> connections of the open link to it (for benchmarks and tests)."""
+        return {pid: len(k.senders) for pid, k in self._links.items() if k.senders}
+
+    def set_bandwidth(self, peer_id: int, bits_per_s: float | None) -> None:
+        """A measured bandwidth to ``peer_id`` (bits/s; None forgets it), used to choose the
+        connections of the link to it (``p2p_connections`` automatic) when that link is next
+        built: the first collective to that peer, or the one after a ring change or a broken
+        connection. A link already open keeps its connections, so no collective in flight
+        changes its striping. Raises InvalidUsageError unless positive and finite."""
+        if bits_per_s is None:
+            self._bandwidth.pop(peer_id, None)
+        elif isinstance(bits_per_s, bool) or not isinstance(bits_per_s, (int, float)) or not (
+                math.isfinite(bits_per_s) and bits_per_s > 0):
+            raise InvalidUsageError(f"bandwidth must be positive bits/s, not {bits_per_s!r}")
+        else:
+            self._bandwidth[peer_id] = float(bits_per_s)
+        link = self._links.get(peer_id)
+        if link is not None:
+            link.set_bandwidth(self._bandwidth.get(peer_id))
 
     @property
     def data_timeout(self) -> float:
@@ -70,7 +98,8 @@ class DataPlane:
             addr = next((p for p in self._ring if p.peer_id == peer_id), None)
             if addr is None:
                 raise ConnectionError(f"peer {peer_id} is not in the ring")
-            link = Link(addr, self.keys.key(peer_id), self.config, self.peer_id, self.tasks)
+            link = Link(addr, self.keys.key(peer_id), self.config, self.peer_id, self.tasks,
+                        self._bandwidth.get(peer_id))
             self._links[peer_id] = link
         await link.open()
         return link

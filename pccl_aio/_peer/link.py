@@ -1,22 +1,55 @@
 """The data plane's sending side: a ``Link`` of ``k`` TCP connections to one ring neighbour.
 
 Each frame goes to the connection with the fewest bytes waiting, so a stream that slows down
-(loss, a small window) gets less and the others carry the rest. The receiving side is
-``receiver.py``; the formats are ``_wire/data.py``.
+(loss, a small window) gets less and the others carry the rest. Unless ``p2p_connections``
+fixes ``k``, the first connection measures the RTT and ``core/bdp.py`` picks ``k`` from the
+bandwidth-delay product. The receiving side is ``receiver.py``; the formats are
+``_wire/data.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import time
 from typing import cast
 
 from .._net.handshake import connect
-from .._net.stream import set_nodelay
+from .._net.stream import own_socket, set_nodelay
 from .._net.tasks import TaskSet
 from .._wire import auth
 from .._wire import messages as m
 from .._wire.data import HELLO, pack_hello
+from .core import bdp
 from .core.config import PeerConfig
+
+log = logging.getLogger("pccl_aio.link")
+WMEM_PATH = "/proc/sys/net/ipv4/tcp_wmem"
+
+
+def tcp_rtt(transport: asyncio.BaseTransport) -> float | None:
+    """The connection's RTT in seconds from ``TCP_INFO`` (``bdp.rtt_from_tcp_info``), or
+    None where the kernel gives none (not Linux, not TCP)."""
+    sock = own_socket(transport)
+    if sock is None:
+        return None
+    try:
+        return bdp.rtt_from_tcp_info(
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, bdp.TCP_INFO_LEN))
+    except (OSError, AttributeError):  # AttributeError: no socket.TCP_INFO here
+        return None
+    finally:
+        sock.close()
+
+
+def send_window() -> int:
+    """This network namespace's send-buffer ceiling (``tcp_wmem`` max) in bytes."""
+    try:
+        with open(WMEM_PATH) as f:
+            return bdp.wmem_max(f.read())
+    except OSError:
+        return bdp.DEFAULT_WMEM_MAX
 
 
 class _Sender(asyncio.Protocol):
@@ -73,13 +106,20 @@ class Link:
 
     Each frame goes to the connection with the fewest bytes waiting, so a stream that slows
     down (loss, a small window) gets less and the others carry the rest: the aggregate is the
-    sum of the streams' rates, not ``k`` times the slowest one's.
+    sum of the streams' rates, not ``k`` times the slowest one's. ``k`` is
+    ``config.p2p_connections`` or, if that is None, chosen when the link opens from the first
+    connection's RTT, ``bandwidth`` (bits/s; None: ``bdp.ASSUMED_BANDWIDTH``) and the send
+    window (``bdp.choose_connections``); it never changes afterwards, so a collective's frames
+    are striped over the same connections from its first frame to its last.
     """
 
     def __init__(self, addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int,
-                 tasks: TaskSet) -> None:
+                 tasks: TaskSet, bandwidth: float | None = None) -> None:
         self.peer_id, self.host, self.port, self.me = addr.peer_id, addr.host, addr.port, me
-        self.k, self._key = config.p2p_connections, key
+        self.fixed, self._key = config.p2p_connections, key
+        self.k = self.fixed or 1  # the connections, once open
+        self.bandwidth = bandwidth
+        self.rtt: float | None = None  # measured on the first connection (auto only)
         self._tls = config.ssl if config.ssl_server is not None else None
         self.senders: list[_Sender] = []
         self._tasks, self._timeout = tasks, config.data_timeout
@@ -87,8 +127,17 @@ class Link:
         self._room: asyncio.Future[None] | None = None
         self._failed = False
 
+    def set_bandwidth(self, bits_per_s: float | None) -> None:
+        """The link's measured bandwidth, for the choice of ``k``. It counts only if it comes
+        before ``open``: an open link keeps its connections (``DataPlane.set_bandwidth``
+        applies it when the link is next built)."""
+        if self._ready is None:
+            self.bandwidth = bits_per_s
+
     async def open(self) -> None:
-        """Connect all ``k`` connections (once; concurrent callers share the attempt).
+        """Connect all ``k`` connections (once; concurrent callers share the attempt). With
+        ``k`` automatic, the first connection is opened alone, to measure the RTT, then the
+        others at once.
 
         Raises ``ConnectionError`` if any connection fails (its handshake included) or the
         attempt takes longer than the connect timeout; the ones that did connect are closed and the link is ``broken``,
@@ -118,7 +167,13 @@ class Link:
 
         try:
             async with asyncio.timeout(self._timeout), asyncio.TaskGroup() as tg:
-                for i in range(self.k):
+                first = 0
+                if self.fixed is None:
+                    t0 = time.monotonic()
+                    await one(0)
+                    self.k = self._choose(opened[0], time.monotonic() - t0)
+                    first = 1
+                for i in range(first, self.k):
                     tg.create_task(one(i))
         except BaseException as exc:
             self._failed = True
@@ -129,6 +184,19 @@ class Link:
                 raise exc.exceptions[0] from None
             raise
         self.senders = opened
+
+    def _choose(self, first: _Sender, connect_time: float) -> int:
+        """``k`` for this link, from the first connection's RTT (TCP_INFO; else half the
+        time its connect and two-round-trip handshake took, an overestimate)."""
+        rtt = tcp_rtt(first.transport) if first.transport is not None else None
+        self.rtt = rtt if rtt is not None else connect_time / 2
+        window = send_window()
+        k = bdp.choose_connections(self.rtt, self.bandwidth, window)
+        log.info("link to peer %d: RTT %.2f ms, bandwidth %s, window %d B -> %d connections",
+                 self.peer_id, self.rtt * 1e3,
+                 "assumed" if self.bandwidth is None else f"{self.bandwidth / 1e6:.0f} Mbit/s",
+                 window, k)
+        return k
 
     @property
     def broken(self) -> bool:

@@ -252,12 +252,15 @@ async def probe(addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int, secon
 
 class Measurer:
     """The measurements of one communicator: probes the master asks for (``on_plan``; each
-    answered by ``MeasureReport`` through ``send``) and the sinks of measurement connections
-    its data listener accepted (``accept``)."""
+    answered by ``MeasureReport`` through ``send``, and given to ``measured``: the data plane
+    sizes its links with them) and the sinks of measurement connections its data listener
+    accepted (``accept``)."""
 
     def __init__(self, config: PeerConfig, keys: KeyRing,
-                 send: Callable[[m.MeasureReport], None]) -> None:
+                 send: Callable[[m.MeasureReport], None],
+                 measured: Callable[[int, float], None] | None = None) -> None:
         self._config, self._keys, self._send = config, keys, send
+        self._measured = measured  # (peer id, bits/s) of each link measured here, if reachable
         self.key_for: KeyFor = keys.accepting(auth.ROLE_MEASURE)
         self._sinks: set[_Sink] = set()
         self._tasks = TaskSet("pccl_aio link measurement")
@@ -279,6 +282,8 @@ class Measurer:
             bps, latency = await probe(plan.to, self._keys.key(plan.to.peer_id), self._config,
                                        self._keys.me, plan.seconds, plan.streams)
         self._send(m.MeasureReport(plan.round, plan.to.peer_id, bps, latency))
+        if bps > 0 and self._measured is not None:
+            self._measured(plan.to.peer_id, bps)
 
     async def close(self) -> None:
         """End every probe and close every sink."""

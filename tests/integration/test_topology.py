@@ -30,6 +30,9 @@ async def test_three_peers_measure_every_pair_once_and_agree(peers, master):
     assert sorted(links) == sorted((a, b) for a in ids for b in ids if a != b)
     assert all(bps > 0 and 0 <= lat < 1 for bps, lat in links.values())
     assert master.state.ring(0) == list(info.ring)
+    for c in comms:  # each peer sizes its links (automatic connections) with what it measured
+        assert c._data._bandwidth == {b: links[(c.peer_id, b)][0] for b in ids
+                                      if b != c.peer_id}
     await reduce_ok(comms)
     again = await asyncio.gather(*(c.optimize_topology(timeout=30) for c in comms))
     assert {i.measured for i in again} == {0} and len(set(again)) == 1

@@ -15,7 +15,7 @@ class PeerConfig:
     master_host: str
     master_port: int
     peer_group: int = 0
-    p2p_connections: int = 1
+    p2p_connections: int | None = None  # None: chosen per link (``core/bdp.py``)
     listen_host: str = "0.0.0.0"
     advertise_host: str = ""
     heartbeat_interval: float = 0.5
@@ -36,6 +36,8 @@ class PeerConfig:
                 f"master address must be 'host:port' (no scheme, no path), not {master!r}")
         if not 1 <= int(port) <= 65535:
             raise InvalidUsageError(f"master port must be in 1..65535, not {port}")
+        if options.get("p2p_connections") == "auto":
+            options["p2p_connections"] = None
         config = cls(master_host=host.strip("[]"), master_port=int(port), **options)  # type: ignore[arg-type]
         config.check()
         return config
@@ -45,9 +47,11 @@ class PeerConfig:
             raise InvalidUsageError(f"peer_group must be a u32, not {self.peer_group}")
         if len(self.advertise_host) > 253:
             raise InvalidUsageError("advertise_host must be an address (at most 253 characters)")
-        if not 1 <= self.p2p_connections <= 256:
+        k = self.p2p_connections
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 256):
             raise InvalidUsageError(
-                f"p2p_connections must be in 1..256, not {self.p2p_connections}")
+                f"p2p_connections must be an int in 1..256, or None / 'auto' (chosen per link "
+                f"from its bandwidth-delay product), not {k!r}")
         if min(self.heartbeat_interval, self.heartbeat_timeout, self.data_timeout) <= 0:
             raise InvalidUsageError("timeouts must be positive")
         for name in ("ssl", "ssl_server"):
