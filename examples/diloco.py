@@ -146,7 +146,7 @@ def parse(argv: list[str] | None = None, doc: str = __doc__) -> argparse.Namespa
     ap.add_argument("--weight-decay", type=float, default=0.01, help="inner AdamW")
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--momentum", type=float, default=0.9, help="outer Nesterov momentum")
-    ap.add_argument("--quant", choices=("none", "uint8", "uint16"), default="none",
+    ap.add_argument("--quant", choices=("none", "uint8", "uint16", "uint4"), default="none",
                     help="send the pseudo-gradient quantized (MIN_MAX)")
     return ap.parse_args(argv)
 

@@ -261,7 +261,9 @@ async def test_peer_refuses_master_of_other_version():
     async def fake_master(reader, writer):  # passes the handshake, refuses the Hello
         assert await Gate("fake").admit(reader, writer, _no_secret) is not None
         await reader.read(100)
-        writer.write(frame(m.encode(m.Rejected("protocol version 1 is not supported", 2))))
+        other = m.PROTOCOL_VERSION + 1
+        writer.write(frame(m.encode(m.Rejected(f"protocol version {other - 1} is not supported",
+                                               other))))
         writer.close()
 
     server = await asyncio.start_server(fake_master, "127.0.0.1", 0)
