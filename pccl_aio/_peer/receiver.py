@@ -1,9 +1,11 @@
 """The data plane's receiving side: the listener and its zero-copy receive connections.
 
 Frames (``_wire/data.py``) are routed by ``seq``, the master's global collective number:
-frames of an aborted attempt (older seq) are dropped, and frames of a collective this peer
+frames of an aborted attempt (older seq) are dropped, frames of a collective this peer
 has not yet been told about (newer seq) pause that connection until the master's
-``CollectiveStart`` arrives. Receive is zero-copy: ``_Receiver`` is an
+``CollectiveStart`` arrives, and frames of a ticket's seq (an early start of a collective not
+launched here yet) are copied aside (``core/stash.py``) and handed over at its launch.
+Otherwise receive is zero-copy: ``_Receiver`` is an
 ``asyncio.BufferedProtocol`` whose ``get_buffer`` hands the kernel the destination slice (or
 the collective's receive slot) directly. The sending side is ``link.py``.
 
