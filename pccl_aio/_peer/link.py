@@ -104,9 +104,9 @@ WRITE_HIGH, WRITE_LOW = 256 << 10, 64 << 10
 class Link:
     """``k`` TCP connections to one peer's listener.
 
-    Each frame goes to the connection with the fewest bytes waiting, so a stream that slows
-    down (loss, a small window) gets less and the others carry the rest: the aggregate is the
-    sum of the streams' rates, not ``k`` times the slowest one's. ``k`` is
+    Each frame goes to the connection with the fewest bytes waiting (ties in turn), so a stream
+    that slows down (loss, a small window) gets less and the others carry the rest: the
+    aggregate is the sum of the streams' rates, not ``k`` times the slowest one's. ``k`` is
     ``config.p2p_connections`` or, if that is None, chosen when the link opens from the first
     connection's RTT, ``bandwidth`` (bits/s; None: ``bdp.ASSUMED_BANDWIDTH``) and the send
     window (``bdp.choose_connections``); it never changes afterwards, so a collective's frames
@@ -126,6 +126,7 @@ class Link:
         self._ready: asyncio.Task[None] | None = None
         self._room: asyncio.Future[None] | None = None
         self._failed = False
+        self._turn = 0  # the connection a tie goes to next (``send_now``)
 
     def set_bandwidth(self, bits_per_s: float | None) -> None:
         """The link's measured bandwidth, for the choice of ``k``. It counts only if it comes
@@ -233,12 +234,19 @@ class Link:
         dropped by the receiver as stale."""
         senders = self.senders
         best = senders[0]
-        if len(senders) > 1:
-            for s in senders:
+        if (k := len(senders)) > 1:
+            # Ties (usually: nothing waits above the kernel's buffers) go round-robin, so every
+            # connection carries its share and stays warm; first-in-list would leave the last
+            # ones idle with cold windows whenever the kernel absorbs a phase's frames.
+            first = self._turn
+            best = senders[first]
+            for i in range(first, first + k):
+                s = senders[i % k]
                 if s.error is not None or s.transport is None:
                     raise ConnectionResetError(f"data connection lost: {s.error}")
                 if (best.paused, best.buffered) > (s.paused, s.buffered):
-                    best = s
+                    best, first = s, i % k
+            self._turn = (first + 1) % k
         t = best.transport
         if best.error is not None or t is None:
             raise ConnectionResetError(f"data connection lost: {best.error}")

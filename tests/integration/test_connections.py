@@ -85,3 +85,17 @@ async def test_a_forgotten_bandwidth_falls_back_to_the_assumed_one(peers):
     a._data.set_bandwidth(b.peer_id, None)
     await _reduce(comms)
     assert a._data.link_connections() == {b.peer_id: 1}
+
+
+async def test_frames_spread_over_every_connection_when_none_is_backed_up(peers):
+    """On loopback the kernel absorbs every frame, so no connection ever has bytes waiting:
+    ties go round-robin, and each connection carries its share (first-in-list used to take
+    them all, leaving the others idle with cold windows on a WAN)."""
+    comms = await peers(2, p2p_connections=4)
+    xs = [np.ones(4 << 20, np.float32) for _ in comms]  # 16 MiB: 8 segments each way per phase
+    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
+    for c in comms:
+        (link,) = c._data._links.values()
+        sent = [s.queued for s in link.senders]
+        assert len(sent) == 4 and min(sent) > 0, sent
+        assert max(sent) - min(sent) <= (1 << 20) + 64, sent  # within one segment
