@@ -80,6 +80,7 @@ class Collective:
                                  if self.quant else (0, 0))
         self.plan: ring.RingPlan | None = None  # set at the start (the ring's)
         self._small: gather.GatherPlan | None = None  # ... or the small path's
+        self._own_first = False  # forwards wait until our own first sends are out
         self.predecessor = -1  # the peer whose frames this attempt receives, set at the start
         self.awaited = False  # the caller waits on it (the master was told: CollectiveWait)
         self._steps: dict[tuple[int, int], Step] = {}  # (phase, offset) -> work, set at start
@@ -163,6 +164,10 @@ class Collective:
         b, cb = self._b, self._wire_bytes
         # segments are sized on the wire: a quantized one covers more elements; 4-bit codes
         # need chunks and segments of an even count of elements (whole bytes)
+        # P = 2: our chunk goes out before the forwards (the other's final chunk values,
+        # processed on arrival; nothing held in receive slots), so the last forward never
+        # waits a hop for the other side's last segment at the end
+        self._own_first = self.world == 2
         self.plan = plan = ring.RingPlan(rank, self.world, self.dst.count, b,
                                          max(1, SEGMENT_BYTES * 8 // self._bits),
                                          2 if self._bits < 8 else 1)
@@ -283,8 +288,9 @@ class Collective:
         if self._local_failure is None:
             try:
                 link = self._link
-                wait = link is None or self._inbox or self._outbox or not link.has_room()
-                if wait and self.quant is not None:
+                wait = (link is None or self._inbox or self._outbox or self._own_first
+                        or not link.has_room())
+                if wait and self.quant is not None and not self._own_first:
                     self._inbox.append(Arrival(phase, offset, p0, p1))
                     return self._poke()
                 out = self._process(phase, offset, p0, p1)
@@ -344,7 +350,8 @@ class Collective:
             await self._send(link, gather.GATHER, small.mine(),
                              scratch[small.mine() : small.mine() + small.nbytes])
         for off, n in plan.first_sends() if plan is not None else ():
-            await self._drain(link)
+            if not self._own_first:
+                await self._drain(link)
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
                 assert scratch is not None
                 qs = scratch[cb(off // b) : cb((off + n) // b)]
@@ -352,6 +359,7 @@ class Collective:
                 await self._send(link, ring.RS, off, qs, p0, p1)
             else:  # our own chunk: read from the input (dst itself when in place)
                 await self._send(link, ring.RS, off, self.src.view[off : off + n])
+        self._own_first = False  # now the forwards that waited
         loop, timeout = self._loop, self.env.data_timeout
         while True:
             await self._drain(link)
