@@ -55,11 +55,10 @@ class Collective:
         # An abandoned (cancelled) handle must not log "exception was never retrieved".
         self.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.started: asyncio.Future[None] = loop.create_future()
-        self.seq = 0
+        self.seq = self.world = 0  # the attempt's seq and ring size, set at its start
         self.confirmed = False  # the master started it (an early start waits for this)
         self._held: tuple[str, int] | None = None  # an early attempt's failure, not reported
-        self.world = 0
-        self.active = False
+        self.active = self.cancelled = False
         self.tx = self.rx = 0
         self.hooks: list[Callable[[Collective], None]] = []
         self._run: asyncio.Task[None] | None = None
@@ -76,8 +75,7 @@ class Collective:
         self._local_failure: Exception | None = None  # raised while processing inline
         self._stream_error: str | None = None  # the predecessor's frames broke the protocol
         self._suspect = 0  # the peer whose data connection broke, if that failed it
-        self._qdt, self._algo = ((int(self.quant.dtype), int(self.quant.algo))
-                                 if self.quant else (0, 0))
+        self._qdt, self._algo = (int(self.quant.dtype), int(self.quant.algo)) if self.quant else (0, 0)
         self.plan: ring.RingPlan | None = None  # set at the start (the ring's)
         self._small: gather.GatherPlan | None = None  # ... or the small path's
         self._own_first = False  # forwards wait until our own first sends are out
@@ -91,9 +89,8 @@ class Collective:
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
         self._slots: Slots | None = None  # unquantized: reduce-scatter receive slots
-        self.cancelled = False
-        # In place (unless restore_on_abort=False) an abort must put the input back: the
-        # backup is taken in ``save_input``. Out of place ``src`` is never written.
+        # In place (unless restore_on_abort=False) an abort must put the input back (the
+        # backup, taken in ``save_input``); out of place ``src`` is never written
         self._backup: InputBackup | None = None
         self._backs_up, self._unrestored = in_place and restore, in_place and not restore
         self._in_place = in_place
@@ -152,21 +149,18 @@ class Collective:
 
     def _start_small(self, rank: int) -> None:
         """The small path (``core/gather.py``): our input into its slot of the scratch."""
-        nb = self.dst.count * self._b
-        self._small = g = gather.GatherPlan(rank, self.world, nb)
-        self._expected = g.expected()
-        self._remaining = len(self._expected)
-        self._scratch_owner, self._scratch = self.env.scratch.take(nb * self.world)
-        _ops.copy(self._scratch[g.mine() : g.mine() + nb], self.src.view)
+        self._small = g = gather.GatherPlan(rank, self.world, self.dst.count * self._b)
+        self._expected, self._remaining = g.expected(), self.world - 1
+        self._scratch_owner, self._scratch = self.env.scratch.take(g.nbytes * self.world)
+        _ops.copy(self._scratch[g.mine() : g.mine() + g.nbytes], self.src.view)
 
     def _start_ring(self, rank: int) -> None:
         """The ring's plan, receive slots (or quantized scratch) and each segment's work."""
         b, cb = self._b, self._wire_bytes
         # segments are sized on the wire: a quantized one covers more elements; 4-bit codes
         # need chunks and segments of an even count of elements (whole bytes)
-        # P = 2: our chunk goes out before the forwards (the other's final chunk values,
-        # processed on arrival; nothing held in receive slots), so the last forward never
-        # waits a hop for the other side's last segment at the end
+        # P = 2: our chunk goes out before the forwards (final values in dst, no slot held),
+        # so the last forward never waits a hop at the end for the other's last segment
         self._own_first = self.world == 2
         self.plan = plan = ring.RingPlan(rank, self.world, self.dst.count, b,
                                          max(1, SEGMENT_BYTES * 8 // self._bits),
@@ -452,6 +446,5 @@ class Collective:
         await link.wait_room()
         self._send_now(link, phase, off, payload, p0, p1, slot)
 
-    def _wire_bytes(self, elems: int) -> int:
-        """Bytes on the wire of the first ``elems`` elements (4-bit codes: rounded up)."""
+    def _wire_bytes(self, elems: int) -> int:  # of the first ``elems`` (4-bit: rounded up)
         return (elems * self._bits + 7) >> 3
