@@ -159,12 +159,12 @@ class Collective:
         b, cb = self._b, self._wire_bytes
         # segments are sized on the wire: a quantized one covers more elements; 4-bit codes
         # need chunks and segments of an even count of elements (whole bytes)
-        # P = 2: our chunk goes out before the forwards (final values in dst, no slot held),
-        # so the last forward never waits a hop at the end for the other's last segment
-        self._own_first = self.world == 2
         self.plan = plan = ring.RingPlan(rank, self.world, self.dst.count, b,
                                          max(1, SEGMENT_BYTES * 8 // self._bits),
                                          2 if self._bits < 8 else 1)
+        # P = 2: our chunk goes out before the forwards (final values in dst, no slot held),
+        # so the last forward never waits a hop at the end for the other's last segment
+        self._own_first = self.world == 2
         lens = plan.expected()  # (phase, byte offset in dst) -> bytes in dst
         self._expected = wire_lengths(lens, b, cb)
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
@@ -335,8 +335,8 @@ class Collective:
     async def _pipeline(self, link: Link) -> None:
         plan, dst, b, cb = self.plan, self.dst.view, self._b, self._wire_bytes
         scratch, quant, small = self._scratch, self.quant, self._small
-        # From here on segments are forwarded from the receive callback when the link has
-        # room, interleaved with our own chunk's sends (a backlog would hold receive slots).
+        # Received segments are forwarded as the link has room, between our own chunk's sends
+        # (a backlog would hold receive slots); at P = 2 only once our chunk is out.
         self._link = link
         if small is not None:  # our whole input, from its slot
             assert scratch is not None
