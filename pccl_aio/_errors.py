@@ -8,6 +8,7 @@
     ├── MasterConnectionError(PcclError, ConnectionError)
     │   └── VersionMismatchError                 master speaks another protocol version
     ├── PeerLostError(PcclError, ConnectionError) a collective was aborted: a peer left; retry
+    │   └── MasterLostError                        the master was lost meanwhile; retry
     ├── TooFewPeersError(PcclError)               fewer than two peers in the peer group
     ├── KickedError(PcclError)                    the master closed our session
     ├── SharedStateError(PcclError)               shared-state sync could not complete
@@ -28,6 +29,7 @@ __all__ = [
     "InvalidUsageError",
     "KickedError",
     "MasterConnectionError",
+    "MasterLostError",
     "PcclError",
     "PcclTimeoutError",
     "PeerLostError",
@@ -85,6 +87,17 @@ class PeerLostError(PcclError, ConnectionError):
     """
 
     code = "RANK_CONNECTION_LOST"
+
+
+class MasterLostError(PeerLostError):
+    """The master was lost while this call waited; retry it.
+
+    The communicator keeps its state and links and rejoins the run on its own (its master
+    address, or the next one given) for up to ``master_timeout``; a retried call waits for
+    that. An all-reduce's in-place input has been restored; a collective that finished its
+    data on every peer is not failed but completed by the next master. After
+    ``master_timeout`` calls raise ``MasterConnectionError`` instead.
+    """
 
 
 class TooFewPeersError(PcclError):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from ._master.server import Master, main
+from ._master.cli import main
+from ._master.server import Master
 
 __all__ = ["Master", "main"]
 

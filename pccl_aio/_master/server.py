@@ -7,17 +7,12 @@ picks a port; ``master.port`` tells it). From the command line:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import itertools
 import logging
-import os
 import secrets
-import signal
 import socket
 import ssl as _ssl
-import sys
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
@@ -25,7 +20,7 @@ from typing import Any
 import msgspec
 
 from .._errors import InvalidUsageError, RemoteProtocolError
-from .._net.credentials import load_secret, tls_contexts
+from .._net.credentials import load_secret
 from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
 from .._net.stream import FrameBudget, own_socket, read_frame, set_nodelay
 from .._wire import auth
@@ -34,7 +29,7 @@ from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
 from .core.records import is_loopback
 
-__all__ = ["Master", "main"]
+__all__ = ["Master"]
 
 log = logging.getLogger("pccl_aio.master")
 
@@ -65,6 +60,11 @@ class Master:
             more closes its connection.
         admission_interval: ``are_peers_pending()`` answers True at most once per interval,
             so joiners are admitted in batches and a flood of them cannot stall the run.
+        run_id: the run this master serves; peers of another run are refused (None: the
+            run of the first peer, or a fresh id).
+        recovery_grace: a master that rebuilds a run from rejoining peers (after a restart;
+            README, "Master failover") waits this long for the members that have not
+            rejoined, then goes on without them (default ``heartbeat_timeout``).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, *,
@@ -73,7 +73,11 @@ class Master:
                  ssl: _ssl.SSLContext | None = None,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT, hello_timeout: float = 5.0,
                  allow_any_advertise_host: bool = False, max_pending_peers: int = 256,
-                 max_collectives_per_peer: int = 1024, admission_interval: float = 1.0) -> None:
+                 max_collectives_per_peer: int = 1024, admission_interval: float = 1.0,
+                 run_id: str | None = None, recovery_grace: float | None = None) -> None:
+        if run_id is not None and not (isinstance(run_id, str) and 0 < len(run_id) <= 128
+                                       and run_id.isprintable()):
+            raise InvalidUsageError(f"run_id must be 1-128 printable characters, not {run_id!r}")
         self.host = host
         self._port = port
         self.heartbeat_interval = heartbeat_interval
@@ -82,7 +86,8 @@ class Master:
             allow_any_advertise_host=allow_any_advertise_host,
             max_pending_peers=max_pending_peers,
             max_collectives_per_peer=max_collectives_per_peer,
-            admission_interval=admission_interval)
+            admission_interval=admission_interval, run_id=run_id or "",
+            recovery_grace=recovery_grace)
         self._max_frame = max_frame_size
         self._budget = FrameBudget(_LARGE_FRAMES)
         self._key = auth.secret_key(secret if secret is not None else load_secret())
@@ -94,7 +99,6 @@ class Master:
         self._server: asyncio.Server | None = None
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._ids = itertools.count(1)
         self._closed = asyncio.Event()
 
     @property
@@ -207,7 +211,12 @@ class Master:
         admitted = await self.gate.admit(reader, writer, self._key_for)
         if admitted is None:
             return
-        conn = next(self._ids)
+        first = await self._first_frame(reader, writer)
+        if first is None:
+            return
+        body, msg = first
+        rejoin = msg.rejoin if isinstance(msg, m.Hello) else None
+        conn = self.state.allocate(rejoin.peer_id if rejoin is not None else 0)
         self._sessions[conn] = admitted[1]
         peername = writer.get_extra_info("peername") or ("?", 0)
         self._writers[conn] = writer
@@ -215,6 +224,11 @@ class Master:
         log.debug("connection %d from %s", conn, peername)
         limit = _BEFORE_HELLO
         try:
+            if isinstance(msg, str):  # the first frame was malformed: an answer, then closed
+                self._handle(ms.Malformed(conn, msg, loop.time(), body))
+            else:
+                limit = self._max_frame if isinstance(msg, m.Hello) else limit
+                self._handle(ms.Received(conn, msg, loop.time()))
             while conn in self._writers:
                 try:
                     body = await read_frame(reader, limit, self._budget)
@@ -242,6 +256,29 @@ class Master:
             gone = self._gone.pop(conn, None)
             if gone is not None and not gone.done():
                 gone.set_result(None)
+
+    async def _first_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                           ) -> tuple[bytes, m.PeerToMaster | str] | None:
+        """The connection's first message other than ``Probe`` (each ``Probe`` is answered
+        here): it names the connection's peer id (a rejoining peer keeps its own). None, and
+        the connection closed, if it sends nothing within ``hello_timeout`` or closes;
+        (body, why) for a malformed one (the caller answers it)."""
+        try:
+            async with asyncio.timeout(self.state.limits.hello_timeout):
+                while True:
+                    body = await read_frame(reader, _BEFORE_HELLO, self._budget)
+                    try:
+                        msg = m.decode_peer_to_master(body)
+                    except RemoteProtocolError as exc:
+                        return body, str(exc)
+                    if not isinstance(msg, m.Probe):
+                        return body, msg
+                    writer.write(frame(m.encode(self.state.probe())))
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError,
+                RemoteProtocolError) as exc:
+            log.debug("closing a connection before its first message: %r", exc)
+            writer.close()
+            return None
 
     async def _await_suspect(self, suspect: int) -> None:
         """A peer reports that its data connection with ``suspect`` broke. If ``suspect``'s
@@ -297,104 +334,3 @@ def _at_eof(sock: socket.socket) -> bool:
         return False  # alive: nothing to read
     except OSError:
         return True  # reset
-
-
-_DESCRIPTION = """\
-Run a pccl_aio master. Peers join a run through it (pccl_aio.Communicator("HOST:PORT")):
-it admits them, counts their votes and starts their collectives; tensor data flows between
-the peers, never through the master. One master serves one run. Ctrl-C or SIGTERM stops it
-(exit status 0)."""
-_EPILOG = "example: python -m pccl_aio.master --port 48148 --log-level debug"
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
-    return port
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pccl_aio.master", description=_DESCRIPTION,
-                                epilog=_EPILOG,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--host", default="0.0.0.0",
-                   help="address to listen on; 0.0.0.0 listens on every interface")
-    p.add_argument("--port", type=_port, default=48148,
-                   help="TCP port to listen on; 0 lets the OS pick one (the log says which)")
-    p.add_argument("--heartbeat-timeout", type=_seconds, default=5.0, metavar="SECONDS",
-                   help="a peer silent this long is treated as dead")
-    p.add_argument("--log-level", type=str.upper, choices=_LEVELS, default="INFO",
-                   help="least severe log messages shown (any case)")
-    sec = p.add_argument_group("security (README, 'Security')")
-    sec.add_argument("--secret-file", metavar="PATH",
-                     help="file holding the run secret every peer must prove (default: "
-                          "$PCCL_AIO_SECRET_FILE, else $PCCL_AIO_SECRET, else no secret)")
-    sec.add_argument("--allow-any-advertise-host", action="store_true",
-                     help="let peers advertise an address other than the one they connect "
-                          "from (behind NAT or proxies)")
-    sec.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve over TLS")
-    sec.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
-    sec.add_argument("--tls-ca", metavar="PEM",
-                     help="CA of the peers' certificates: peers must present one (mutual TLS)")
-    return p
-
-
-async def _run_cli(args: argparse.Namespace) -> int:
-    try:
-        if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
-            raise InvalidUsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
-        context = tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)[0] if args.tls_cert else None
-        secret = load_secret(args.secret_file)
-    except InvalidUsageError as exc:
-        print(f"pccl_aio.master: {exc}", file=sys.stderr)
-        return 2
-    master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
-                    secret=secret or b"", ssl=context,
-                    allow_any_advertise_host=args.allow_any_advertise_host)
-    try:
-        await master.start()
-    except OSError as exc:
-        print(f"pccl_aio.master: cannot listen on {args.host}:{args.port}: {_why(exc)}",
-              file=sys.stderr)
-        await master.close()
-        return 2
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down")
-    await master.close()
-    return 0
-
-
-def _why(exc: OSError) -> str:
-    """``address already in use``: the system's words for ``exc``, without asyncio's frame."""
-    text = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
-    return text[:1].lower() + text[1:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point: ``python -m pccl_aio.master`` (``--help`` says more)."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .. import run
-
-    return run(_run_cli(args))

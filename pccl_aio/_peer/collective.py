@@ -56,6 +56,8 @@ class Collective:
         self.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.started: asyncio.Future[None] = loop.create_future()
         self.seq = self.world = 0  # the attempt's seq and ring size, set at its start
+        self.ticket = 0  # the seq it was launched on (a ticket), else 0
+        self._data_done = False  # its data finished here (the result is final in ``dst``)
         self.confirmed = False  # the master started it (an early start waits for this)
         self._held: tuple[str, int] | None = None  # an early attempt's failure, not reported
         self.active = self.cancelled = False
@@ -250,6 +252,7 @@ class Collective:
         self._expected = {}
         self._small = self.plan = None
         self.tx = self.rx = self._suspect = 0
+        self._data_done = False
         self.save_input()
         if not self._in_place and self.quant is not None:
             _ops.copy(self.dst.view, self.src.view)
@@ -330,7 +333,14 @@ class Collective:
             else:  # an early start: the master's start decides (reported then, if it stands)
                 self._held = (repr(exc), suspect)
             return
+        self._data_done = True
         self.env.report(self.tag, self.seq, True, "")
+
+    @property
+    def data_ok(self) -> bool:
+        """Its data finished on this peer without error: the result is final in ``dst``
+        and only the master's verdict is missing."""
+        return self._data_done and self._stream_error is None and self.active
 
     async def _pipeline(self, link: Link) -> None:
         plan, dst, b, cb = self.plan, self.dst.view, self._b, self._wire_bytes

@@ -44,7 +44,8 @@ class Communicator:
     """One peer of a run.
 
     Args:
-        master: ``"host:port"`` of the master.
+        master: ``"host:port"`` of the master, or a list of them: the addresses a master of
+            the run may be found at (README, "Master failover").
         peer_group: collectives and shared state are partitioned by group; membership votes
             (``update_topology``, ``are_peers_pending``) stay global.
         p2p_connections: TCP connections to each ring neighbour; one collective is striped
@@ -67,26 +68,33 @@ class Communicator:
             connections to other peers when ``ssl_server`` is given too.
         ssl_server: a server ``ssl.SSLContext`` for this peer's listeners: TLS between peers
             (every peer of the run must use it). ``pccl_aio.tls_contexts`` makes both.
+        master_timeout: how long a lost master is waited for (default 60 s). Meanwhile the
+            communicator keeps its state and links and rejoins the run at its master address
+            (or the best of several); calls in flight fail with ``MasterLostError`` (retry),
+            later calls wait. Then everything raises ``MasterConnectionError``. 0: at once.
+        run_id: the run this peer belongs to; a master of another run refuses it (None:
+            the run of the first master that accepts it).
 
     A communicator belongs to the event loop it connected on: a call from another loop or
     thread raises ``InvalidUsageError`` before anything is sent. Use as
     ``async with Communicator(...) as comm: await comm.connect()``.
     """
 
-    def __init__(self, master: str, *, peer_group: int = 0,
+    def __init__(self, master: str | Sequence[str], *, peer_group: int = 0,
                  p2p_connections: int | Literal["auto"] | None = None,
                  listen_host: str = "0.0.0.0", advertise_host: str = "",
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
                  data_timeout: float = 10.0, secret: str | bytes | None = None,
                  ssl: _ssl.SSLContext | None = None,
-                 ssl_server: _ssl.SSLContext | None = None) -> None:
+                 ssl_server: _ssl.SSLContext | None = None, master_timeout: float = 60.0,
+                 run_id: str | None = None) -> None:
         if secret is not None and not isinstance(secret, (str, bytes)):
             raise InvalidUsageError(f"secret must be str or bytes, not {type(secret).__name__}")
         self.config = PeerConfig.parse(
             master, peer_group=peer_group, p2p_connections=p2p_connections,
             listen_host=listen_host, advertise_host=advertise_host,
             heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
-            data_timeout=data_timeout,
+            data_timeout=data_timeout, master_timeout=master_timeout, run_id=run_id or "",
             key=auth.secret_key(secret if secret is not None else load_secret()),
             ssl=ssl, ssl_server=ssl_server)
         self._loop: asyncio.AbstractEventLoop | None = None

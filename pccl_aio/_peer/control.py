@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from .._errors import (
     AuthenticationError,
@@ -21,23 +22,23 @@ from .._errors import (
     InvalidUsageError,
     KickedError,
     MasterConnectionError,
+    MasterLostError,
     PcclError,
-    PcclTimeoutError,
     RemoteProtocolError,
     SharedStateError,
     VersionMismatchError,
 )
-from .._net.handshake import HandshakeError, greet
-from .._net.stream import read_frame, set_nodelay
+from .._net.stream import read_frame
 from .._net.tasks import TaskSet
-from .._wire import auth
 from .._wire import messages as m
 from .._wire.framing import frame
 from .collective import Collective
 from .core.config import PeerConfig
 from .core.stash import Stash
 from .core.tickets import Tickets
+from .failover import Outage
 from .receiver import Registry
+from .session import Session, close_quietly, open_session
 
 log = logging.getLogger("pccl_aio.communicator")
 
@@ -66,11 +67,19 @@ class ControlPlane:
         self._carried: dict[str, Any] = {}  # kind -> answer of a round a withdrawn vote made
         self._writer: asyncio.StreamWriter | None = None
         self.session = b""  # the master session's key (unwraps pair keys)
-        self._joined: asyncio.Future[None] | None = None
+        self._up: asyncio.Future[None] | None = None  # done: a member of a live session
+        self._hello: m.Hello | None = None  # this peer's registration, without rejoin data
+        self._gen = 0  # the live session's number (a task of an older one stops)
+        self._closing = False
         self._last_master = 0.0
         self._tasks = TaskSet("pccl_aio control plane")
         self.tickets = Tickets(Stash())  # ``attach`` gives it the data plane's stash
+        self.registry: Registry | None = None
         self.on_measure: Callable[[m.MeasurePlan], None] | None = None  # the master's plans
+        self.term, self.run_id, self.master = 0, "", ""  # the master's, as last heard
+        self.revision = -1  # the shared-state revision of the last completed sync
+        self.sync: tuple[int, bool | None] | None = None  # a sync's revision, our SyncDone
+        self.outage = Outage()
 
     @property
     def peer_group_world_size(self) -> int:
@@ -80,94 +89,99 @@ class ControlPlane:
     def attach(self, registry: Registry) -> None:
         """Reserve the tickets' seqs in the data plane's receive ``registry``."""
         self.tickets = Tickets(registry.stash, registry.reserve)
+        self.registry = registry
 
     # ---- session --------------------------------------------------------------------------
     async def connect(self, hello: m.Hello, attempts: int, backoff: float) -> None:
-        """Open the master connection, say ``hello`` and wait until accepted into the run.
+        """Open the master session, say ``hello`` and wait until accepted into the run.
 
-        Retries ``attempts`` times with exponential back-off while no master answers; the
-        handshake (connect, run secret, ``Welcome``) of each attempt is bounded by the
-        heartbeat timeout. Raises ``MasterConnectionError`` (``VersionMismatchError``,
-        ``AuthenticationError`` for a refused or failed handshake or TLS),
-        ``PcclTimeoutError`` for a master that accepts and never answers. Cancelling leaves
-        the connection for ``close`` to release.
+        Retries ``attempts`` times with exponential back-off while no master answers; each
+        step of an attempt is bounded by the heartbeat timeout. Raises
+        ``MasterConnectionError`` (``VersionMismatchError``, ``AuthenticationError`` for a
+        refused or failed handshake or TLS), ``PcclTimeoutError`` for a master that accepts
+        and never answers. A master lost while waiting for admission is ridden out like any
+        other (``master_timeout``). Cancelling leaves the connection for ``close``.
         """
         self.failure = None
+        self._closing = False
         self._withdrawing.clear()
         self._carried.clear()
+        self._hello = hello
+        self._up = asyncio.get_running_loop().create_future()
         last: Exception | None = None
-        cfg = self.config
         for i in range(attempts):
             try:
-                async with asyncio.timeout(cfg.heartbeat_timeout):
-                    reader, writer = await asyncio.open_connection(
-                        cfg.master_host, cfg.master_port, ssl=cfg.ssl,
-                        server_hostname=cfg.master_host if cfg.ssl else None)
+                session = await open_session(self.config, self._hello_now(), self.term)
                 break
             except (OSError, TimeoutError) as exc:
-                if cfg.ssl is not None and isinstance(exc, (ssl.SSLError, ConnectionResetError)):
-                    raise AuthenticationError(  # the TCP connect succeeded: TLS failed
-                        f"TLS with the master at {cfg.master_host}:{cfg.master_port} failed: "
-                        f"{exc!r}") from exc
+                if isinstance(exc, (AuthenticationError, VersionMismatchError)):
+                    raise
                 last = exc
                 if i + 1 < attempts:
                     await asyncio.sleep(min(backoff * 2**i, 2.0))  # back-off, not a sync
         else:
+            where = ", ".join(f"{h}:{p}" for h, p in self.config.masters)
             raise MasterConnectionError(
-                f"no master at {cfg.master_host}:{cfg.master_port} after {attempts} "
-                f"attempt(s): {last!r}") from last
-        set_nodelay(writer.transport)
-        self._writer = writer
-        try:
-            async with asyncio.timeout(cfg.heartbeat_timeout):
-                self.session = await greet(reader, writer, auth.ROLE_MASTER, cfg.key, 0, 0)
-                writer.write(frame(m.encode(hello)))
-                reply = m.decode_master_to_peer(await read_frame(reader))
-                while isinstance(reply, m.MasterHeartbeat):  # a tick may precede the Welcome
-                    reply = m.decode_master_to_peer(await read_frame(reader))
-        except HandshakeError as exc:
-            if exc.status == auth.BAD_VERSION:
-                raise VersionMismatchError(f"the master refused this peer: {exc}") from None
-            raise AuthenticationError(
-                f"the master at {cfg.master_host}:{cfg.master_port} refused this peer: "
-                f"{exc}") from None
-        except TimeoutError:
-            raise PcclTimeoutError(
-                f"the master at {cfg.master_host}:{cfg.master_port} accepted the connection "
-                f"but did not answer within {cfg.heartbeat_timeout:.1f} s") from None
-        except (asyncio.IncompleteReadError, OSError, RemoteProtocolError) as exc:
-            raise MasterConnectionError(f"master closed the connection: {exc!r}") from exc
-        if isinstance(reply, m.Rejected):
-            cls = VersionMismatchError if reply.version != m.PROTOCOL_VERSION else MasterConnectionError
-            raise cls(f"master refused this peer: {reply.reason}")
-        if not isinstance(reply, m.Welcome):
-            raise MasterConnectionError(f"unexpected first message {reply!r}")
-        loop = asyncio.get_running_loop()
-        self.peer_id = reply.peer_id
-        self._joined = loop.create_future()
-        self._last_master = loop.time()
-        self._tasks.spawn(self._read_loop(reader), name="pccl_aio master reader")
-        self._tasks.spawn(self._heartbeat_loop(), name="pccl_aio heartbeat")
-        await self._joined  # first Membership: accepted into the run
+                f"no master at {where} after {attempts} attempt(s): {last!r}") from last
+        self._begin(session)
         self.connected = True
+        await self.wait_up()  # first Membership: accepted into the run
+
+    def _hello_now(self) -> m.Hello:
+        """This peer's ``Hello`` as of now: with its ``Rejoin`` once it had a master."""
+        hello = self._hello
+        assert hello is not None
+        rejoin = self.outage.rejoin(self) if self.peer_id else None
+        run_id = self.config.run_id or self.run_id
+        return msgspec.structs.replace(hello, run_id=run_id, term=self.term, rejoin=rejoin)
+
+    def _begin(self, session: Session) -> None:
+        """A registered session: its reader and heartbeat tasks (the first ``Membership``
+        completes ``wait_up``)."""
+        w = session.welcome
+        self.peer_id, self.session, self._writer = w.peer_id, session.key, session.writer
+        self.term = max(self.term, w.term)
+        self.run_id = w.run_id or self.run_id
+        self.master = session.where
+        self._gen += 1
+        self._last_master = asyncio.get_running_loop().time()
+        self._tasks.spawn(self._read_loop(session.reader, self._gen),
+                          name="pccl_aio master reader")
+        self._tasks.spawn(self._heartbeat_loop(self._gen), name="pccl_aio heartbeat")
+
+    async def wait_up(self) -> None:
+        """Until this peer is a member (or waits as one) of a live master session; raises
+        why the session ended for good. Cancelling only stops this wait."""
+        if self._up is None:
+            raise InvalidUsageError("not connected: call connect() first")
+        await asyncio.shield(self._up)
+
+    @property
+    def up(self) -> bool:
+        """A master session is live and has accepted this peer."""
+        u = self._up
+        return u is not None and u.done() and not u.cancelled() and u.exception() is None
 
     def leave(self) -> None:
         """Say goodbye to the master (best effort) and fail everything still waiting."""
+        self._closing = True
         if self._writer is not None and not self._writer.is_closing():
             with contextlib.suppress(Exception):
                 self._writer.write(frame(m.encode(m.Leave())))
         self.fail_all(MasterConnectionError("communicator closed"))
 
     def abort(self) -> None:
-        """Drop the master connection at once (no goodbye)."""
+        """Drop the master connection at once (no goodbye), as a killed process would."""
+        self._closing = True
         if self._writer is not None:
             self._writer.transport.abort()
 
     async def close(self) -> None:
-        """Stop both tasks and close the master connection. Idempotent."""
+        """Stop every task and close the master connection. Idempotent."""
+        self._closing = True
         await self._tasks.close()
+        close_quietly(self._writer)
         if self._writer is not None:
-            self._writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._writer.wait_closed(), 1.0)
             self._writer = None
@@ -182,24 +196,43 @@ class ControlPlane:
 
     def send(self, *msgs: m.PeerToMaster) -> None:
         """Frame ``msgs`` and write them together (one write: the master reads them as one
-        batch). Raises why the session ended if the connection is gone."""
-        if self._writer is None or self._writer.is_closing():
-            raise self.failure or MasterConnectionError("master connection closed")
+        batch). Raises why the session ended, or ``MasterLostError`` while the master is
+        being replaced."""
+        if self.failure is not None:
+            raise self.failure
+        if not self.up or self._writer is None or self._writer.is_closing():
+            raise MasterLostError("the master is lost; this peer is rejoining the run")
         self._writer.write(b"".join(frame(m.encode(msg)) for msg in msgs))
 
     def fail_all(self, exc: PcclError) -> None:
-        """The session ended: every vote, the join and every collective fail with ``exc``."""
+        """The session ended for good: every vote, the join, every collective (and every
+        launch waiting for a master) fails with ``exc``."""
         if self.failure is None:
             self.failure = exc
         for fut in list(self._votes.values()):
             if not fut.done():
                 fut.set_exception(exc)
         self._votes.clear()
-        if self._joined is not None and not self._joined.done():
-            self._joined.set_exception(exc)
+        if self._up is not None and not self._up.done():
+            self._up.set_exception(exc)
+            self._up.exception()  # retrieved: waiters re-raise it
         for coll in list(self.colls.values()):
             coll.on_lost(exc)
         self.colls.clear()
+        self.outage.deferred.clear()
+
+    def _lost(self, exc: PcclError, gen: int) -> None:
+        """Session ``gen`` ended without a goodbye: ride the outage out (``failover``), or
+        fail for good (kicked, closing, ``master_timeout`` 0)."""
+        if gen != self._gen or self.failure is not None:
+            return
+        self._gen += 1  # the session's tasks see it ended
+        close_quietly(self._writer)
+        if (self._closing or isinstance(exc, KickedError) or self.config.master_timeout <= 0
+                or self._hello is None):
+            self.fail_all(exc)
+            return
+        self.outage.begin(self, exc)
 
     # ---- votes and collectives ------------------------------------------------------------
     async def vote(self, kind: str, msg: m.PeerToMaster) -> Any:
@@ -216,6 +249,10 @@ class ControlPlane:
             raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
         if kind in self._carried:
             return self._carried.pop(kind)
+        if not self.up:
+            await self.wait_up()  # a master is being found: the vote goes to the next one
+        if kind in self._votes:
+            raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
         fut = self.expect(kind)
         try:
             self.send(msg)
@@ -247,17 +284,48 @@ class ControlPlane:
         ``awaited``: the caller waits on it at once (``CollectiveWait`` in the same write, so
         the master never sees the vote without the wait). With a ticket of the ring as it is
         (``Tickets``) its data starts moving here and now, before the master's start."""
+        if self.failure is not None:
+            raise self.failure
+        self.colls[coll.tag] = coll
+        coll.hooks.append(self._forget)
+        coll.awaited = awaited
+        if not self.up:  # no master now: the vote goes out once the run is rejoined
+            coll.save_input()
+            self.outage.deferred.append(coll)
+            return
+        self._send_launch(coll)
+        coll.save_input()  # after the vote left: the copy overlaps the master's round trip
+        self._early(coll)
+
+    def relaunch(self) -> None:
+        """The run is rejoined: the votes of the collectives launched meanwhile go out."""
+        deferred, self.outage.deferred = self.outage.deferred, []
+        for coll in deferred:
+            if coll.future.done():
+                continue
+            try:
+                self._send_launch(coll)
+            except PcclError as exc:
+                coll.on_lost(exc)
+                continue
+            self._early(coll)
+
+    def _send_launch(self, coll: Collective) -> None:
         d, q = coll.dst, coll.quant
         seq, spoiled = self.tickets.use(coll.tag, self.membership)
         init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
                                 int(q.algo) if q else 0, int(q.dtype) if q else 0, seq, spoiled)
-        msgs = (init, m.CollectiveWait(coll.tag)) if awaited else (init,)
-        self.send(*msgs)
-        self.colls[coll.tag] = coll
-        coll.hooks.append(self._forget)
-        coll.awaited = awaited
-        coll.save_input()  # after the vote left: the copy overlaps the master's round trip
-        if seq and not spoiled and self.membership is not None:
+        msgs = (init, m.CollectiveWait(coll.tag)) if coll.awaited else (init,)
+        try:
+            self.send(*msgs)
+        except BaseException:
+            self.colls.pop(coll.tag, None)
+            raise
+        coll.ticket = seq if not spoiled else 0
+
+    def _early(self, coll: Collective) -> None:
+        seq = coll.ticket
+        if seq and self.membership is not None:
             coll.on_start(seq, [p.peer_id for p in self.membership.ring], self.peer_id,
                           early=True)
 
@@ -278,33 +346,47 @@ class ControlPlane:
         with contextlib.suppress(PcclError):
             self.send(msg)
 
+    def report_sync(self, ok: bool, reason: str) -> None:
+        """``SyncDone``: this peer's part of the sync finished (``ok``) or failed. Raises
+        why it cannot be sent (``MasterLostError`` while the master is being replaced)."""
+        if self.sync is not None:
+            self.sync = (self.sync[0], ok)
+        self.send(m.SyncDone(ok, reason))
+
     def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
         """``CollectiveDone`` for (tag, seq); dropped if the session is over."""
         with contextlib.suppress(PcclError):
             self.send(m.CollectiveDone(tag, seq, ok, reason[:200], suspect))
 
     # ---- tasks ----------------------------------------------------------------------------
-    async def _heartbeat_loop(self) -> None:
+    async def _heartbeat_loop(self, gen: int) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while gen == self._gen:
             await asyncio.sleep(self.config.heartbeat_interval)  # the beacon's period
-            if loop.time() - self._last_master > self.config.heartbeat_timeout:
-                self.fail_all(MasterConnectionError(
-                    f"master silent for more than {self.config.heartbeat_timeout:.1f} s"))
-                self.abort()
+            if gen != self._gen:
                 return
-            with contextlib.suppress(PcclError):
-                self.send(m.Heartbeat())
+            if loop.time() - self._last_master > self.config.heartbeat_timeout:
+                if self._writer is not None:
+                    self._writer.transport.abort()
+                self._lost(MasterConnectionError(
+                    f"master silent for more than {self.config.heartbeat_timeout:.1f} s"), gen)
+                return
+            if self._writer is not None and not self._writer.is_closing():
+                self._writer.write(frame(m.encode(m.Heartbeat())))
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+    async def _read_loop(self, reader: asyncio.StreamReader, gen: int) -> None:
         loop = asyncio.get_running_loop()
         exc: PcclError = MasterConnectionError("master closed the connection")
         try:
-            while True:
+            while gen == self._gen:
                 msg = m.decode_master_to_peer(await read_frame(reader))
                 self._last_master = loop.time()
                 if isinstance(msg, m.Kicked):
                     exc = KickedError(f"kicked by the master: {msg.reason}")
+                    break
+                if isinstance(msg, m.Superseded):
+                    self.term = max(self.term, msg.term)
+                    exc = MasterConnectionError(f"the master stepped down: {msg.reason}")
                     break
                 self._dispatch(msg)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -312,18 +394,18 @@ class ControlPlane:
         except RemoteProtocolError as e:
             exc = MasterConnectionError(f"master broke the protocol: {e}")
         log.info("peer %d: %s", self.peer_id, exc)
-        self.fail_all(exc)
-        if self._writer is not None:
-            self._writer.close()
+        self._lost(exc, gen)
 
     def _dispatch(self, msg: m.MasterToPeer) -> None:
         match msg:
             case m.Membership():
                 self.membership = msg
+                self.term = max(self.term, msg.term)
                 self.tickets.void()
                 self._on_membership(msg)
-                if self._joined is not None and not self._joined.done():
-                    self._joined.set_result(None)
+                if self._up is not None and not self._up.done():
+                    self._up.set_result(None)
+                    self.outage.end(self)
             case m.CollectiveStart(tag=tag, seq=seq):
                 coll = self.colls.get(tag)
                 if coll is not None and self.membership is not None:
@@ -332,8 +414,9 @@ class ControlPlane:
                 self.tickets.issued(msg)
                 if (coll := self.colls.get(tag)) is not None:
                     coll.on_complete()
-            case m.CollectiveAbort(tag=tag, reason=reason):
-                if (coll := self.colls.get(tag)) is not None:
+            case m.CollectiveAbort(tag=tag, seq=seq, reason=reason):
+                coll = self.colls.get(tag)
+                if coll is not None and not (seq and coll.seq and seq != coll.seq):
                     coll.on_abort(reason)
             case m.CollectiveRejected(tag=tag, reason=reason, deadlock=deadlock):
                 if (coll := self.colls.get(tag)) is not None:
@@ -341,8 +424,10 @@ class ControlPlane:
             case m.TopologyUpdated():
                 self._resolve("topology", None)
             case m.SyncPlan():
+                self.sync = (msg.revision, None)
                 self._resolve("sync", msg)
             case m.SyncFailed(reason=reason, completed=completed):
+                self.sync = None
                 exc = SharedStateError(f"shared-state sync failed: {reason}")
                 self._reject("sync_done" if completed else "sync", exc)
             case m.VoteWithdrawn(kind=kind):
@@ -351,6 +436,8 @@ class ControlPlane:
                 else:
                     self._withdrawing.pop(kind, None)
             case m.SyncComplete():
+                self.sync = None
+                self.revision = msg.revision
                 self._resolve("sync_done", msg)
             case m.VoteRejected(kind=kind, reason=reason, deadlock=deadlock):
                 cls = DeadlockError if deadlock else InvalidUsageError

@@ -104,7 +104,7 @@ class SharedStateSync:
                     rx = await deadline.within(self._fetch(state, plan), left(), what)
                 except Exception as exc:  # any failure of the fetch is the group's to know
                     error = exc
-            control.send(m.SyncDone(error is None, repr(error)[:200] if error else ""))
+            control.report_sync(error is None, repr(error)[:200] if error else "")
             await deadline.within(done, left(), what)
             if isinstance(error, PcclTimeoutError):
                 raise error

@@ -24,8 +24,9 @@ from .._types import (
 from .state import MAX_KEY
 
 #: 2: tickets (``CollectiveComplete.next_seq``, early starts), ``optimize_topology``'s messages
-#: and the uint4 quantization code; a master refuses peers of another version.
-PROTOCOL_VERSION: Final = 2
+#: and the uint4 quantization code; 3: master failover (``recovery.py``: rejoins, probes,
+#: terms). A master refuses peers of another version.
+PROTOCOL_VERSION: Final = 3
 
 #: The public call behind each kind of vote, for messages on both sides of the wire.
 VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pending()",

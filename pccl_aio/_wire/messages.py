@@ -20,6 +20,8 @@ from .._errors import RemoteProtocolError
 from .._types import QuantAlgo
 from .explain import DECODE_ERRORS, explain
 from .explain import peek_hello_version as peek_hello_version
+from .recovery import Doubt as Doubt, Probe as Probe, ProbeAnswer as ProbeAnswer
+from .recovery import Rejoin as Rejoin, RunId as RunId, Superseded as Superseded
 
 # The field types and limits, re-exported (``m.U64``, ``m.PROTOCOL_VERSION``, ...).
 from .fields import (
@@ -55,13 +57,16 @@ from .fields import (
 
 
 class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
-    """Base of every wire message."""
+    """Base of every wire message (the same shape as ``base.Msg``, which ``recovery.py``'s
+    messages derive from)."""
 
 
 # ---- peer -> master ------------------------------------------------------------------------
 class Hello(_Msg, frozen=True, tag=1):
     """First message of a session; the master refuses another protocol ``version``. ``tls``:
-    this peer's listeners speak TLS (all peers of a run must agree)."""
+    this peer's listeners speak TLS (all peers of a run must agree). ``run_id``: the run this
+    peer belongs to ("" for any); ``term``: the highest master term it followed; ``rejoin``:
+    who it was under its previous master (``recovery.Rejoin``), None for a new peer."""
 
     version: U32
     peer_group: U32
@@ -69,6 +74,9 @@ class Hello(_Msg, frozen=True, tag=1):
     advertise_host: HostName = ""
     state_port: OptPort = 0
     tls: bool = False
+    run_id: RunId = ""
+    term: U64 = 0
+    rejoin: Rejoin | None = None
 
 
 class Heartbeat(_Msg, frozen=True, tag=2):
@@ -185,11 +193,14 @@ class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 class Welcome(_Msg, frozen=True, tag=64):
-    """Registration accepted; ``accepted`` False means: wait for the others' update_topology."""
+    """Registration accepted; ``accepted`` False means: wait for the others' update_topology.
+    ``term`` and ``run_id``: the master's (a peer follows terms upwards only)."""
 
     peer_id: U64
     accepted: bool
     version: U32 = PROTOCOL_VERSION
+    term: U64 = 0
+    run_id: RunId = ""
 
 
 class Rejected(_Msg, frozen=True, tag=65):
@@ -202,7 +213,8 @@ class Rejected(_Msg, frozen=True, tag=65):
 class Membership(_Msg, frozen=True, tag=66):
     """The run's membership as of ``epoch``; ``ring`` is this peer's group in ring order.
     In a run with a secret, ``keys[i]`` is the key this peer shares with ``ring[i]``,
-    wrapped for this peer's master session (``auth.unwrap``); else ``keys`` is empty."""
+    wrapped for this peer's master session (``auth.unwrap``); else ``keys`` is empty.
+    ``term``: the master's term (the same for every member of the run)."""
 
     epoch: U64
     global_world_size: U64
@@ -210,6 +222,7 @@ class Membership(_Msg, frozen=True, tag=66):
     largest_group_world_size: U64
     ring: list[PeerAddr]
     keys: list[Key] = []
+    term: U64 = 0
 
 
 class TopologyUpdated(_Msg, frozen=True, tag=67):
@@ -340,12 +353,13 @@ class VoteRejected(_Msg, frozen=True, tag=75):
 PeerToMaster: TypeAlias = (
     Hello | Heartbeat | VoteUpdateTopology | VotePeersPending | CollectiveInit | CollectiveDone
     | Leave | VoteSync | SyncDone | WithdrawVote | CollectiveWait | VoteOptimize | MeasureReport
+    | Probe
 )
 MasterToPeer: TypeAlias = (
     Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart
     | CollectiveComplete | CollectiveAbort | CollectiveRejected | Kicked | MasterHeartbeat
     | VoteRejected | SyncPlan | SyncComplete | SyncFailed | VoteWithdrawn | MeasurePlan
-    | TopologyOptimized
+    | TopologyOptimized | ProbeAnswer | Superseded
 )
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -357,7 +371,7 @@ _BY_TAG: Final = {c.__struct_config__.tag: c for c in (*PeerToMaster.__args__,
                                                        *MasterToPeer.__args__)}
 
 
-def encode(msg: _Msg) -> bytes:
+def encode(msg: msgspec.Struct) -> bytes:
     """Encode one message body (without the frame's length prefix)."""
     return _ENCODER.encode(msg)
 
@@ -386,7 +400,7 @@ def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
     return reply
 
 
-def _check(msg: _Msg, direction: str) -> None:
+def _check(msg: msgspec.Struct, direction: str) -> None:
     """The rules that span fields (or a set msgspec cannot express)."""
     bad = ""
     if isinstance(msg, CollectiveInit):

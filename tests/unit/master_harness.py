@@ -15,6 +15,12 @@ from pccl_aio._types import DataType, SyncStrategy
 from pccl_aio._wire import messages as m
 
 PV = m.PROTOCOL_VERSION
+RUN = "test-run"  # the run id of every harness's master (else a random one)
+
+
+def welcome(conn: int, accepted: bool) -> m.Welcome:
+    """The ``Welcome`` a harness's master sends ``conn`` (its run is term 1)."""
+    return m.Welcome(conn, accepted, term=1, run_id=RUN)
 TERMINAL = (m.CollectiveComplete, m.CollectiveAbort, m.CollectiveRejected)
 
 
@@ -22,7 +28,7 @@ class Harness:
     """Wraps a MasterState; assigns connection ids 1, 2, 3, ... and checks send-after-close."""
 
     def __init__(self, heartbeat_timeout: float = 5.0) -> None:
-        self.st = ms.MasterState(heartbeat_timeout=heartbeat_timeout)
+        self.st = ms.MasterState(heartbeat_timeout=heartbeat_timeout, run_id=RUN)
         self.now = 0.0
         self._ids = itertools.count(1)
         self.closed: set[int] = set()

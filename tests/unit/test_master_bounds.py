@@ -18,6 +18,7 @@ from pccl_aio._errors import RemoteProtocolError
 from pccl_aio._master.core import state as ms
 from pccl_aio._wire import messages as m
 from tests.unit.master_harness import (
+    RUN,
     Harness,
     assert_kicked,
     closes,
@@ -25,12 +26,13 @@ from tests.unit.master_harness import (
     ring_ids,
     sent_to,
     sync_vote,
+    welcome,
 )
 
 
 def harness(**options: Any) -> Harness:
     h = Harness()
-    h.st = ms.MasterState(**options)
+    h.st = ms.MasterState(**options, run_id=RUN)
     return h
 
 
@@ -133,7 +135,7 @@ def test_joiners_are_capped_and_the_next_hello_is_rejected() -> None:
     assert h.st.pending() == joiners
     h.disconnect(joiners[0])
     y, acts = h.join(0)
-    assert acts == [ms.Send(y, m.Welcome(y, False))]
+    assert acts == [ms.Send(y, welcome(y, False))]
     h.send(a, m.VoteUpdateTopology())
     assert h.st.pending() == [] and h.st.accepted() == [a, *joiners[1:], y]
     assert len([h.join(0) for _ in range(3)]) == 3 and len(h.st.pending()) == 3
@@ -271,7 +273,7 @@ def test_advertise_host_may_be_empty_or_the_connections_own_address(host: str,
     h = harness()
     a, _ = h.join(0, host="10.0.0.1")
     p, acts = h.join(0, host=host, advertise_host=advertised)
-    assert acts == [ms.Send(p, m.Welcome(p, False))]
+    assert acts == [ms.Send(p, welcome(p, False))]
     (mm,) = sent_to(h.send(a, m.VoteUpdateTopology()), p, m.Membership)
     assert mm.ring[1].host == (advertised or host)
 

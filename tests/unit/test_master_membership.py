@@ -11,6 +11,7 @@ from pccl_aio._master.core import state as ms
 from pccl_aio._wire import messages as m
 from tests.unit.master_harness import (
     DEPARTURES,
+    RUN,
     Harness,
     closes,
     departure,
@@ -19,6 +20,7 @@ from tests.unit.master_harness import (
     ring_ids,
     run_with_silent,
     sent_to,
+    welcome,
 )
 
 # ---- join / accept ------------------------------------------------------------------------------
@@ -29,8 +31,8 @@ def test_first_peer_is_accepted_at_once() -> None:
     a = h.connect()
     acts = h.hello(a, group=0, port=5555)
     assert acts == [
-        ms.Send(a, m.Welcome(a, True)),
-        ms.Send(a, m.Membership(1, 1, 1, 1, [m.PeerAddr(a, "127.0.0.1", 5555)])),
+        ms.Send(a, welcome(a, True)),
+        ms.Send(a, m.Membership(1, 1, 1, 1, [m.PeerAddr(a, "127.0.0.1", 5555)], term=1)),
     ]
     assert h.st.accepted() == [a]
     assert h.st.pending() == []
@@ -42,16 +44,16 @@ def test_connection_without_hello_is_not_a_peer() -> None:
     h.connect()
     assert h.st.accepted() == [] and h.st.pending() == []
     b, acts = h.join()
-    assert sent_to(acts, b, m.Welcome) == [m.Welcome(b, True)]
+    assert sent_to(acts, b, m.Welcome) == [welcome(b, True)]
 
 
 def test_later_peers_wait_pending_and_get_nothing_else() -> None:
     h = Harness()
     (a,) = h.run(0)
     b, acts = h.join(0)
-    assert acts == [ms.Send(b, m.Welcome(b, False))]
+    assert acts == [ms.Send(b, welcome(b, False))]
     c, acts = h.join(1)
-    assert acts == [ms.Send(c, m.Welcome(c, False))]
+    assert acts == [ms.Send(c, welcome(c, False))]
     assert h.st.accepted() == [a]
     assert h.st.pending() == [b, c]
     assert h.st.epoch == 1
@@ -124,7 +126,7 @@ def test_topology_vote_is_global_across_peer_groups() -> None:
 
 def test_membership_rings_are_ascending_peer_ids_and_use_advertised_host() -> None:
     h = Harness()
-    h.st = ms.MasterState(allow_any_advertise_host=True)  # 10.0.0.2 announces another host
+    h.st = ms.MasterState(allow_any_advertise_host=True, run_id=RUN)  # 10.0.0.2 announces another host
     a, _ = h.join(0, host="10.0.0.1")
     b, _ = h.join(0, host="10.0.0.2", advertise_host="10.9.9.9")
     acts = h.send(a, m.VoteUpdateTopology())
@@ -334,7 +336,7 @@ def test_withdraw_without_a_counted_vote_is_ignored_and_never_kicks(kind: str) -
     for conn in (a, b, p, u):  # never voted; pending; no Hello yet (no acknowledgement)
         assert h.send(conn, m.WithdrawVote(kind)) == ([] if conn == u else ack(conn, kind))
     assert h.st.accepted() == [a, b] and h.st.pending() == [p]
-    assert sent_to(h.hello(u), u) == [m.Welcome(u, False)]
+    assert sent_to(h.hello(u), u) == [welcome(u, False)]
     # a's vote of the other kind is untouched: b's vote completes it
     other, answer = ((m.VotePeersPending(), m.PeersPendingAnswer) if kind == "topology"
                      else (m.VoteUpdateTopology(), m.TopologyUpdated))
@@ -434,7 +436,7 @@ def test_all_accepted_leave_then_a_new_peer_is_accepted_at_once() -> None:
     h.disconnect(a)
     h.disconnect(b)
     c, acts = h.join(0)
-    assert sent_to(acts, c, m.Welcome) == [m.Welcome(c, True)]
+    assert sent_to(acts, c, m.Welcome) == [welcome(c, True)]
     (mm,) = sent_to(acts, c, m.Membership)
     assert ring_ids(mm) == [c] and mm.epoch == h.st.epoch
 

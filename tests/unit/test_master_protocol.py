@@ -14,11 +14,13 @@ from pccl_aio._master.core import state as ms
 from pccl_aio._wire import messages as m
 from tests.unit.master_harness import (
     PV,
+    RUN,
     Harness,
     assert_kicked,
     closes,
     msgs,
     sent_to,
+    welcome,
 )
 
 # ---- heartbeat ----------------------------------------------------------------------------------
@@ -192,7 +194,7 @@ def test_loopback_and_non_loopback_peers_cannot_be_mixed(first: str, second: str
     a, _ = h.join(0, host=first)
     b, acts = h.join(0, host=second)
     if ok:
-        assert acts == [ms.Send(b, m.Welcome(b, False))]
+        assert acts == [ms.Send(b, welcome(b, False))]
         assert h.st.pending() == [b]
     else:
         assert [type(x) for x in acts] == [ms.Send, ms.Close]
@@ -202,7 +204,7 @@ def test_loopback_and_non_loopback_peers_cannot_be_mixed(first: str, second: str
 
 def test_loopback_mixing_considers_pending_peers_and_advertised_hosts() -> None:
     h = Harness()
-    h.st = ms.MasterState(allow_any_advertise_host=True)  # else advertise_host is refused first
+    h.st = ms.MasterState(allow_any_advertise_host=True, run_id=RUN)  # else advertise_host is refused first
     h.join(0, host="127.0.0.1")
     h.join(0, host="127.0.0.1")  # pending
     c, acts = h.join(0, host="127.0.0.1", advertise_host="203.0.113.5")
@@ -216,7 +218,7 @@ def test_rejected_peer_does_not_count_for_the_first_peer_rule() -> None:
     a = h.connect()
     assert isinstance(h.hello(a, version=PV + 1)[0].msg, m.Rejected)
     b, acts = h.join(0)
-    assert sent_to(acts, b, m.Welcome) == [m.Welcome(b, True)]
+    assert sent_to(acts, b, m.Welcome) == [welcome(b, True)]
 
 
 # ---- illegal votes ------------------------------------------------------------------------------

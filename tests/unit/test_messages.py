@@ -42,6 +42,11 @@ PEER_TO_MASTER = [
     m.VoteOptimize(),
     m.MeasureReport(3, 2, 4.9e8, 0.005),
     m.MeasureReport(1, 9, 0.0, 0.0),
+    m.Probe(),
+    m.Hello(PV, 2, 4242, "", 4243, False, "run-7", 3,
+            m.Rejoin(9, True, 3, 41, [4, 9, 2], 1 << 40, 17,
+                     [m.Doubt(0, 5, 99, True), m.Doubt(1, 0, 18, False)])),
+    m.Hello(PV, 0, 1, term=1, rejoin=m.Rejoin(2, False, 1, 0, [], 0, -1)),
 ]
 MASTER_TO_PEER = [
     m.Welcome(5, True),
@@ -71,6 +76,11 @@ MASTER_TO_PEER = [
     m.TopologyOptimized(7, [1, 3, 2, 4], 12, 4.9e8),
     m.TopologyOptimized(8, [5], 0, 0.0),
     m.VoteRejected("optimize", "no ring avoids 1->2"),
+    m.ProbeAnswer(0, "", 0),
+    m.ProbeAnswer(4, "run-7", 3, True),
+    m.Superseded(5, "a master of term 5 serves this run"),
+    m.Welcome(3, False, PV, 4, "run-7"),
+    m.Membership(2, 1, 1, 1, [m.PeerAddr(1, "h", 5)], [], 4),
 ]
 P2M_CLASSES = {type(x) for x in PEER_TO_MASTER}
 M2P_CLASSES = {type(x) for x in MASTER_TO_PEER}
@@ -81,7 +91,9 @@ def _tag(cls: type) -> int:
 
 
 def test_samples_cover_every_message_class() -> None:
-    every = set(m._Msg.__subclasses__())
+    from pccl_aio._wire.base import Msg
+
+    every = set(m._Msg.__subclasses__()) | set(Msg.__subclasses__())
     assert every == P2M_CLASSES | M2P_CLASSES
     assert not P2M_CLASSES & M2P_CLASSES
     assert set(m.PeerToMaster.__args__) == P2M_CLASSES
@@ -119,10 +131,10 @@ def test_master_to_peer_roundtrip(msg: m.MasterToPeer) -> None:
 
 def test_wire_layout_is_a_msgpack_array_led_by_the_tag() -> None:
     """The layout ``peek_hello_version`` and older/newer peers rely on."""
-    assert m.encode(m.Hello(PV, 2, 3, "h")) == enc([1, PV, 2, 3, "h", 0, False])
+    assert m.encode(m.Hello(PV, 2, 3, "h")) == enc([1, PV, 2, 3, "h", 0, False, "", 0, None])
     assert m.encode(m.Heartbeat()) == enc([2])
     assert m.encode(m.Membership(1, 1, 1, 1, [m.PeerAddr(4, "h", 5)])) == enc(
-        [66, 1, 1, 1, 1, [[4, "h", 5, 0]], []])
+        [66, 1, 1, 1, 1, [[4, "h", 5, 0]], [], 0])
 
 
 def test_defaults_and_schema_evolution() -> None:

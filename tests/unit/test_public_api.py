@@ -15,7 +15,8 @@ EXPECTED_ALL = {
     "AllReduceHandle", "AuthenticationError", "Buckets", "Communicator", "DataType", "DeadlockError",
     "InvalidUsageError",
     "KickedError", "Master",
-    "MasterConnectionError", "PcclError", "PcclTimeoutError", "PeerLostError", "ProtocolError",
+    "MasterConnectionError", "MasterLostError", "PcclError", "PcclTimeoutError", "PeerLostError",
+    "ProtocolError",
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
     "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "TopologyInfo",
     "VersionMismatchError",
@@ -50,7 +51,8 @@ def test_version() -> None:
 
 
 ERRORS = ["AuthenticationError", "DeadlockError", "InvalidUsageError", "KickedError", "MasterConnectionError",
-          "PcclTimeoutError", "PeerLostError", "ProtocolError", "RemoteProtocolError",
+          "MasterLostError", "PcclTimeoutError", "PeerLostError", "ProtocolError",
+          "RemoteProtocolError",
           "SharedStateError", "TooFewPeersError", "VersionMismatchError"]
 
 

@@ -40,9 +40,11 @@ class Wire:
 
 
 def plane() -> tuple[ControlPlane, Wire]:
-    cp = ControlPlane(PeerConfig(master_host="127.0.0.1", master_port=1), lambda ms: None)
+    cp = ControlPlane(PeerConfig(masters=(("127.0.0.1", 1),)), lambda ms: None)
     wire = Wire()
     cp._writer = wire  # type: ignore[assignment]
+    cp._up = asyncio.get_running_loop().create_future()
+    cp._up.set_result(None)  # a member of a live session
     return cp, wire
 
 

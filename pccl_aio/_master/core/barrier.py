@@ -87,6 +87,11 @@ class SyncBarrier:
         self._check_done(group, out)
 
 
+    def resume(self, group: int, revision: int) -> None:
+        """A rebuilt run: the group's last revision as its peers hold it (the next sync
+        keeps it or advances it by one)."""
+        self._revisions[group] = max(self._revisions.get(group, revision), revision)
+
     def drop(self, conn: int, group: int) -> None:
         """Forget a departed peer's vote and its part (then ``check`` its group); a group
         left without members starts afresh (from any revision)."""

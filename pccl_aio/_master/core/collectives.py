@@ -53,6 +53,11 @@ class Collectives:
         """tag -> seq of the group's collectives that started."""
         return {t: op.seq for (g, t), op in self.ops.items() if g == group and op.seq}
 
+    def floor(self, seq: int) -> None:
+        """Number the next collectives above ``seq`` (a rebuilt run: above anything its
+        peers saw, so that stale frames stay stale)."""
+        self._seq = max(self._seq, seq)
+
     def void_tickets(self) -> None:
         """A new epoch: every ticket of the old ring is void."""
         self._tickets.clear()

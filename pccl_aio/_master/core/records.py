@@ -50,7 +50,7 @@ class Op:
     early: set[int] = dataclasses.field(default_factory=set)
 
 
-def membership(epoch: int, accepted: list[Peer], conns: list[int]
+def membership(epoch: int, accepted: list[Peer], conns: list[int], term: int = 0
                ) -> list[tuple[int, m.Membership]]:
     """The ``Membership`` of each of ``conns``: its group's ring among ``accepted`` (in order)."""
     sizes: dict[int, int] = {}
@@ -61,7 +61,7 @@ def membership(epoch: int, accepted: list[Peer], conns: list[int]
     for c in conns:
         ring = [p.addr() for p in accepted if p.group == groups[c]]
         out.append((c, m.Membership(epoch, len(accepted), len(sizes),
-                                    max(sizes.values(), default=0), ring)))
+                                    max(sizes.values(), default=0), ring, term=term)))
     return out
 
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
+from . import failover as fo
 from .barrier import SyncBarrier
 from .collectives import Collectives
 from .deadlock import conflict, find
 from .events import Action, Close, Connected, Disconnected, Event, Malformed, Received, Send, Tick
 from .limits import Gate, Limits, advertise_error
 from .records import Peer, is_loopback, membership, version_reason
+from .recovery import Recovery
 from .topology import Topology
 from .view import View
 
@@ -42,9 +44,13 @@ class MasterState:
 
     def __init__(self, *, heartbeat_timeout: float = 5.0, max_collectives_per_peer: int = 1024,
                  max_pending_peers: int = 256, hello_timeout: float = 5.0,
-                 admission_interval: float = 1.0, allow_any_advertise_host: bool = False) -> None:
+                 admission_interval: float = 1.0, allow_any_advertise_host: bool = False,
+                 run_id: str = "", recovery_grace: float | None = None) -> None:
         """The keyword options after ``heartbeat_timeout`` bound what hostile clients and
-        members can make the master hold or do (``limits.Limits``)."""
+        members can make the master hold or do (``limits.Limits``). ``run_id``: only peers
+        of this run are adopted ("": the run of the first peer); ``recovery_grace``: how long
+        a rebuilt run waits for the members that have not rejoined (default
+        ``heartbeat_timeout``)."""
         self.heartbeat_timeout = heartbeat_timeout
         self.limits = Limits(max_collectives_per_peer=max_collectives_per_peer,
                              max_pending_peers=max_pending_peers, hello_timeout=hello_timeout,
@@ -58,6 +64,11 @@ class MasterState:
         self._colls = Collectives(self._view, max_collectives_per_peer)
         self._sync = SyncBarrier(self._view)
         self._topo = Topology(self._view)
+        self.run_id, self._fixed_run = run_id, bool(run_id)
+        self.term = 0  # 0: no run yet; a rebuilt run's is above every term its peers followed
+        self.grace = heartbeat_timeout if recovery_grace is None else recovery_grace
+        self._recovery: Recovery | None = None
+        self._max_id = 0  # the highest peer id used or reported (fresh ids go above it)
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
@@ -77,6 +88,19 @@ class MasterState:
     def pending(self) -> list[int]:
         """Registered peers waiting for admission."""
         return sorted(self._gate.joiners)
+
+    def allocate(self, wanted: int = 0) -> int:
+        """The peer id of a new connection: ``wanted`` (a rejoining peer's own) if free,
+        else one above every id used or reported."""
+        if not (0 < wanted < 2**63) or wanted in self._peers:
+            wanted = self._max_id + 1
+        self._max_id = max(self._max_id, wanted)
+        return wanted
+
+    def probe(self) -> m.ProbeAnswer:
+        """What this master tells a ``Probe``: its term, run and member count."""
+        members = len(self.accepted()) + (len(self._recovery.members()) if self._recovery else 0)
+        return m.ProbeAnswer(self.term, self.run_id, members)
 
     def running(self, group: int) -> dict[int, int]:
         """tag -> seq of the group's collectives that started (for tests)."""
@@ -124,6 +148,7 @@ class MasterState:
                     if now - peer.last_seen > self.heartbeat_timeout:
                         self._close(peer.conn, "heartbeat timeout", out)
                 self._topo.tick(now, out)
+                fo.check_recovery(self, out)
                 self._settle(out)
                 out.extend(Send(c, m.MasterHeartbeat()) for c in self._peers)
         return out
@@ -225,24 +250,34 @@ class MasterState:
                    f"(Communicator(ssl_server=)); this peer does{'' if msg.tls else ' not'}")
         if why is None and not first and self._gate.full():
             why = "too many peers waiting to join"
+        why = why or fo.run_error(self, msg)
         if why is not None:
             self._reject(peer.conn, why, out)
             return
+        if msg.term > self.term and (self.accepted() or self._recovery is not None):
+            fo.step_down(self, msg.term, out)  # this master is stale: the run is elsewhere
         peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
         peer.state_port, peer.tls = msg.state_port, msg.tls
+        rebuilding = msg.rejoin is not None and fo.on_rejoin(
+            self, peer.conn, peer.group, msg.rejoin, msg.run_id, out)
+        first = not rebuilding and self._recovery is None and not self.accepted()
+        if first:
+            fo.start_run(self)
         peer.accepted = first
-        self._gate.registered(peer.conn, joiner=not first)
-        out.append(Send(peer.conn, m.Welcome(peer.conn, first)))
+        self._gate.registered(peer.conn, joiner=not (first or rebuilding))
+        out.append(Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
+                                             run_id=self.run_id)))
         if first:
             self.epoch += 1
             out.extend(self._membership([peer.conn]))
+        fo.check_recovery(self, out)
 
     # ---- consensus ----------------------------------------------------------------------------
     def _membership(self, conns: list[int]) -> list[Action]:
         self._colls.void_tickets()  # a new epoch: every ticket of the old ring is void
         groups = sorted({p.group for p in self._peers.values() if p.accepted})
         accepted = [self._peers[c] for g in groups for c in self.ring(g)]
-        return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns)]
+        return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns, self.term)]
 
     def _check_conflict(self, out: list[Action]) -> None:
         """Withdraw the topology votes next to another phase (``deadlock.conflict``)."""
@@ -322,6 +357,9 @@ class MasterState:
     def _remove(self, conn: int, out: list[Action]) -> None:
         peer = self._peers.pop(conn, None)
         self._gate.forget(conn)
+        if self._recovery is not None:
+            self._recovery.forget(conn)
+            fo.check_recovery(self, out)
         if peer is None or not peer.accepted:
             return
         self._sync.drop(conn, peer.group)

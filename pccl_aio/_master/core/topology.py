@@ -108,6 +108,10 @@ class Topology:
         self._rings[group] = ring
         return ring
 
+    def restore(self, group: int, ring: list[int]) -> None:
+        """A rebuilt run: the group's ring order as its peers knew it."""
+        self._rings[group] = list(ring)
+
     # ---- events -------------------------------------------------------------------------------
     def vote(self, conn: int, group: int, now: float, out: list[Action]) -> None:
         """Count ``conn``'s vote; starts the group's measurement once every member voted."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl as _ssl
+from collections.abc import Sequence
 
 from ..._errors import InvalidUsageError
 
@@ -12,8 +13,7 @@ from ..._errors import InvalidUsageError
 class PeerConfig:
     """Every option of one ``Communicator`` (see its docstring for their meaning)."""
 
-    master_host: str
-    master_port: int
+    masters: tuple[tuple[str, int], ...]  # (host, port) of each master address, in order
     peer_group: int = 0
     p2p_connections: int | None = None  # None: chosen per link (``core/bdp.py``)
     listen_host: str = "0.0.0.0"
@@ -21,24 +21,31 @@ class PeerConfig:
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 5.0
     data_timeout: float = 10.0
+    master_timeout: float = 60.0  # how long a lost master is waited for (0: not at all)
+    run_id: str = ""  # the run this peer belongs to ("": the first master's)
     key: bytes = b""  # the run secret's key (``auth.secret_key``); empty: no secret
     ssl: _ssl.SSLContext | None = None  # client side: the master and, with ssl_server, peers
     ssl_server: _ssl.SSLContext | None = None  # this peer's listeners; TLS between peers
 
+    @property
+    def master_host(self) -> str:
+        return self.masters[0][0]
+
+    @property
+    def master_port(self) -> int:
+        return self.masters[0][1]
+
     @classmethod
-    def parse(cls, master: str, **options: object) -> PeerConfig:
-        """Split ``"host:port"`` and check every option; InvalidUsageError if one is wrong."""
-        if not isinstance(master, str):
-            raise InvalidUsageError(f"master address must be a 'host:port' str, not {master!r}")
-        host, sep, port = master.rpartition(":")
-        if not sep or not port.isdigit() or not host or "/" in host or " " in master:
+    def parse(cls, master: str | Sequence[str], **options: object) -> PeerConfig:
+        """Split each ``"host:port"`` and check every option; InvalidUsageError if one is
+        wrong."""
+        addrs = [master] if isinstance(master, str) else master
+        if not isinstance(addrs, Sequence) or not addrs or len(addrs) > 16:
             raise InvalidUsageError(
-                f"master address must be 'host:port' (no scheme, no path), not {master!r}")
-        if not 1 <= int(port) <= 65535:
-            raise InvalidUsageError(f"master port must be in 1..65535, not {port}")
+                f"master must be a 'host:port' str or a list of 1-16 of them, not {master!r}")
         if options.get("p2p_connections") == "auto":
             options["p2p_connections"] = None
-        config = cls(master_host=host.strip("[]"), master_port=int(port), **options)  # type: ignore[arg-type]
+        config = cls(masters=tuple(_address(a) for a in addrs), **options)  # type: ignore[arg-type]
         config.check()
         return config
 
@@ -54,9 +61,27 @@ class PeerConfig:
                 f"from its bandwidth-delay product), not {k!r}")
         if min(self.heartbeat_interval, self.heartbeat_timeout, self.data_timeout) <= 0:
             raise InvalidUsageError("timeouts must be positive")
+        t = self.master_timeout
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < float("inf"):
+            raise InvalidUsageError(f"master_timeout must be seconds >= 0, not {t!r}")
+        r = self.run_id
+        if not isinstance(r, str) or len(r) > 128 or not r.isprintable():
+            raise InvalidUsageError(f"run_id must be at most 128 printable characters, not {r!r}")
         for name in ("ssl", "ssl_server"):
             if not isinstance(getattr(self, name), (_ssl.SSLContext, type(None))):
                 raise InvalidUsageError(f"{name} must be an ssl.SSLContext or None")
         if self.ssl_server is not None and self.ssl is None:
             raise InvalidUsageError(
                 "ssl_server (TLS between peers) needs ssl, the client context peers connect with")
+
+
+def _address(master: object) -> tuple[str, int]:
+    if not isinstance(master, str):
+        raise InvalidUsageError(f"master address must be a 'host:port' str, not {master!r}")
+    host, sep, port = master.rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host or " " in master:
+        raise InvalidUsageError(
+            f"master address must be 'host:port' (no scheme, no path), not {master!r}")
+    if not 1 <= int(port) <= 65535:
+        raise InvalidUsageError(f"master port must be in 1..65535, not {port}")
+    return host.strip("[]"), int(port)

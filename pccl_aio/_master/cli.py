@@ -1,0 +1,131 @@
+"""The master's command line: ``python -m pccl_aio.master`` (``--help`` says more)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+from .._errors import InvalidUsageError
+from .._net.credentials import load_secret, tls_contexts
+from .server import Master
+
+__all__ = ["main"]
+
+log = logging.getLogger("pccl_aio.master")
+
+_DESCRIPTION = """\
+Run a pccl_aio master. Peers join a run through it (pccl_aio.Communicator("HOST:PORT")):
+it admits them, counts their votes and starts their collectives; tensor data flows between
+the peers, never through the master. One master serves one run. Ctrl-C or SIGTERM stops it
+(exit status 0)."""
+_EPILOG = "example: python -m pccl_aio.master --port 48148 --log-level debug"
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
+    return port
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pccl_aio.master", description=_DESCRIPTION,
+                                epilog=_EPILOG,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address to listen on; 0.0.0.0 listens on every interface")
+    p.add_argument("--port", type=_port, default=48148,
+                   help="TCP port to listen on; 0 lets the OS pick one (the log says which)")
+    p.add_argument("--heartbeat-timeout", type=_seconds, default=5.0, metavar="SECONDS",
+                   help="a peer silent this long is treated as dead")
+    p.add_argument("--run-id", metavar="ID",
+                   help="serve only this run: peers of another run are refused (default: "
+                        "the run of the first peer that arrives)")
+    p.add_argument("--recovery-grace", type=_seconds, metavar="SECONDS",
+                   help="after a restart, how long to wait for the run's peers to rejoin "
+                        "before going on without the missing ones (default: the heartbeat "
+                        "timeout)")
+    p.add_argument("--log-level", type=str.upper, choices=_LEVELS, default="INFO",
+                   help="least severe log messages shown (any case)")
+    sec = p.add_argument_group("security (README, 'Security')")
+    sec.add_argument("--secret-file", metavar="PATH",
+                     help="file holding the run secret every peer must prove (default: "
+                          "$PCCL_AIO_SECRET_FILE, else $PCCL_AIO_SECRET, else no secret)")
+    sec.add_argument("--allow-any-advertise-host", action="store_true",
+                     help="let peers advertise an address other than the one they connect "
+                          "from (behind NAT or proxies)")
+    sec.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve over TLS")
+    sec.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    sec.add_argument("--tls-ca", metavar="PEM",
+                     help="CA of the peers' certificates: peers must present one (mutual TLS)")
+    return p
+
+
+async def _run_cli(args: argparse.Namespace) -> int:
+    try:
+        if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
+            raise InvalidUsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
+        context = tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)[0] if args.tls_cert else None
+        secret = load_secret(args.secret_file)
+    except InvalidUsageError as exc:
+        print(f"pccl_aio.master: {exc}", file=sys.stderr)
+        return 2
+    try:
+        master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
+                        secret=secret or b"", ssl=context,
+                        allow_any_advertise_host=args.allow_any_advertise_host,
+                        run_id=args.run_id, recovery_grace=args.recovery_grace)
+    except InvalidUsageError as exc:
+        print(f"pccl_aio.master: {exc}", file=sys.stderr)
+        return 2
+    try:
+        await master.start()
+    except OSError as exc:
+        print(f"pccl_aio.master: cannot listen on {args.host}:{args.port}: {_why(exc)}",
+              file=sys.stderr)
+        await master.close()
+        return 2
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await master.close()
+    return 0
+
+
+def _why(exc: OSError) -> str:
+    """``address already in use``: the system's words for ``exc``, without asyncio's frame."""
+    text = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
+    return text[:1].lower() + text[1:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: ``python -m pccl_aio.master`` (``--help`` says more)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .. import run
+
+    return run(_run_cli(args))

@@ -1,0 +1,110 @@
+"""Master failover, the ``MasterState`` side (sans-IO): terms, rejoins, stepping down.
+
+Terms. A master's ``term`` is 0 until it serves a run; a run it starts is term 1, a run it
+rebuilds from rejoining peers (``recovery.py``) gets one above every term they followed.
+Peers follow terms upwards only (``Membership.term``). A master that hears of a higher term
+than its own while it has members steps down: it ends every session with ``Superseded`` (the
+peers rejoin wherever the run is served now, the highest term they can reach) and serves
+that term's run from then on only as a fresh rebuild. Hence two masters never hold one
+peer at once, and a peer never goes back to an older term.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING
+
+from ..._wire import messages as m
+from .events import Action, Send
+from .recovery import Recovery
+
+if TYPE_CHECKING:
+    from .state import MasterState
+
+__all__ = ["finish_recovery", "on_rejoin", "run_error", "step_down"]
+
+
+def run_error(st: MasterState, msg: m.Hello) -> str | None:
+    """Why ``msg`` may not join this master's run (None: it may)."""
+    if msg.run_id and st.run_id and msg.run_id != st.run_id and (st._fixed_run or st.term):
+        return f"this peer belongs to run {msg.run_id!r}; this master serves run {st.run_id!r}"
+    return None
+
+
+def step_down(st: MasterState, term: int, out: list[Action]) -> None:
+    """A peer followed ``term`` above ours: end every session (``Superseded``), forget the
+    run, and take ``term`` as ours (a run rebuilt here from now on is above it)."""
+    reason = f"a master of term {term} serves this run (this one had term {st.term})"
+    conns = [c for c, p in st._peers.items() if p.registered]
+    out.extend(Send(c, m.Superseded(term, reason)) for c in conns)
+    for c in conns:
+        st._close(c, "superseded", out)
+    st._recovery = None
+    st.term = term
+
+
+def start_run(st: MasterState) -> None:
+    """The first peer of a master that serves no run yet starts one (term 1)."""
+    if st.term == 0:
+        st.term = 1
+    if not st.run_id:
+        st.run_id = secrets.token_hex(8)
+
+
+def on_rejoin(st: MasterState, conn: int, group: int, rejoin: m.Rejoin, run_id: str,
+              out: list[Action]) -> bool:
+    """A rejoining peer registered. Returns whether it takes part in a rebuild (answered at
+    its end); else it is a joiner, and its operations in doubt are aborted now."""
+    st._max_id = max(st._max_id, rejoin.peer_id, *rejoin.ring)
+    if st._recovery is None and not st.accepted():
+        st._recovery = Recovery(st._now, st.grace)
+        st.run_id = st.run_id or run_id
+    if st._recovery is not None:
+        st._recovery.add(conn, group, rejoin)
+        st.term = max(st.term, rejoin.term + 1)
+        return True
+    for d in rejoin.doubts:
+        if not d.done:
+            continue
+        why = "its master was lost and the run went on without this peer"
+        out.append(Send(conn, m.SyncFailed(why, True) if d.kind else
+                        m.CollectiveAbort(d.tag, d.seq, why)))
+    return False
+
+
+def check_recovery(st: MasterState, out: list[Action]) -> None:
+    """Finish the rebuild once ``Recovery.ready``."""
+    if st._recovery is not None and st._recovery.ready(st._now):
+        finish_recovery(st, out)
+
+
+def finish_recovery(st: MasterState, out: list[Action]) -> None:
+    """The rebuilt run: members in their ring order, floors above everything seen, the
+    revisions, then a ``Membership`` to all and the verdicts of the operations in doubt."""
+    rec, st._recovery = st._recovery, None
+    assert rec is not None
+    o = rec.outcome()
+    st.epoch = max(st.epoch, o.epoch)
+    st._colls.floor(o.max_seq)
+    for c, p in st._peers.items():
+        if c in o.members:
+            p.accepted = True
+        elif p.registered and not p.accepted:
+            st._gate.registered(c, joiner=True)
+    for g, ring in o.rings.items():
+        st._topo.restore(g, ring)
+    for g, rev in o.revisions.items():
+        st._sync.resume(g, rev)
+    if not o.members:  # nobody is left to vote the waiting peers in: admit them now
+        for c in st.pending():
+            st._peers[c].accepted = True
+            st._gate.admitted(c)
+    st.epoch += 1
+    out.extend(st._membership(st.accepted()))
+    failed = "the master was lost and not every peer finished it"
+    for c, items in o.complete.items():
+        out.extend(Send(c, m.CollectiveComplete(tag, seq)) for tag, seq in items)
+    for c, items in o.abort.items():
+        out.extend(Send(c, m.CollectiveAbort(tag, seq, failed)) for tag, seq in items)
+    out.extend(Send(c, m.SyncComplete(rev)) for c, rev in o.synced.items())
+    out.extend(Send(c, m.SyncFailed(failed, True)) for c in o.sync_failed)

@@ -1,0 +1,80 @@
+"""The wire messages of master failover (``messages.py`` puts them in its unions).
+
+A peer that lost its master brings the run back to the next one: ``Hello.rejoin`` says who
+it was (``Rejoin``). A peer given several master addresses asks each one first (``Probe``,
+answered by ``ProbeAnswer``) and registers with the one of the highest term. A master that
+learns of a higher term than its own ends its sessions with ``Superseded``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+
+from .base import Msg
+from .fields import U64, HostName, Reason
+
+__all__ = ["MAX_DOUBTS", "MAX_RING", "Doubt", "Probe", "ProbeAnswer", "Rejoin", "RunId",
+           "Superseded"]
+
+#: Caps on what a rejoining peer can make a master hold.
+MAX_RING: Final = 1 << 16
+MAX_DOUBTS: Final = 1 << 12
+#: A run id: printable, at most 128 characters ("" before the run has one).
+RunId = Annotated[str, msgspec.Meta(max_length=128)]
+
+DOUBT_COLLECTIVE: Final = 0
+DOUBT_SYNC: Final = 1
+
+
+class Doubt(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """An operation whose verdict was lost with the master: collective (``tag``, ``seq``)
+    (``kind`` 0) or the group's sync to revision ``seq`` (``kind`` 1, ``tag`` 0). ``done``:
+    this peer finished its part successfully (its result is final and only the verdict is
+    missing); False: it gave up (it was failed locally when the master was lost)."""
+
+    kind: Annotated[int, msgspec.Meta(ge=0, le=1)]
+    tag: U64
+    seq: U64
+    done: bool
+
+
+class Rejoin(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Who a peer was under its previous master: its ``peer_id``, whether it was a ring
+    member (``accepted``) or waiting to join, the ``term`` and ``epoch`` of the last
+    ``Membership`` it saw and its group's ring then (peer ids, in order), the highest
+    collective seq it saw, its shared-state ``revision`` (-1: never synced) and the
+    operations in doubt."""
+
+    peer_id: U64
+    accepted: bool
+    term: U64
+    epoch: U64
+    ring: Annotated[list[U64], msgspec.Meta(max_length=MAX_RING)]
+    max_seq: U64
+    revision: Annotated[int, msgspec.Meta(ge=-1)]
+    doubts: Annotated[list[Doubt], msgspec.Meta(max_length=MAX_DOUBTS)] = []
+
+
+class Probe(Msg, frozen=True, tag=14):
+    """Before (or instead of) ``Hello``: which run and term does this master serve?"""
+
+
+class ProbeAnswer(Msg, frozen=True, tag=82):
+    """Answer to ``Probe``: the master's ``term`` (0: it serves no run yet), its ``run_id``,
+    its ring members and whether it stepped down (``superseded``: a higher term exists)."""
+
+    term: U64
+    run_id: RunId
+    members: U64
+    superseded: bool = False
+
+
+class Superseded(Msg, frozen=True, tag=83):
+    """This master learned of a master of a higher ``term`` and stepped down: the session
+    ends, and the peer rejoins the run where it is now served."""
+
+    term: U64
+    reason: Reason = ""
+    where: HostName = ""
