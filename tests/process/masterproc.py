@@ -1,4 +1,8 @@
-"""Run a master in its own process and print its port (for tests that kill the master)."""
+"""Run a master in its own process and print its port (for tests that kill the master).
+
+Usage: python masterproc.py [HEARTBEAT_TIMEOUT [PORT [RECOVERY_GRACE]]]  (PORT 0: the OS's
+choice, the default; a restarted master is given the port its predecessor printed).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,12 @@ import pccl_aio as pccl
 
 
 async def main() -> None:
-    async with pccl.Master("127.0.0.1", 0, heartbeat_interval=0.2,
-                           heartbeat_timeout=float(sys.argv[1]) if len(sys.argv) > 1 else 2.0) as m:
+    args = sys.argv[1:]
+    timeout = float(args[0]) if args else 2.0
+    port = int(args[1]) if len(args) > 1 else 0
+    grace = float(args[2]) if len(args) > 2 else None
+    async with pccl.Master("127.0.0.1", port, heartbeat_interval=0.2, heartbeat_timeout=timeout,
+                           recovery_grace=grace) as m:
         print(m.port, flush=True)
         await asyncio.Event().wait()
 

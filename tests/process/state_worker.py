@@ -1,11 +1,12 @@
 """Shared-state peer processes for the process tests; one JSON event per line on stdout.
 
-Usage: python state_worker.py MASTER_ADDR MODE ARG
+Usage: python state_worker.py MASTER_ADDR[,MASTER_ADDR...] MODE ARG
 
   ddp REVISIONS  -- a DDP-like loop: sync the state (weights, momentum, a step counter),
                     all-reduce (AVG) a peer-specific gradient with retry, update in place,
                     revision + 1; prints the state hash after every sync; stops after
-                    REVISIONS once three peers are in the group.
+                    REVISIONS once three peers are in the group. A lost master
+                    (MasterLostError) is ridden out: the call is retried.
   big MIB        -- hold a MIB-sized state; up-to-date peers (index from env PEER_INDEX != 'joiner')
                     fill it with a pattern, the joiner starts from zeros at revision 0 and syncs.
 """
@@ -53,13 +54,13 @@ async def ddp(comm: pccl.Communicator, revisions: int) -> None:
     state = pccl.SharedState({"w": w, "m": mom, "step": step})
     first = True
     while True:
-        await admit_round(comm, first)
-        first = False
         try:
+            await admit_round(comm, first)
+            first = False
             info = await comm.sync_shared_state(state)
             emit(event="synced", revision=state.revision, hash=state_hash(state),
                  rx=info.rx_bytes, tx=info.tx_bytes, ws=comm.peer_group_world_size,
-                 nbytes=state.nbytes)
+                 nbytes=state.nbytes, step=int(step[0]), peer=comm.peer_id)
             # Stop after REVISIONS once three peers take part (the test needs the joiner in);
             # a MIN all-reduce makes it one decision for all, whatever each saw.
             vote = np.array([state.revision >= revisions and comm.peer_group_world_size >= 3],
@@ -70,8 +71,10 @@ async def ddp(comm: pccl.Communicator, revisions: int) -> None:
             rng = np.random.default_rng(comm.peer_id * 100_003 + state.revision)
             g = rng.standard_normal(n).astype(np.float32)
             await retrying(comm, g, pccl.ReduceOp.AVG, 0)
-        except pccl.TooFewPeersError:
-            continue  # alone for now: back to admitting, then sync the same revision again
+        except (pccl.TooFewPeersError, pccl.MasterLostError, pccl.SharedStateError):
+            # alone for now, or the master was lost (a sync it left in doubt may fail for the
+            # group: SharedStateError): admit, then sync the same revision again
+            continue
         mom *= np.float32(0.9)
         mom += g
         w -= np.float32(0.01) * mom
@@ -119,9 +122,10 @@ async def big(comm: pccl.Communicator, mib: int) -> None:
 
 
 async def main() -> None:
-    addr, mode, arg = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    comm = pccl.Communicator(addr, heartbeat_interval=0.2, heartbeat_timeout=2.0,
-                             data_timeout=3.0)
+    addrs, mode, arg = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3])
+    comm = pccl.Communicator(addrs if len(addrs) > 1 else addrs[0], heartbeat_interval=0.2,
+                             heartbeat_timeout=2.0, data_timeout=3.0,
+                             master_timeout=float(os.environ.get("MASTER_TIMEOUT", "60")))
     try:
         await comm.connect(attempts=20)
         emit(event="joined", peer_id=comm.peer_id, ws=comm.world_size)
