@@ -21,7 +21,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from .._errors import (
-    AuthenticationError,
     MasterConnectionError,
     MasterLostError,
     PcclError,
@@ -65,6 +64,8 @@ class Outage:
             cp._up = loop.create_future()
         lost = MasterLostError(f"the master was lost ({why}); retry: this peer rejoins the run")
         reported = cp.sync is not None and cp.sync[1] is True
+        if "sync" in cp._votes:  # voted, no plan yet: the group's sync cannot complete
+            self.failed.append(m.Doubt(DOUBT_SYNC, 0, 0, False))
         for kind, fut in list(cp._votes.items()):
             if kind == "sync_done" and reported:
                 continue  # in doubt: the next master completes or fails it
@@ -124,10 +125,12 @@ class Outage:
         while cp.failure is None:
             try:
                 session = await open_session(cp.config, cp._hello_now(), cp.term)
-            except (AuthenticationError, VersionMismatchError) as exc:
+            except VersionMismatchError as exc:
                 cp.fail_all(exc)
                 return
-            except (OSError, TimeoutError) as exc:  # nobody answers (yet)
+            except (OSError, TimeoutError) as exc:
+                # Nobody answers yet, or a master dies or starts mid-handshake (the handshake
+                # then reads as refused: AuthenticationError is retried too, until the end).
                 left = end - loop.time()
                 if left <= 0:
                     cp.fail_all(MasterConnectionError(

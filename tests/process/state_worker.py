@@ -6,7 +6,8 @@ Usage: python state_worker.py MASTER_ADDR[,MASTER_ADDR...] MODE ARG
                     all-reduce (AVG) a peer-specific gradient with retry, update in place,
                     revision + 1; prints the state hash after every sync; stops after
                     REVISIONS once three peers are in the group. A lost master
-                    (MasterLostError) is ridden out: the call is retried.
+                    (MasterLostError) is ridden out: the call is retried. $STEP_SECONDS:
+                    a pause per step that stands for its compute (default 0).
   big MIB        -- hold a MIB-sized state; up-to-date peers (index from env PEER_INDEX != 'joiner')
                     fill it with a pattern, the joiner starts from zeros at revision 0 and syncs.
 """
@@ -23,6 +24,9 @@ import numpy as np
 import xxhash
 
 import pccl_aio as pccl
+
+
+PACE = float(os.environ.get("STEP_SECONDS", "0"))  # compute time of a step (default none)
 
 
 def emit(**kw: object) -> None:
@@ -71,10 +75,13 @@ async def ddp(comm: pccl.Communicator, revisions: int) -> None:
             rng = np.random.default_rng(comm.peer_id * 100_003 + state.revision)
             g = rng.standard_normal(n).astype(np.float32)
             await retrying(comm, g, pccl.ReduceOp.AVG, 0)
-        except (pccl.TooFewPeersError, pccl.MasterLostError, pccl.SharedStateError):
+        except (pccl.TooFewPeersError, pccl.MasterLostError, pccl.SharedStateError) as exc:
             # alone for now, or the master was lost (a sync it left in doubt may fail for the
             # group: SharedStateError): admit, then sync the same revision again
+            emit(event="retry", kind=type(exc).__name__, error=str(exc)[:300])
             continue
+        if PACE:
+            await asyncio.sleep(PACE)  # stands for a training step's compute, not a sync
         mom *= np.float32(0.9)
         mom += g
         w -= np.float32(0.01) * mom

@@ -7,10 +7,13 @@ until every member of the last ring of each group is back, or ``grace`` seconds 
 floors, the shared-state revisions, and the verdict of every operation in doubt.
 
 Verdicts. An operation whose verdict was lost with the old master completes iff every
-member that reports it finished its part: a complete ring all-reduce (or sync) on a peer
-means its result is final, and the old master only ever completed one that every
-participant finished, so "complete" agrees with anything it may have told a peer before
-dying, and "abort" can only be decided when no peer was told "complete".
+member that reports it finished its part: a complete ring all-reduce on a peer means its
+result is final, and the old master only ever completed one that every participant
+finished, so "complete" agrees with anything it may have told a peer before dying, and
+"abort" can only be decided when no peer was told "complete". A member that does not report
+a collective completed it (its data needed every member, so every member had it). A sync
+needs no data from a peer that fetches nothing, so every member that had a sync in flight
+reports it, finished or not (voted without a plan yet: not finished).
 """
 
 from __future__ import annotations
@@ -117,14 +120,14 @@ class Recovery:
             for d in r.doubts:
                 if group is None:
                     continue  # a joiner's doubts are aborted below
-                key = (group, d.kind, d.tag, d.seq)
+                key = _key(group, d)
                 finished[key] = finished.get(key, True) and d.done
         for conn, (_, r) in self._rejoins.items():
             group = members.get(conn)
             for d in r.doubts:
                 if not d.done:
                     continue  # it failed this operation already: nothing to tell it
-                ok = group is not None and finished[(group, d.kind, d.tag, d.seq)]
+                ok = group is not None and finished[_key(group, d)]
                 if d.kind == DOUBT_SYNC:
                     (out.synced if ok else out.sync_failed)[conn] = d.seq
                     if ok and group is not None:
@@ -132,3 +135,9 @@ class Recovery:
                 else:
                     (out.complete if ok else out.abort).setdefault(conn, []).append(
                         (d.tag, d.seq))
+
+
+def _key(group: int, d: m.Doubt) -> tuple[int, int, int, int]:
+    """What a doubt is about: collective (tag, seq) of the group, or the group's sync (one
+    at a time; a peer that voted and had no plan yet reports it without its revision)."""
+    return (group, d.kind, 0, 0) if d.kind == DOUBT_SYNC else (group, d.kind, d.tag, d.seq)

@@ -1,0 +1,249 @@
+"""Issue 20's acceptance with real processes: a DDP-like loop with shared state on three
+peers (``state_worker.py ddp``) survives its master being SIGKILLed and restarted on the same
+port, replaced by a master at the second listed address, SIGSTOPped for 8 s, lost while a
+peer is killed and a joiner waits, and two masters up at once.
+
+Every run checks: every peer finished; at every revision all peers report one state hash;
+each peer's revisions are consecutive, each once (no step lost or repeated), and its step
+counter (part of the state) equals the revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from pccl_aio._peer.core.config import PeerConfig
+from pccl_aio._peer.session import _probe
+from tests.process.procs import HERE, Proc, spawn
+
+WORKER = str(HERE / "state_worker.py")
+MASTER = str(HERE / "masterproc.py")
+REVISIONS = 150
+STEP = {"STEP_SECONDS": "0.02"}  # a step's compute: the master events land mid-run (``check``)
+pytestmark = pytest.mark.timeout(150)
+
+Event = dict[str, Any]
+
+
+async def start_master(procs: list[Proc], port: int = 0, name: str = "master") -> tuple[Proc, int]:
+    m = await spawn(name, MASTER, "2.0", str(port))
+    procs.append(m)
+    return m, int(await m.line())
+
+
+class Run:
+    """Peers of one run, their events, and the checks every scenario ends with."""
+
+    def __init__(self, procs: list[Proc], addrs: str) -> None:
+        self.procs, self.addrs = procs, addrs
+        self.queue: asyncio.Queue[tuple[str, Event]] = asyncio.Queue()
+        self.logs: dict[str, list[Event]] = defaultdict(list)
+        self.peers: dict[str, Proc] = {}
+        self.killed: set[str] = set()
+        self.pumps: list[asyncio.Task[None]] = []
+        self.event_t = 0.0  # time.time() of the master event under test
+
+    def mark(self) -> None:
+        """The master event under test happens now."""
+        self.event_t = time.time()
+
+    async def add(self, name: str, wait_joined: bool = True) -> Proc:
+        p = await spawn(name, WORKER, self.addrs, "ddp", str(REVISIONS), env=STEP)
+        self.procs.append(p)
+        self.peers[name] = p
+        if wait_joined:
+            ev = json.loads(await p.line(60))
+            assert ev["event"] == "joined", (name, ev)
+        self.pumps.append(asyncio.ensure_future(self._pump(p)))
+        return p
+
+    async def _pump(self, p: Proc) -> None:
+        while True:
+            try:
+                ev = json.loads(await p.line(timeout=120))
+            except AssertionError:
+                ev = {"event": "exited"}
+            await self.queue.put((p.name, ev))
+            if ev["event"] in ("finished", "error", "exited"):
+                return
+
+    def kill(self, name: str) -> None:
+        self.killed.add(name)
+        self.peers[name].signal(signal.SIGKILL)
+
+    async def drive(self, on_sync: Callable[[Event], Awaitable[None]]) -> None:
+        """Until every peer not killed finished; ``on_sync(event)`` at each of peer 0's
+        syncs (the scenario's events)."""
+        running = set(self.peers)
+        while running - self.killed:
+            name, ev = await asyncio.wait_for(self.queue.get(), 120)
+            self.logs[name].append(ev)
+            if ev["event"] in ("finished", "error", "exited"):
+                assert ev["event"] == "finished" or name in self.killed, (name, ev, self.story())
+                running.discard(name)
+                continue
+            if ev["event"] == "synced" and name == "p0":
+                await on_sync(ev)
+            running |= set(self.peers)  # a joiner started meanwhile
+
+    def story(self) -> str:
+        """Every peer's events other than its syncs: what to read when a scenario fails."""
+        return "\n".join(f"{n}: {e}" for n, evs in self.logs.items() for e in evs
+                         if e["event"] != "synced")
+
+    def check(self, finishers: int = 3) -> None:
+        hashes: dict[int, set[str]] = defaultdict(set)
+        done = [n for n, evs in self.logs.items() if evs and evs[-1]["event"] == "finished"]
+        assert len(done) >= finishers, self.logs
+        for name, evs in self.logs.items():
+            revs = [e["revision"] for e in evs if e["event"] == "synced"]
+            for e in evs:
+                if e["event"] == "synced":
+                    hashes[e["revision"]].add(e["hash"])
+                    assert e["step"] == e["revision"], (name, e)
+            assert revs == list(range(revs[0], revs[0] + len(revs))), (name, revs)
+        bad = {r: h for r, h in hashes.items() if len(h) != 1}
+        assert not bad, bad
+        assert max(hashes) >= REVISIONS
+        for name in done:  # the master event landed mid-run: training went on after it
+            later = [e for e in self.logs[name] if e["event"] == "synced" and e["t"] > self.event_t]
+            assert self.event_t and len(later) >= 5, (name, self.event_t, self.logs[name][-3:])
+
+    async def close(self) -> None:
+        for t in self.pumps:
+            t.cancel()
+
+
+async def three_peers(procs: list[Proc], addrs: str) -> Run:
+    run = Run(procs, addrs)
+    for i in range(3):
+        await run.add(f"p{i}")
+    return run
+
+
+async def test_master_sigkilled_and_restarted_on_the_same_port(procs):
+    master, port = await start_master(procs)
+    run = await three_peers(procs, f"127.0.0.1:{port}")
+    state: dict[str, Any] = {}
+
+    async def events(ev: Event) -> None:
+        if ev["revision"] >= 10 and not run.event_t:
+            run.mark()
+            master.signal(signal.SIGKILL)
+            await master.proc.wait()
+            await start_master(procs, port, "master2")  # about 0.5 s later: a fresh process
+        elif run.event_t and ev["t"] > run.event_t and "after" not in state:
+            state["after"] = await probe(port)
+
+    await run.drive(events)
+    run.check()
+    assert (state["after"].term, state["after"].members) == (2, 3)  # rebuilt, a term up
+    await run.close()
+
+
+async def test_the_new_master_on_the_second_listed_address(procs):
+    a, port_a = await start_master(procs, name="masterA")
+    _, port_b = await start_master(procs, name="masterB")
+    run = await three_peers(procs, f"127.0.0.1:{port_a},127.0.0.1:{port_b}")
+    state: dict[str, Any] = {}
+
+    async def events(ev: Event) -> None:
+        if ev["revision"] >= 10 and not run.event_t:
+            run.mark()
+            a.signal(signal.SIGKILL)
+        elif run.event_t and ev["t"] > run.event_t and "b" not in state:
+            state["b"] = await probe(port_b)
+
+    await run.drive(events)
+    run.check()
+    assert (state["b"].term, state["b"].members) == (2, 3)  # the run moved to B, a term up
+    await run.close()
+
+
+async def test_master_sigstopped_for_8_s_and_resumed(procs):
+    master, port = await start_master(procs)
+    run = await three_peers(procs, f"127.0.0.1:{port}")
+    state: dict[str, Any] = {}
+
+    async def resume() -> None:
+        await asyncio.sleep(8.0)  # the outage under test, not a synchronisation
+        master.signal(signal.SIGCONT)
+        state["resumed"] = time.time()
+
+    async def events(ev: Event) -> None:
+        if ev["revision"] >= 10 and not run.event_t:
+            run.mark()
+            master.signal(signal.SIGSTOP)
+            run.pumps.append(asyncio.ensure_future(resume()))
+        elif "resumed" in state and ev["t"] > state["resumed"] and "after" not in state:
+            state["after"] = await probe(port)
+
+    await run.drive(events)
+    run.check()
+    assert (state["after"].term, state["after"].members) == (2, 3)  # rebuilt, a term up
+    await run.close()
+
+
+async def test_a_peer_killed_and_a_joiner_waiting_during_the_outage(procs):
+    master, port = await start_master(procs)
+    run = await three_peers(procs, f"127.0.0.1:{port}")
+
+    async def events(ev: Event) -> None:
+        if ev["revision"] >= 10 and not run.event_t:
+            run.mark()
+            master.signal(signal.SIGKILL)
+            run.kill("p1")
+            await master.proc.wait()
+            await run.add("joiner", wait_joined=False)  # retries connect() meanwhile
+            await asyncio.sleep(1.0)  # the outage under test, not a synchronisation
+            await start_master(procs, port, "master2")
+
+    await run.drive(events)
+    run.check()
+    assert run.logs["joiner"][-1]["event"] == "finished"
+    assert max(e.get("ws", 0) for e in run.logs["joiner"]) == 3  # trained with p0 and p2
+    await run.close()
+
+
+async def test_two_masters_up_at_once_end_in_one_group(procs):
+    """Master A is SIGSTOPped: the peers move to B (term 2). A resumes: two masters are up.
+    A joiner that can reach both joins B (the higher term), and A never serves a run again:
+    one group, and every revision advanced once (one hash per revision, all peers)."""
+    a, port_a = await start_master(procs, name="masterA")
+    _, port_b = await start_master(procs, name="masterB")
+    run = await three_peers(procs, f"127.0.0.1:{port_a},127.0.0.1:{port_b}")
+    state: dict[str, Any] = {}
+
+    async def events(ev: Event) -> None:
+        if ev["revision"] >= 8 and not run.event_t:
+            run.mark()
+            a.signal(signal.SIGSTOP)
+        elif run.event_t and ev["t"] > run.event_t and "joined" not in state:
+            state["joined"] = True  # the peers train with B now
+            a.signal(signal.SIGCONT)
+            state["a"] = await probe(port_a)  # A is up again, and has lost its peers
+            state["b"] = await probe(port_b)
+            await run.add("joiner")
+
+    await run.drive(events)
+    run.check(finishers=4)
+    assert (state["a"].term, state["a"].members) == (1, 0)
+    assert (state["b"].term, state["b"].members) == (2, 3)
+    assert max(e.get("ws", 0) for e in run.logs["joiner"]) == 4  # with the three others
+    await run.close()
+
+
+async def probe(port: int) -> Any:
+    """A master's ``ProbeAnswer`` (term, run id, members), as a peer would ask it."""
+    cfg = PeerConfig(masters=(("127.0.0.1", port),), heartbeat_timeout=10.0)
+    _, writer, _, answer = await _probe(cfg, "127.0.0.1", port)
+    writer.close()
+    return answer
