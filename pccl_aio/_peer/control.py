@@ -24,6 +24,7 @@ from .._errors import (
     MasterConnectionError,
     MasterLostError,
     PcclError,
+    PcclTimeoutError,
     RemoteProtocolError,
     SharedStateError,
     VersionMismatchError,
@@ -79,6 +80,7 @@ class ControlPlane:
         self.term, self.run_id, self.master = 0, "", ""  # the master's, as last heard
         self.revision = -1  # the shared-state revision of the last completed sync
         self.sync: tuple[int, bool | None] | None = None  # a sync's revision, our SyncDone
+        self.rounds: dict[str, tuple[int, bool]] = {}  # kind -> last joint-vote round seen
         self.outage = Outage()
 
     @property
@@ -114,7 +116,7 @@ class ControlPlane:
                 session = await open_session(self.config, self._hello_now(), self.term)
                 break
             except (OSError, TimeoutError) as exc:
-                if isinstance(exc, (AuthenticationError, VersionMismatchError)):
+                if isinstance(exc, (AuthenticationError, VersionMismatchError, PcclTimeoutError)):
                     raise
                 last = exc
                 if i + 1 < attempts:
@@ -421,7 +423,8 @@ class ControlPlane:
             case m.CollectiveRejected(tag=tag, reason=reason, deadlock=deadlock):
                 if (coll := self.colls.get(tag)) is not None:
                     coll.on_rejected(reason, deadlock)
-            case m.TopologyUpdated():
+            case m.TopologyUpdated(round=n):
+                self.rounds["topology"] = (n, True)
                 self._resolve("topology", None)
             case m.SyncPlan():
                 self.sync = (msg.revision, None)
@@ -442,7 +445,8 @@ class ControlPlane:
             case m.VoteRejected(kind=kind, reason=reason, deadlock=deadlock):
                 cls = DeadlockError if deadlock else InvalidUsageError
                 self._reject(kind, cls(f"{m.VOTE_CALLS.get(kind, kind)} failed: {reason}"))
-            case m.PeersPendingAnswer(pending=pending):
+            case m.PeersPendingAnswer(pending=pending, round=n):
+                self.rounds["pending"] = (n, pending)
                 self._resolve("pending", pending)
             case m.TopologyOptimized():
                 self._resolve("optimize", msg)

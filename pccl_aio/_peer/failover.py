@@ -106,7 +106,8 @@ class Outage:
         return m.Rejoin(cp.peer_id, cp.peer_id in ring, ms.term if ms else cp.term,
                         ms.epoch if ms else 0, ring,
                         cp.registry.max_seq if cp.registry is not None else 0,
-                        cp.revision, doubts)
+                        cp.revision, doubts,
+                        [m.Round(k, n, a) for k, (n, a) in cp.rounds.items()])
 
     def end(self, cp: ControlPlane) -> None:
         """The run is rejoined (a ``Membership`` came): send what was launched meanwhile."""

@@ -59,6 +59,11 @@ async def _dial(cfg: PeerConfig, host: str, port: int
     try:
         async with asyncio.timeout(cfg.heartbeat_timeout):
             key = await greet(reader, writer, auth.ROLE_MASTER, cfg.key, 0, 0)
+    except TimeoutError:
+        writer.close()
+        raise PcclTimeoutError(
+            f"the master at {where} accepted the connection but did not answer within "
+            f"{cfg.heartbeat_timeout:.1f} s") from None
     except HandshakeError as exc:
         writer.close()
         if exc.status == auth.BAD_VERSION:

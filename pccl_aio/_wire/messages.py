@@ -21,7 +21,8 @@ from .._types import QuantAlgo
 from .explain import DECODE_ERRORS, explain
 from .explain import peek_hello_version as peek_hello_version
 from .recovery import Doubt as Doubt, Probe as Probe, ProbeAnswer as ProbeAnswer
-from .recovery import Rejoin as Rejoin, RunId as RunId, Superseded as Superseded
+from .recovery import Rejoin as Rejoin, Round as Round, RunId as RunId
+from .recovery import Superseded as Superseded
 
 # The field types and limits, re-exported (``m.U64``, ``m.PROTOCOL_VERSION``, ...).
 from .fields import (
@@ -226,15 +227,18 @@ class Membership(_Msg, frozen=True, tag=66):
 
 
 class TopologyUpdated(_Msg, frozen=True, tag=67):
-    """Answer to VoteUpdateTopology, sent after the new Membership."""
+    """Answer to VoteUpdateTopology, sent after the new Membership; ``round``: the run's
+    count of update_topology rounds (a rejoining peer reports the last it saw)."""
 
     epoch: U64
+    round: U64 = 0
 
 
 class PeersPendingAnswer(_Msg, frozen=True, tag=68):
-    """Answer to VotePeersPending."""
+    """Answer to VotePeersPending; ``round``: the run's count of such rounds."""
 
     pending: bool
+    round: U64 = 0
 
 
 class CollectiveStart(_Msg, frozen=True, tag=69):

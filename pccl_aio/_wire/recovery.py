@@ -15,8 +15,8 @@ import msgspec
 from .base import Msg
 from .fields import U64, HostName, Reason
 
-__all__ = ["MAX_DOUBTS", "MAX_RING", "Doubt", "Probe", "ProbeAnswer", "Rejoin", "RunId",
-           "Superseded"]
+__all__ = ["MAX_DOUBTS", "MAX_RING", "Doubt", "Probe", "ProbeAnswer", "Rejoin", "Round",
+           "RunId", "Superseded"]
 
 #: Caps on what a rejoining peer can make a master hold.
 MAX_RING: Final = 1 << 16
@@ -40,6 +40,15 @@ class Doubt(msgspec.Struct, array_like=True, frozen=True, gc=False):
     done: bool
 
 
+class Round(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The last round of a joint vote (``kind`` "pending" or "topology") a peer saw
+    answered: its number and, for "pending", the answer."""
+
+    kind: Annotated[str, msgspec.Meta(max_length=16)]
+    round: U64
+    answer: bool
+
+
 class Rejoin(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """Who a peer was under its previous master: its ``peer_id``, whether it was a ring
     member (``accepted``) or waiting to join, the ``term`` and ``epoch`` of the last
@@ -55,6 +64,7 @@ class Rejoin(msgspec.Struct, array_like=True, frozen=True, gc=False):
     max_seq: U64
     revision: Annotated[int, msgspec.Meta(ge=-1)]
     doubts: Annotated[list[Doubt], msgspec.Meta(max_length=MAX_DOUBTS)] = []
+    rounds: Annotated[list[Round], msgspec.Meta(max_length=4)] = []
 
 
 class Probe(Msg, frozen=True, tag=14):

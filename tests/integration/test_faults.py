@@ -215,7 +215,9 @@ async def test_crash_during_admission_vote(master, peers):
 
 
 async def test_master_loss_fails_pending_and_later_calls(master, peers):
-    a, b = await peers(2)
+    """With ``master_timeout=0`` a lost master ends the session at once (the failover
+    behaviour, the default, is ``test_failover.py``'s)."""
+    a, b = await peers(2, master_timeout=0)
     vote = asyncio.ensure_future(a.update_topology())  # b never votes
     x = np.ones(4, np.float32)
     await master.close()

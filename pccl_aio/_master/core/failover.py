@@ -43,12 +43,13 @@ def step_down(st: MasterState, term: int, out: list[Action]) -> None:
     st.term = term
 
 
-def start_run(st: MasterState) -> None:
-    """The first peer of a master that serves no run yet starts one (term 1)."""
+def start_run(st: MasterState, run_id: str) -> None:
+    """The first peer of a master that serves no run yet starts one (term 1), of the peer's
+    run id if it names one (else a fresh id)."""
     if st.term == 0:
         st.term = 1
     if not st.run_id:
-        st.run_id = secrets.token_hex(8)
+        st.run_id = run_id or secrets.token_hex(8)
 
 
 def on_rejoin(st: MasterState, conn: int, group: int, rejoin: m.Rejoin, run_id: str,
@@ -70,6 +71,16 @@ def on_rejoin(st: MasterState, conn: int, group: int, rejoin: m.Rejoin, run_id: 
         out.append(Send(conn, m.SyncFailed(why, True) if d.kind else
                         m.CollectiveAbort(d.tag, d.seq, why)))
     return False
+
+
+def owed(st: MasterState, conn: int, kind: str, out: list[Action]) -> bool:
+    """A member's vote of ``kind`` for the round whose answer it missed when the old master
+    died (``recovery.Outcome.owed``): answered at once, as the others were, and not counted."""
+    msg = st._owed.get(conn, {}).pop(kind, None)
+    if msg is None:
+        return False
+    out.append(Send(conn, msg))
+    return True
 
 
 def check_recovery(st: MasterState, out: list[Action]) -> None:
@@ -101,6 +112,13 @@ def finish_recovery(st: MasterState, out: list[Action]) -> None:
             st._gate.admitted(c)
     st.epoch += 1
     out.extend(st._membership(st.accepted()))
+    for kind, (n, answer) in o.rounds.items():
+        st._rounds[kind] = max(st._rounds[kind], n)
+        msg: m.MasterToPeer = (m.PeersPendingAnswer(answer, n) if kind == "pending"
+                               else m.TopologyUpdated(st.epoch, n))
+        for c, kinds in o.owed.items():
+            if kind in kinds:
+                st._owed.setdefault(c, {})[kind] = msg
     failed = "the master was lost and not every peer finished it"
     for c, items in o.complete.items():
         out.extend(Send(c, m.CollectiveComplete(tag, seq)) for tag, seq in items)

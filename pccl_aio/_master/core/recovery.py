@@ -32,7 +32,9 @@ class Outcome:
     ``joiners`` (rejoined peers that were waiting, or whose ring is gone), the floors of the
     epoch and of collective seqs, each group's shared-state revision, and the verdicts to
     send: ``complete``/``abort`` as conn -> [(tag, seq)], ``synced``/``sync_failed`` as
-    conn -> revision."""
+    conn -> revision; ``rounds``: the last round of each joint vote (and its answer), and
+    ``owed``: the members that voted in it and missed the answer (their next vote of that
+    kind gets it at once: the others went on)."""
 
     members: dict[int, int]
     rings: dict[int, list[int]]
@@ -44,6 +46,8 @@ class Outcome:
     abort: dict[int, list[tuple[int, int]]]
     synced: dict[int, int]
     sync_failed: dict[int, int]
+    rounds: dict[str, tuple[int, bool]] = dataclasses.field(default_factory=dict)
+    owed: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
 
 class Recovery:
@@ -110,7 +114,19 @@ class Recovery:
             if rev >= 0:
                 out.revisions[group] = max(out.revisions.get(group, -1), rev)
         self._verdicts(members, out)
+        self._rounds(members, out)
         return out
+
+    def _rounds(self, members: dict[int, int], out: Outcome) -> None:
+        for conn in members:
+            for r in self._rejoins[conn][1].rounds:
+                if r.kind in ("pending", "topology") and r.round > out.rounds.get(r.kind, (0, False))[0]:
+                    out.rounds[r.kind] = (r.round, r.answer)
+        for conn in members:
+            mine = {r.kind: r.round for r in self._rejoins[conn][1].rounds}
+            for kind, (n, _) in out.rounds.items():
+                if mine.get(kind) == n - 1:
+                    out.owed.setdefault(conn, []).append(kind)
 
     def _verdicts(self, members: dict[int, int], out: Outcome) -> None:
         # (group, kind, tag, seq) -> did every member reporting it finish its part?

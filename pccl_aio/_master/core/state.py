@@ -69,6 +69,8 @@ class MasterState:
         self.grace = heartbeat_timeout if recovery_grace is None else recovery_grace
         self._recovery: Recovery | None = None
         self._max_id = 0  # the highest peer id used or reported (fresh ids go above it)
+        self._rounds = {"pending": 0, "topology": 0}  # joint-vote rounds answered so far
+        self._owed: dict[int, dict[str, m.MasterToPeer]] = {}  # answers a rebuild owes
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
@@ -171,6 +173,8 @@ class MasterState:
                 if peer.voted_topology or peer.tags or self._topo.busy(peer.conn):
                     raise RemoteProtocolError(
                         "update_topology vote while already voting or with collectives running")
+                if fo.owed(self, peer.conn, "topology", out):
+                    return
                 peer.voted_topology = True
                 self._check_conflict(out)
                 self._check_topology(out)
@@ -187,6 +191,8 @@ class MasterState:
                 self._require_accepted(peer, msg)
                 if peer.voted_pending:
                     raise RemoteProtocolError("duplicate peers-pending vote")
+                if fo.owed(self, peer.conn, "pending", out):
+                    return
                 peer.voted_pending = True
                 self._check_conflict(out)
                 self._check_pending(out)
@@ -262,7 +268,7 @@ class MasterState:
             self, peer.conn, peer.group, msg.rejoin, msg.run_id, out)
         first = not rebuilding and self._recovery is None and not self.accepted()
         if first:
-            fo.start_run(self)
+            fo.start_run(self, msg.run_id)
         peer.accepted = first
         self._gate.registered(peer.conn, joiner=not (first or rebuilding))
         out.append(Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
@@ -328,13 +334,16 @@ class MasterState:
         self.epoch += 1
         everyone = self.accepted()
         out.extend(self._membership(everyone))
-        out.extend(Send(c, m.TopologyUpdated(self.epoch)) for c in voters)
+        self._rounds["topology"] += 1
+        done = m.TopologyUpdated(self.epoch, self._rounds["topology"])
+        out.extend(Send(c, done) for c in voters)
 
     def _check_pending(self, out: list[Action]) -> None:
         voters = self.accepted()
         if not voters or not all(self._peers[c].voted_pending for c in voters):
             return
-        answer = m.PeersPendingAnswer(self._gate.batch_due(self._now))
+        self._rounds["pending"] += 1
+        answer = m.PeersPendingAnswer(self._gate.batch_due(self._now), self._rounds["pending"])
         for c in voters:
             self._peers[c].voted_pending = False
             out.append(Send(c, answer))
@@ -357,6 +366,7 @@ class MasterState:
     def _remove(self, conn: int, out: list[Action]) -> None:
         peer = self._peers.pop(conn, None)
         self._gate.forget(conn)
+        self._owed.pop(conn, None)
         if self._recovery is not None:
             self._recovery.forget(conn)
             fo.check_recovery(self, out)

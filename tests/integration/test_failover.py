@@ -1,0 +1,169 @@
+"""Master failover in one process (issue 20; the real-process acceptance is
+``tests/process/test_master_failover.py``): what a caller sees while the master is away,
+operations in doubt completed or aborted by the next master, ``master_timeout``, run ids,
+the choice among several master addresses, and argument checks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+import pccl_aio as pccl
+from pccl_aio._master.core import state as ms
+from pccl_aio._wire import messages as m
+from tests.helpers import FAST, join_peers
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def new_master(port: int = 0, **kw: object) -> pccl.Master:
+    return pccl.Master("127.0.0.1", port, heartbeat_interval=0.2, heartbeat_timeout=2.0,
+                       admission_interval=0.0, **kw)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running(master: pccl.Master) -> AsyncIterator[pccl.Master]:
+    await master.start()
+    try:
+        yield master
+    finally:
+        await master.close()
+
+
+async def test_calls_wait_for_the_next_master_and_a_vote_in_flight_is_retryable():
+    async with running(new_master()) as first:
+        port = first.port
+        a, b = await join_peers(first, 2)
+        vote = asyncio.ensure_future(a.update_topology())  # b never votes
+        while not first.state._peers[a.peer_id].voted_topology:
+            await asyncio.sleep(0.01)  # polling the master's state for the test
+    with pytest.raises(pccl.MasterLostError):  # retryable: a PeerLostError
+        await vote
+    xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
+    calls = [asyncio.ensure_future(c.all_reduce(x)) for c, x in zip((a, b), xs)]
+    done, _ = await asyncio.wait(calls, timeout=0.3)
+    assert not done  # no master: the calls wait
+    async with running(new_master(port)) as second:
+        await asyncio.gather(*calls)
+        assert all((x == 3.0).all() for x in xs)
+        assert a.peer_id != b.peer_id and second.state.accepted() == sorted(
+            [a.peer_id, b.peer_id])  # the same ids as before
+        assert second.state.term == 2
+        await asyncio.gather(a.close(), b.close())
+
+
+async def test_a_call_made_during_the_outage_times_out_and_master_timeout_ends_it():
+    async with running(new_master()) as first:
+        a, b = await join_peers(first, 2, master_timeout=1.5)
+    while a._control.up:
+        await asyncio.sleep(0.01)  # until a saw the master go (polling a state)
+    x = np.ones(4, np.float32)
+    with pytest.raises(pccl.PcclTimeoutError):
+        await a.all_reduce(x, timeout=0.3)
+    assert (x == 1).all()
+    with pytest.raises(pccl.MasterConnectionError, match="master_timeout"):
+        await a.all_reduce(x)  # waits until master_timeout, then the session is over
+    with pytest.raises(pccl.MasterConnectionError):
+        await b.are_peers_pending()
+    await asyncio.gather(a.close(), b.close())
+
+
+def _drop_completions(master: pccl.Master, keep: set[int]) -> None:
+    """The master dies between finishing a collective and telling its peers: its
+    ``CollectiveComplete`` reaches only the peers in ``keep``."""
+    apply = master._apply
+
+    def filtered(actions: list[ms.Action]) -> None:
+        apply([a for a in actions if not (isinstance(a, ms.Send) and isinstance(
+            a.msg, m.CollectiveComplete) and a.conn not in keep)])
+
+    master._apply = filtered  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("told", ["nobody", "one"])
+async def test_a_collective_every_peer_finished_is_completed_by_the_next_master(told):
+    async with running(new_master()) as first:
+        port = first.port
+        comms = await join_peers(first, 3)
+        _drop_completions(first, {comms[0].peer_id} if told == "one" else set())
+        xs = [np.full(100_000, i + 1.0, np.float32) for i in range(3)]
+        hs = [c.all_reduce_async(x, tag=4) for c, x in zip(comms, xs)]
+        waiting = [h for h, c in zip(hs, comms) if told == "nobody" or c is not comms[0]]
+        while not all(h._coll.data_ok for h in waiting):  # their data is done ...
+            await asyncio.sleep(0.01)  # polling a state, no outcome depends on the period
+    async with running(new_master(port)):  # ... and the verdict comes from the next master
+        infos = await asyncio.gather(*hs)
+    assert all((x == 6.0).all() for x in xs)
+    assert all(i.world_size == 3 for i in infos)
+    for c in comms:
+        await c.close()
+
+
+async def test_a_collective_not_every_peer_finished_is_aborted_and_restored():
+    async with running(new_master()) as first:
+        port = first.port
+        a, b, c = await join_peers(first, 3)
+        c._data.abort()  # c's data path breaks: nobody finishes, and nobody is told
+        _drop_completions(first, set())
+        xs = [np.full(1 << 20, i + 1.0, np.float32) for i in range(3)]
+        hs = [p.all_reduce_async(x, tag=2) for p, x in zip((a, b, c), xs)]
+        await asyncio.sleep(0.2)  # lets the attempt start; no outcome depends on it
+    async with running(new_master(port)):
+        for h in hs:
+            with pytest.raises(pccl.PeerLostError):
+                await h
+    assert [x[0] for x in xs] == [1.0, 2.0, 3.0]  # restored in place
+    for p in (a, b, c):
+        await p.close()
+
+
+async def test_a_peer_of_another_run_is_refused():
+    async with running(new_master(run_id="run-b")) as master:
+        comm = pccl.Communicator(master.address, run_id="run-a", **FAST)
+        with pytest.raises(pccl.MasterConnectionError, match="run-a"):
+            await comm.connect(attempts=1)
+        await comm.close()
+        ok = pccl.Communicator(master.address, run_id="run-b", **FAST)
+        await ok.connect()
+        await ok.close()
+
+
+async def test_several_addresses_pick_the_master_serving_the_run():
+    async with running(new_master()) as a_, running(new_master()) as b_:
+        addrs = [b_.address, a_.address]  # b is listed first
+        first = pccl.Communicator(a_.address, **FAST)
+        await first.connect()  # the run is at a
+        joiner = pccl.Communicator(addrs, **FAST)
+        task = asyncio.ensure_future(joiner.connect())
+        while not a_.state.pending():
+            await asyncio.sleep(0.01)  # polling the master's state for the test
+        await first.update_topology()
+        await task
+        assert b_.state.probe().members == 0 and a_.state.accepted() == sorted(
+            [first.peer_id, joiner.peer_id])
+        await first.close()
+        await joiner.close()
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"master": []}, "list of 1-16"),
+    ({"master": ["127.0.0.1:1", "nope"]}, "host:port"),
+    ({"master_timeout": -1}, "master_timeout"),
+    ({"master_timeout": True}, "master_timeout"),
+    ({"run_id": "x" * 129}, "run_id"),
+    ({"run_id": "a\nb"}, "run_id"),
+])
+def test_bad_failover_arguments_are_refused(kw, match):
+    args = {"master": "127.0.0.1:1", **kw}
+    with pytest.raises(pccl.InvalidUsageError, match=match):
+        pccl.Communicator(args.pop("master"), **args)
+
+
+@pytest.mark.parametrize("run_id", ["", "x" * 129, "a\tb", 5])
+def test_a_master_refuses_a_bad_run_id(run_id):
+    with pytest.raises(pccl.InvalidUsageError, match="run_id"):
+        pccl.Master("127.0.0.1", 0, run_id=run_id)  # type: ignore[arg-type]

@@ -1,0 +1,204 @@
+"""The sans-IO master's side of failover (issue 20): a fresh master rebuilds a run from
+rejoining peers (ids, groups, ring order, floors, revisions, verdicts of operations in
+doubt), fresh peers wait as joiners meanwhile, a master steps down for a higher term, and
+peers of another run are refused."""
+
+from __future__ import annotations
+
+from pccl_aio._master.core import state as ms
+from pccl_aio._wire import messages as m
+from tests.unit.master_harness import PV, Harness, msgs, sent_to, sync_vote
+
+RING = [7, 4, 9]  # the old master's ring order (peer ids)
+
+
+def rejoin_hello(peer: int, *, ring: list[int] = RING, term: int = 1, epoch: int = 12,
+                 accepted: bool = True, max_seq: int = 100, revision: int = 5,
+                 doubts: list[m.Doubt] | None = None, run: str = "run-a",
+                 group: int = 0, rounds: list[m.Round] | None = None) -> m.Hello:
+    return m.Hello(PV, group, 40000 + peer, "", 0, False, run, term,
+                   m.Rejoin(peer, accepted, term, epoch, ring, max_seq, revision, doubts or [],
+                            rounds or []))
+
+
+def rejoin(h: Harness, peer: int, **kw: object) -> list[ms.Action]:
+    conn = h.st.allocate(peer)
+    assert conn == peer  # a rejoining peer keeps its id
+    assert h.handle(ms.Connected(conn, "127.0.0.1", h.now)) == []
+    return h.send(conn, rejoin_hello(peer, **kw))  # type: ignore[arg-type]
+
+
+def fresh() -> Harness:
+    h = Harness()
+    h.st = ms.MasterState(heartbeat_timeout=5.0)  # no run id: it adopts the rejoiners'
+    return h
+
+
+def test_a_fresh_master_rebuilds_the_run_when_every_member_is_back():
+    h = fresh()
+    a = rejoin(h, 4)
+    assert sent_to(a, 4) == [m.Welcome(4, False, PV, 2, "run-a")]  # term 1 + 1, their run
+    assert rejoin(h, 9) == [ms.Send(9, m.Welcome(9, False, PV, 2, "run-a"))]
+    assert h.st.accepted() == []  # 7 is still missing
+    acts = rejoin(h, 7)
+    members = msgs(acts, m.Membership)
+    assert sorted(members) == sorted(RING)
+    ms_ = members[7][0]
+    assert [p.peer_id for p in ms_.ring] == RING  # the ring order it had
+    assert ms_.epoch == 13 and ms_.term == 2
+    assert h.st.ring(0) == RING and h.st.term == 2 and h.st.run_id == "run-a"
+    # collective numbering resumes above every seq the peers saw
+    seq = h.start(RING, 3)
+    assert seq > 100
+    # a fresh peer gets an id above every id the rejoiners named
+    assert h.st.allocate() == 10
+
+
+def test_the_rebuild_goes_on_without_missing_members_after_the_grace():
+    h = fresh()
+    rejoin(h, 4)
+    rejoin(h, 9)
+    assert h.tick(4.9) and h.st.accepted() == []
+    acts = h.tick(5.0)
+    assert sorted(msgs(acts, m.Membership)) == [4, 9]
+    assert h.st.ring(0) == [4, 9]
+
+
+def test_a_new_peer_during_the_rebuild_is_a_joiner():
+    h = fresh()
+    rejoin(h, 4)
+    j, acts = h.join()
+    assert sent_to(acts, j) == [m.Welcome(j, False, PV, 2, "run-a")]
+    assert j not in RING
+    rejoin(h, 7)
+    rejoin(h, 9)
+    assert h.st.accepted() == sorted(RING) and h.st.pending() == [j]
+    acts = h.vote_topology_all()
+    assert h.st.accepted() == sorted([*RING, j])
+
+
+def test_a_waiting_peer_rejoins_waiting_and_a_stale_ring_makes_a_joiner():
+    h = fresh()
+    rejoin(h, 4)
+    rejoin(h, 7)
+    rejoin(h, 3, ring=[], accepted=False)  # it was waiting to join
+    rejoin(h, 5, ring=[5, 7], epoch=2)  # an old ring: it was dropped since
+    rejoin(h, 9)
+    assert h.st.accepted() == sorted(RING)
+    assert h.st.pending() == [3, 5]
+
+
+def test_doubts_complete_only_when_every_reporting_member_finished():
+    h = fresh()
+    rejoin(h, 4, doubts=[m.Doubt(0, 1, 90, True), m.Doubt(0, 2, 91, True)])
+    rejoin(h, 9, doubts=[m.Doubt(0, 2, 91, False)])  # it gave tag 2 up: aborted for all
+    acts = rejoin(h, 7)  # completed tag 1 before the master died: it reports nothing
+    assert sent_to(acts, 4, m.CollectiveComplete) == [m.CollectiveComplete(1, 90)]
+    assert sent_to(acts, 4, m.CollectiveAbort)[0].tag == 2  # type: ignore[attr-defined]
+    assert sent_to(acts, 9, m.CollectiveAbort) == []  # it failed it already
+    first = [type(x) for x in sent_to(acts, 4)]
+    assert first[0] is m.Membership  # verdicts come after the new membership
+
+
+def test_a_sync_in_doubt_completes_only_if_every_member_in_it_finished():
+    h = fresh()
+    rejoin(h, 4, doubts=[m.Doubt(1, 0, 6, True)])
+    rejoin(h, 9, doubts=[m.Doubt(1, 0, 6, True)])
+    acts = rejoin(h, 7)
+    assert sent_to(acts, 4, m.SyncComplete) == [m.SyncComplete(6)]
+    # the revision the sync reached is the group's: the next sync adds one to it
+    out: list[ms.Action] = []
+    for c in RING:
+        out += h.send(c, sync_vote(revision=7))
+    assert {p.revision for (p,) in msgs(out, m.SyncPlan).values()} == {7}  # type: ignore[attr-defined]
+    h2 = fresh()
+    rejoin(h2, 4, doubts=[m.Doubt(1, 0, 6, True)])
+    rejoin(h2, 9, doubts=[m.Doubt(1, 0, 0, False)])  # voted, had no plan yet
+    acts = rejoin(h2, 7)
+    assert sent_to(acts, 4, m.SyncFailed)  # not every member finished: it fails for all
+    assert sent_to(acts, 4, m.SyncComplete) == []
+
+
+def test_the_rebuilt_revision_holds_the_one_increment_rule():
+    h = fresh()
+    for p in RING:
+        rejoin(h, p, revision=5)
+    out: list[ms.Action] = []
+    for c in RING:
+        out += h.send(c, sync_vote(revision=7 if c == 4 else 6))
+    assert sent_to(out, 4, m.Kicked)  # 7 skips ahead of 5 + 1
+    plans = msgs(out, m.SyncPlan)
+    assert {p.revision for (p,) in plans.values()} == {6}  # type: ignore[attr-defined]
+
+
+def test_a_rejoin_into_a_live_run_is_a_joiner_and_its_doubts_fail():
+    h = Harness()
+    a, b = h.run(0, 0)
+    conn = h.st.allocate(8)
+    h.handle(ms.Connected(conn, "127.0.0.1", h.now))
+    acts = h.send(conn, rejoin_hello(8, ring=[8, 2], run="test-run", doubts=[
+        m.Doubt(0, 5, 3, True), m.Doubt(1, 0, 4, True)]))
+    assert sent_to(acts, 8, m.CollectiveAbort)[0].tag == 5  # type: ignore[attr-defined]
+    assert sent_to(acts, 8, m.SyncFailed)
+    assert h.st.pending() == [8] and h.st.accepted() == [a, b]
+
+
+def test_a_master_steps_down_for_a_higher_term():
+    h = Harness()
+    a, b = h.run(0, 0)
+    assert h.st.term == 1
+    conn = h.st.allocate(12)
+    h.handle(ms.Connected(conn, "127.0.0.1", h.now))
+    acts = h.send(conn, rejoin_hello(12, ring=[12, 13], term=3, run="test-run"))
+    for c in (a, b):  # its sessions end: the run is served at term 3 elsewhere
+        assert isinstance(sent_to(acts, c)[0], m.Superseded), acts
+        assert ms.Close(c, "superseded") in acts
+    assert h.st.accepted() == [] and h.st.term == 4  # now rebuilding above term 3
+    assert sent_to(acts, 12) == [m.Welcome(12, False, PV, 4, "test-run")]
+
+
+def test_peers_of_another_run_are_refused():
+    h = Harness()  # run "test-run"
+    h.run(0)
+    conn = h.st.allocate(5)
+    h.handle(ms.Connected(conn, "127.0.0.1", h.now))
+    acts = h.send(conn, rejoin_hello(5, run="other-run"))
+    assert isinstance(sent_to(acts, 5)[0], m.Rejected)
+    assert ms.Close(5, sent_to(acts, 5)[0].reason) in acts  # type: ignore[attr-defined]
+
+
+def test_probe_answers_term_run_and_members():
+    h = fresh()
+    assert h.st.probe() == m.ProbeAnswer(0, "", 0)
+    rejoin(h, 4)
+    assert h.st.probe() == m.ProbeAnswer(2, "run-a", 1)
+    rejoin(h, 7)
+    rejoin(h, 9)
+    assert h.st.probe() == m.ProbeAnswer(2, "run-a", 3)
+
+
+def test_ids_of_rejoining_peers_are_kept_when_free():
+    h = fresh()
+    assert h.st.allocate(5) == 5
+    h.handle(ms.Connected(5, "127.0.0.1", h.now))
+    assert h.st.allocate(5) == 6  # in use: a fresh id
+    assert h.st.allocate(0) == 7
+    assert h.st.allocate(2**64 - 1) == 8  # out of range: a fresh id
+
+
+def test_a_member_that_missed_the_last_rounds_answer_gets_it_at_once():
+    """The old master answered a joint vote to some members and died before the others'
+    answers left: those retry the vote and get the same answer, uncounted, so every member
+    goes on to the same next call."""
+    h = fresh()
+    h.rounds = True
+    got = [m.Round("pending", 5, True), m.Round("topology", 3, True)]
+    rejoin(h, 4, rounds=got)
+    rejoin(h, 9, rounds=got)
+    rejoin(h, 7, rounds=[m.Round("pending", 4, False), m.Round("topology", 3, True)])
+    assert h.send(7, m.VotePeersPending()) == [ms.Send(7, m.PeersPendingAnswer(True, 5))]
+    out: list[ms.Action] = []
+    for c in RING:  # the next round counts every member again
+        out += h.send(c, m.VotePeersPending())
+    assert {a.msg.round for a in out} == {6}  # type: ignore[union-attr]
+    assert h.send(4, m.VoteUpdateTopology()) == []  # nobody owed a topology answer: counted
