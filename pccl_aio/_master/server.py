@@ -211,6 +211,8 @@ class Master:
         admitted = await self.gate.admit(reader, writer, self._key_for)
         if admitted is None:
             return
+        peername = writer.get_extra_info("peername") or ("?", 0)
+        log.debug("connection from %s:%s (handshake done)", peername[0], peername[1])
         first = await self._first_frame(reader, writer)
         if first is None:
             return
@@ -218,7 +220,6 @@ class Master:
         rejoin = msg.rejoin if isinstance(msg, m.Hello) else None
         conn = self.state.allocate(rejoin.peer_id if rejoin is not None else 0)
         self._sessions[conn] = admitted[1]
-        peername = writer.get_extra_info("peername") or ("?", 0)
         self._writers[conn] = writer
         self._handle(ms.Connected(conn, str(peername[0]), loop.time()))
         log.debug("connection %d from %s", conn, peername)

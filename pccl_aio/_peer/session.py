@@ -66,6 +66,8 @@ async def _dial(cfg: PeerConfig, host: str, port: int
             f"{cfg.heartbeat_timeout:.1f} s") from None
     except HandshakeError as exc:
         writer.close()
+        with contextlib.suppress(Exception):  # closed before the error is raised
+            await asyncio.wait_for(writer.wait_closed(), 1.0)
         if exc.status == auth.BAD_VERSION:
             raise VersionMismatchError(f"the master refused this peer: {exc}") from None
         raise AuthenticationError(f"the master at {where} refused this peer: {exc}") from None

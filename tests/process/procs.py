@@ -79,11 +79,13 @@ async def master_proc(procs: list[Proc]) -> tuple[Proc, str]:
     return m, f"127.0.0.1:{port}"
 
 
-async def start_peers(procs: list[Proc], addr: str, n: int, mode: str, *extra: str) -> list[Proc]:
+async def start_peers(procs: list[Proc], addr: str, n: int, mode: str, *extra: str,
+                      env: dict[str, str] | None = None) -> list[Proc]:
     """Start ``n`` peers one after the other (so index order is join order) and wait for the world."""
     peers: list[Proc] = []
     for i in range(n):
-        p = await spawn(f"peer{i}", str(HERE / "worker.py"), addr, str(i), str(n), mode, *extra)
+        p = await spawn(f"peer{i}", str(HERE / "worker.py"), addr, str(i), str(n), mode, *extra,
+                        env=env)
         procs.append(p)
         await p.expect("joined")
         peers.append(p)

@@ -87,9 +87,13 @@ async def test_sigkill_during_admission(procs, master_proc):
             ev = await p.expect("voted", timeout=20)
 
 
-async def test_master_killed(procs, master_proc):
+@pytest.mark.parametrize("master_timeout, kind", [
+    ("60", "MasterLostError"),  # the default: retry, the peer is rejoining the run
+    ("0", "MasterConnectionError"),  # no failover: the session is over
+])
+async def test_master_killed(procs, master_proc, master_timeout, kind):
     master, addr = master_proc
-    peers = await start_peers(procs, addr, 2, "idle")
+    peers = await start_peers(procs, addr, 2, "idle", env={"MASTER_TIMEOUT": master_timeout})
     for p in peers:
         await p.expect("started")
     # both peers loop on joint votes: the pending or the next one meets the dead master
@@ -100,7 +104,7 @@ async def test_master_killed(procs, master_proc):
             ev = json.loads(await p.line(timeout=10))
             if ev["event"] == "error":
                 break
-        assert ev["kind"] == "MasterConnectionError", ev
+        assert ev["kind"] == kind, ev
         assert ev["t"] - killed_at < 2.0
     await asyncio.gather(*(p.proc.wait() for p in peers))
 

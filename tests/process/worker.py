@@ -19,6 +19,7 @@ receiving data sockets from inside (as ``ss -K`` or a middlebox reset would); it
 from __future__ import annotations
 
 import asyncio
+import os
 import hashlib
 import json
 import signal
@@ -85,7 +86,8 @@ async def main() -> None:
     addr, index, world, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     count = int(sys.argv[5]) if len(sys.argv) > 5 else 1 << 20
     comm = pccl.Communicator(addr, heartbeat_interval=0.2, heartbeat_timeout=2.0,
-                             data_timeout=3.0, p2p_connections=2)
+                             data_timeout=3.0, p2p_connections=2,
+                             master_timeout=float(os.environ.get("MASTER_TIMEOUT", "60")))
     arm_cut_on_sigusr1(comm)
     await comm.connect(attempts=20)
     emit(event="joined", peer_id=comm.peer_id, ws=comm.world_size)
