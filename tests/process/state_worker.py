@@ -25,7 +25,6 @@ import xxhash
 
 import pccl_aio as pccl
 
-
 PACE = float(os.environ.get("STEP_SECONDS", "0"))  # compute time of a step (default none)
 
 

@@ -19,9 +19,9 @@ receiving data sockets from inside (as ``ss -K`` or a middlebox reset would); it
 from __future__ import annotations
 
 import asyncio
-import os
 import hashlib
 import json
+import os
 import signal
 import sys
 import time
