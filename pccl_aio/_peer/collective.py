@@ -55,8 +55,7 @@ class Collective:
         # An abandoned (cancelled) handle must not log "exception was never retrieved".
         self.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.started: asyncio.Future[None] = loop.create_future()
-        self.seq = self.world = 0  # the attempt's seq and ring size, set at its start
-        self.ticket = 0  # the seq it was launched on (a ticket), else 0
+        self.seq = self.world = self.ticket = 0  # seq and ring size at the start; ticket seq
         self._data_done = False  # its data finished here (the result is final in ``dst``)
         self.confirmed = False  # the master started it (an early start waits for this)
         self._held: tuple[str, int] | None = None  # an early attempt's failure, not reported
@@ -64,11 +63,10 @@ class Collective:
         self.tx = self.rx = 0
         self.hooks: list[Callable[[Collective], None]] = []
         self._run: asyncio.Task[None] | None = None
-        self._loop = loop
-        # Segments waiting for room on the link, in order. Unquantized ones are reduced on
-        # arrival (cheap, and it frees the receive slot of our own chunk's segments) and
-        # wait in ``_outbox`` as sends; quantized ones wait in ``_inbox`` unprocessed, so
-        # their heavier decode/encode interleaves with the sends instead of stalling them.
+        self._loop, self._in_place = loop, in_place
+        # Segments waiting for room on the link, in order: unquantized ones reduced on arrival
+        # (frees our own chunk's receive slots) wait in ``_outbox`` as sends; quantized ones
+        # wait in ``_inbox`` unprocessed, so their decode/encode interleaves with the sends.
         self._outbox: collections.deque[Forward] = collections.deque()
         self._inbox: collections.deque[Arrival] = collections.deque()
         self._link: Link | None = None  # set once the run task has the link open
@@ -91,11 +89,10 @@ class Collective:
         self._scratch: memoryview | None = None
         self._scratch_owner: bytearray | None = None
         self._slots: Slots | None = None  # unquantized: reduce-scatter receive slots
-        # In place (unless restore_on_abort=False) an abort must put the input back (the
-        # backup, taken in ``save_input``); out of place ``src`` is never written
+        # In place (unless restore_on_abort=False) an abort puts the input back (the backup of
+        # ``save_input``); out of place ``src`` is never written
         self._backup: InputBackup | None = None
         self._backs_up, self._unrestored = in_place and restore, in_place and not restore
-        self._in_place = in_place
         # The quantized path accumulates into ``dst``; out of place it starts from ``src``.
         if not in_place and self.quant is not None:
             _ops.copy(dst.view, src.view)
@@ -109,8 +106,7 @@ class Collective:
                                        whole=self.quant is not None)
 
     def cancel(self) -> None:
-        """The caller stopped waiting: fail the attempt for the group; the tag stays taken
-        until the master's verdict."""
+        """The caller stopped waiting: fail it for the group (the tag is taken until the verdict)."""
         self.cancelled = True
         if not self.seq:  # still voting: withdraw, the master aborts it for the group
             self.env.report(self.tag, 0, False, "cancelled by the caller")
@@ -193,25 +189,20 @@ class Collective:
         self._finish(None)
 
     def on_abort(self, reason: str) -> None:
-        if self._backup is not None:
-            self._backup.restore()
         lost = ("; the in-place input was not restored (restore_on_abort=False)"
                 if self._unrestored else "")
         self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}{lost}"))
 
     def on_rejected(self, reason: str, deadlock: bool = False) -> None:
-        if self._backup is not None:  # an early start (on a ticket) may have written it
-            self._backup.restore()
         cls = DeadlockError if deadlock else InvalidUsageError
         self._finish(cls(f"all-reduce tag {self.tag} rejected: {reason}"))
 
-    def on_lost(self, exc: BaseException) -> None:
-        """The control connection is gone: no verdict will come."""
-        if self._backup is not None:
-            self._backup.restore()
+    def on_lost(self, exc: BaseException) -> None:  # the master is gone: no verdict will come
         self._finish(exc)
 
     def _finish(self, exc: BaseException | None) -> None:
+        if exc is not None and self._backup is not None:  # (an early start wrote it too)
+            self._backup.restore()  # a failed attempt leaves the input as launched
         self._release()
         if not self.started.done():
             self.started.cancel()
@@ -338,8 +329,7 @@ class Collective:
 
     @property
     def data_ok(self) -> bool:
-        """Its data finished on this peer without error: the result is final in ``dst``
-        and only the master's verdict is missing."""
+        """Its data finished here without error: only the master's verdict is missing."""
         return self._data_done and self._stream_error is None and self.active
 
     async def _pipeline(self, link: Link) -> None:

@@ -159,8 +159,9 @@ class Communicator:
         ``update_topology()``. Retries ``attempts`` times with exponential back-off while no
         master answers. ``timeout`` bounds the whole call, the wait for admission included
         (default 300 s; None waits for ever); each handshake is also bounded by
-        ``heartbeat_timeout``. Raises ``MasterConnectionError`` (``VersionMismatchError`` for
-        a master of another protocol version), ``PcclTimeoutError`` (a master that accepts
+        ``heartbeat_timeout``; with several master addresses, it joins the one serving the
+        run at the highest term. Raises ``MasterConnectionError`` (``VersionMismatchError``
+        for a master of another protocol version), ``PcclTimeoutError`` (a master that accepts
         and does not answer, or no admission in time), ``InvalidUsageError`` if already
         connected or the listeners cannot bind. Cancelling closes everything opened so far;
         after a failure ``connect`` may be called again.

@@ -1,9 +1,12 @@
 """The peer's side of the control plane: master connection, heartbeats, votes, dispatch.
 
-One reader task dispatches master messages *synchronously and in order* (votes' answers,
-membership, collective verdicts); one heartbeat task keeps both sides' liveness. When the
-master connection ends, every waiting call fails with ``MasterConnectionError`` (or
-``KickedError`` if the master said why) and every later call raises the same.
+One reader task per session dispatches master messages *synchronously and in order*
+(votes' answers, membership, collective verdicts); one heartbeat task keeps both sides'
+liveness. When the master session ends without a goodbye, ``failover.Outage`` rides it out
+(``MasterLostError`` for what was waiting, a new session with a rejoin, for up to
+``master_timeout``); when it ends for good (kicked, closed, ``master_timeout`` passed) every
+waiting call fails with ``MasterConnectionError`` (or ``KickedError``) and every later call
+raises the same.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import msgspec
 
 from .._errors import (
     AuthenticationError,
-    DeadlockError,
     InvalidUsageError,
     KickedError,
     MasterConnectionError,
@@ -26,7 +28,6 @@ from .._errors import (
     PcclError,
     PcclTimeoutError,
     RemoteProtocolError,
-    SharedStateError,
     VersionMismatchError,
 )
 from .._net.stream import read_frame
@@ -37,6 +38,7 @@ from .collective import Collective
 from .core.config import PeerConfig
 from .core.stash import Stash
 from .core.tickets import Tickets
+from .dispatch import dispatch
 from .failover import Outage
 from .receiver import Registry
 from .session import Session, close_quietly, open_session
@@ -399,80 +401,4 @@ class ControlPlane:
         self._lost(exc, gen)
 
     def _dispatch(self, msg: m.MasterToPeer) -> None:
-        match msg:
-            case m.Membership():
-                self.membership = msg
-                self.term = max(self.term, msg.term)
-                self.tickets.void()
-                self._on_membership(msg)
-                if self._up is not None and not self._up.done():
-                    self._up.set_result(None)
-                    self.outage.end(self)
-            case m.CollectiveStart(tag=tag, seq=seq):
-                coll = self.colls.get(tag)
-                if coll is not None and self.membership is not None:
-                    coll.on_start(seq, [p.peer_id for p in self.membership.ring], self.peer_id)
-            case m.CollectiveComplete(tag=tag):
-                self.tickets.issued(msg)
-                if (coll := self.colls.get(tag)) is not None:
-                    coll.on_complete()
-            case m.CollectiveAbort(tag=tag, seq=seq, reason=reason):
-                coll = self.colls.get(tag)
-                if coll is not None and not (seq and coll.seq and seq != coll.seq):
-                    coll.on_abort(reason)
-            case m.CollectiveRejected(tag=tag, reason=reason, deadlock=deadlock):
-                if (coll := self.colls.get(tag)) is not None:
-                    coll.on_rejected(reason, deadlock)
-            case m.TopologyUpdated(round=n):
-                self.rounds["topology"] = (n, True)
-                self._resolve("topology", None)
-            case m.SyncPlan():
-                self.sync = (msg.revision, None)
-                self._resolve("sync", msg)
-            case m.SyncFailed(reason=reason, completed=completed):
-                self.sync = None
-                exc = SharedStateError(f"shared-state sync failed: {reason}")
-                self._reject("sync_done" if completed else "sync", exc)
-            case m.VoteWithdrawn(kind=kind):
-                if (n := self._withdrawing.get(kind, 0)) > 1:
-                    self._withdrawing[kind] = n - 1
-                else:
-                    self._withdrawing.pop(kind, None)
-            case m.SyncComplete():
-                self.sync = None
-                self.revision = msg.revision
-                self._resolve("sync_done", msg)
-            case m.VoteRejected(kind=kind, reason=reason, deadlock=deadlock):
-                cls = DeadlockError if deadlock else InvalidUsageError
-                self._reject(kind, cls(f"{m.VOTE_CALLS.get(kind, kind)} failed: {reason}"))
-            case m.PeersPendingAnswer(pending=pending, round=n):
-                self.rounds["pending"] = (n, pending)
-                self._resolve("pending", pending)
-            case m.TopologyOptimized():
-                self._resolve("optimize", msg)
-            case m.MeasurePlan():
-                if self.on_measure is not None:
-                    self.on_measure(msg)
-            case _:
-                pass  # MasterHeartbeat: liveness only
-
-    def _resolve(self, kind: str, value: Any) -> None:
-        if kind in self._withdrawing:  # a round that counted a vote taken back
-            if kind in ("topology", "pending", "optimize"):
-                fut = self._votes.pop(kind, None)
-                if fut is not None and not fut.done():  # the next vote is out: it is this
-                    fut.set_result(value)               # round's, and its copy goes back
-                    self._withdraw(kind)
-                else:
-                    self._carried[kind] = value
-            return
-        fut = self._votes.pop(kind, None)
-        if fut is not None and not fut.done():
-            fut.set_result(value)
-
-    def _reject(self, kind: str, exc: PcclError) -> None:
-        if kind in self._withdrawing:
-            return
-        fut = self._votes.pop(kind, None)
-        if fut is not None and not fut.done():
-            fut.set_exception(exc)
+        dispatch(self, msg)
