@@ -144,7 +144,7 @@ class Communicator:
     timeouts, ...) and the same calls, each blocking the calling thread until it ends. See
     the async class for what each call does and raises."""
 
-    def __init__(self, master: str, **options: Any) -> None:
+    def __init__(self, master: str | Sequence[str], **options: Any) -> None:
         self._runner, self._comm = _owned("pccl_aio blocking communicator",
                                           lambda: _AsyncCommunicator(master, **options))
         self._finalizer = weakref.finalize(self, _finalize, self._runner, self._comm.close)

@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="after a restart, how long to wait for the run's peers to rejoin "
                         "before going on without the missing ones (default: the heartbeat "
                         "timeout)")
+    p.add_argument("--other-master", action="append", default=[], metavar="HOST:PORT",
+                   help="another master of this run (repeatable): it is watched, and if it "
+                        "serves the run at a higher term this master steps down")
     p.add_argument("--log-level", type=str.upper, choices=_LEVELS, default="INFO",
                    help="least severe log messages shown (any case)")
     sec = p.add_argument_group("security (README, 'Security')")
@@ -93,7 +96,8 @@ async def _run_cli(args: argparse.Namespace) -> int:
         master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
                         secret=secret or b"", ssl=context,
                         allow_any_advertise_host=args.allow_any_advertise_host,
-                        run_id=args.run_id, recovery_grace=args.recovery_grace)
+                        run_id=args.run_id, recovery_grace=args.recovery_grace,
+                        others=args.other_master)
     except InvalidUsageError as exc:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import logging
 import secrets
 import socket
 import ssl as _ssl
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -28,6 +28,7 @@ from .._wire import messages as m
 from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
 from .core.records import is_loopback
+from .watch import watch
 
 __all__ = ["Master"]
 
@@ -65,6 +66,10 @@ class Master:
         recovery_grace: a master that rebuilds a run from rejoining peers (after a restart;
             README, "Master failover") waits this long for the members that have not
             rejoined, then goes on without them (default ``heartbeat_timeout``).
+        others: ``"host:port"`` of the run's other masters (standbys). Each is asked every
+            ``heartbeat_timeout`` which run and term it serves; finding the run served at a
+            higher term there, this master steps down and its peers move there. (Over TLS
+            the others' certificates must verify against the system's CAs.)
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, *,
@@ -74,10 +79,12 @@ class Master:
                  handshake_timeout: float = HANDSHAKE_TIMEOUT, hello_timeout: float = 5.0,
                  allow_any_advertise_host: bool = False, max_pending_peers: int = 256,
                  max_collectives_per_peer: int = 1024, admission_interval: float = 1.0,
-                 run_id: str | None = None, recovery_grace: float | None = None) -> None:
+                 run_id: str | None = None, recovery_grace: float | None = None,
+                 others: Sequence[str] = ()) -> None:
         if run_id is not None and not (isinstance(run_id, str) and 0 < len(run_id) <= 128
                                        and run_id.isprintable()):
             raise InvalidUsageError(f"run_id must be 1-128 printable characters, not {run_id!r}")
+        self._others = [_address(a) for a in others]
         self.host = host
         self._port = port
         self.heartbeat_interval = heartbeat_interval
@@ -118,6 +125,9 @@ class Master:
             ssl_handshake_timeout=self.gate.timeout if self._ssl else None)
         self._port = self._server.sockets[0].getsockname()[1]
         self._spawn(self._ticker())
+        if self._others:
+            self._spawn(watch(self._others, self._key, _client_context(self._ssl),
+                              self.state.heartbeat_timeout, self._heard))
         log.info("pccl_aio master listening on %s:%d (%s, %s)", self.host, self._port,
                  "run secret" if self._key else "no run secret",
                  "TLS" if self._ssl else "no TLS")
@@ -197,6 +207,13 @@ class Master:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             self._handle(ms.Tick(loop.time()))
+
+    def _heard(self, answer: m.ProbeAnswer, where: str) -> None:
+        before = self.state.term
+        self._handle(ms.Heard(answer, where, asyncio.get_running_loop().time()))
+        if self.state.term != before:
+            log.warning("the master at %s serves this run at term %d: this one (term %d) "
+                        "steps down", where, answer.term, before)
 
     def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._spawn(self._serve_client(reader, writer))
@@ -335,3 +352,16 @@ def _at_eof(sock: socket.socket) -> bool:
         return False  # alive: nothing to read
     except OSError:
         return True  # reset
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidUsageError(f"another master's address must be 'host:port', not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _client_context(server: _ssl.SSLContext | None) -> _ssl.SSLContext | None:
+    """How this master connects to the others: TLS if it serves TLS (verifying against the
+    default CAs; the run secret is proved on top)."""
+    return _ssl.create_default_context() if server is not None else None

@@ -15,7 +15,7 @@ import pytest
 import pccl_aio as pccl
 from pccl_aio._master.core import state as ms
 from pccl_aio._wire import messages as m
-from tests.helpers import FAST, join_peers
+from tests.helpers import FAST, admit, join_peers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -167,3 +167,29 @@ def test_bad_failover_arguments_are_refused(kw, match):
 def test_a_master_refuses_a_bad_run_id(run_id):
     with pytest.raises(pccl.InvalidUsageError, match="run_id"):
         pccl.Master("127.0.0.1", 0, run_id=run_id)  # type: ignore[arg-type]
+
+
+async def test_a_master_that_finds_the_run_at_a_higher_term_steps_down():
+    """Split brain healed: master A serves two peers of run "r"; master B serves two others
+    of the same run, and was restarted (term 2). A watches B (``others``), steps down, and
+    its peers move to B, where the group admits them: one group."""
+    async with running(new_master(run_id="r")) as b:
+        port_b = b.port
+        qs = await join_peers(b, 2, run_id="r")
+    async with running(new_master(run_id="r", others=[f"127.0.0.1:{port_b}"])) as a:
+        ps = [pccl.Communicator([a.address, f"127.0.0.1:{port_b}"], run_id="r", **FAST)
+              for _ in range(2)]
+        await ps[0].connect()
+        await admit([ps[0]], ps[1])
+        assert a.state.term == 1
+        async with running(new_master(port_b, run_id="r")) as b2:  # qs rejoin: term 2
+            while sorted(b2.state.pending()) != sorted(p.peer_id for p in ps):
+                await asyncio.sleep(0.05)  # polling: A steps down, its peers come to B
+            assert a.state.accepted() == [] and a.state.term == 2
+            await asyncio.gather(*(q.update_topology() for q in qs))
+            assert len(b2.state.accepted()) == 4 and b2.state.term == 2
+            xs = [np.full(10, 1.0, np.float32) for _ in range(4)]
+            await asyncio.gather(*(c.all_reduce(x) for c, x in zip([*qs, *ps], xs)))
+            assert all((x == 4.0).all() for x in xs)
+            for c in [*qs, *ps]:
+                await c.close()

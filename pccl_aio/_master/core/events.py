@@ -45,7 +45,16 @@ class Tick:
     now: float
 
 
-Event: TypeAlias = Connected | Received | Malformed | Disconnected | Tick
+@dataclasses.dataclass(frozen=True, slots=True)
+class Heard:
+    """Another master of the run (``where``) answered a probe: its term, run and members."""
+
+    answer: m.ProbeAnswer
+    where: str
+    now: float
+
+
+Event: TypeAlias = Connected | Received | Malformed | Disconnected | Tick | Heard
 
 # ---- actions --------------------------------------------------------------------------------
 

@@ -31,16 +31,29 @@ def run_error(st: MasterState, msg: m.Hello) -> str | None:
     return None
 
 
-def step_down(st: MasterState, term: int, out: list[Action]) -> None:
-    """A peer followed ``term`` above ours: end every session (``Superseded``), forget the
-    run, and take ``term`` as ours (a run rebuilt here from now on is above it)."""
-    reason = f"a master of term {term} serves this run (this one had term {st.term})"
+def step_down(st: MasterState, term: int, out: list[Action], where: str = "") -> None:
+    """A master of ``term`` above ours serves the run: end every session (``Superseded``),
+    forget the run, and take ``term`` as ours (a run rebuilt here from now on is above it)."""
+    at = f" at {where}" if where else ""
+    reason = f"a master of term {term}{at} serves this run (this one had term {st.term})"
     conns = [c for c, p in st._peers.items() if p.registered]
-    out.extend(Send(c, m.Superseded(term, reason)) for c in conns)
+    out.extend(Send(c, m.Superseded(term, reason, where)) for c in conns)
     for c in conns:
         st._close(c, "superseded", out)
     st._recovery = None
     st.term = term
+
+
+def heard(st: MasterState, answer: m.ProbeAnswer, where: str, out: list[Action]) -> None:
+    """Another master of this run serves it at a higher term with members: step down (our
+    peers then find it), or, without members, take its term so as never to serve below it."""
+    if answer.term <= st.term or not answer.members or (
+            st.run_id and answer.run_id and answer.run_id != st.run_id):
+        return
+    if st.accepted() or st._recovery is not None:
+        step_down(st, answer.term, out, where)
+    else:
+        st.term = answer.term
 
 
 def start_run(st: MasterState, run_id: str) -> None:

@@ -28,15 +28,26 @@ from . import failover as fo
 from .barrier import SyncBarrier
 from .collectives import Collectives
 from .deadlock import conflict, find
-from .events import Action, Close, Connected, Disconnected, Event, Malformed, Received, Send, Tick
+from .events import (
+    Action,
+    Close,
+    Connected,
+    Disconnected,
+    Event,
+    Heard,
+    Malformed,
+    Received,
+    Send,
+    Tick,
+)
 from .limits import Gate, Limits, advertise_error
 from .records import Peer, is_loopback, membership, version_reason
 from .recovery import Recovery
 from .topology import Topology
 from .view import View
 
-__all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Malformed", "MasterState",
-           "Received", "Send", "Tick"]
+__all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Heard", "Malformed",
+           "MasterState", "Received", "Send", "Tick"]
 
 
 class MasterState:
@@ -143,6 +154,8 @@ class MasterState:
             case Disconnected(conn=conn):
                 self._remove(conn, out)
                 self._settle(out)
+            case Heard(answer=answer, where=where):
+                fo.heard(self, answer, where, out)
             case Tick(now=now):
                 for c in self._gate.expired(now):
                     self._close(c, f"no Hello within {self.limits.hello_timeout:g} s", out)
