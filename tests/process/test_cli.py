@@ -130,3 +130,55 @@ async def test_log_level_is_case_insensitive():
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--run-id", ""], "run_id must be 1-128 printable characters"),
+    (["--other-master", "nowhere"], "another master's address must be 'host:port'"),
+])
+def test_bad_failover_options_are_one_line_and_exit_status_2(args, words):
+    done = cli("--host", "127.0.0.1", "--port", "0", *args)
+    assert done.returncode == 2
+    assert done.stderr == f"pccl_aio.master: {done.stderr.split(': ', 1)[1]}"
+    assert words in done.stderr and done.stderr.count("\n") == 1
+
+
+async def test_a_restarted_cli_master_rebuilds_the_run_under_its_run_id():
+    """``--run-id`` and ``--recovery-grace``: SIGKILL the CLI master, start it again on the
+    same port; the peers' next all-reduce runs on the rebuilt run, and a peer of another run
+    is refused."""
+    async def start(port: int) -> tuple[asyncio.subprocess.Process, int]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pccl_aio.master", "--host", "127.0.0.1", "--port",
+            str(port), "--run-id", "run-7", "--recovery-grace", "1", "--log-level", "INFO",
+            stderr=asyncio.subprocess.PIPE, env=ENV)
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        return proc, int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))
+
+    first, port = await start(0)
+    second = None
+    try:
+        kw = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
+        async with pccl.Communicator(f"127.0.0.1:{port}", **kw) as a, \
+                pccl.Communicator(f"127.0.0.1:{port}", **kw) as b:
+            await a.connect()
+            joining = asyncio.ensure_future(b.connect())
+            while not await a.are_peers_pending():
+                pass
+            await a.update_topology()
+            await joining
+            first.kill()
+            await first.wait()
+            second, _ = await start(port)
+            xs = [np.ones(100, np.float32), np.ones(100, np.float32)]
+            await asyncio.wait_for(asyncio.gather(a.all_reduce(xs[0]), b.all_reduce(xs[1])), 30)
+            assert (xs[0] == 2).all() and (xs[1] == 2).all()
+            async with pccl.Communicator(f"127.0.0.1:{port}", run_id="run-8", **kw) as other:
+                with pytest.raises(pccl.MasterConnectionError, match="run-7"):
+                    await other.connect(attempts=1)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
