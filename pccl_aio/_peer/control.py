@@ -388,8 +388,10 @@ class ControlPlane:
                 if isinstance(msg, m.Kicked):
                     exc = KickedError(f"kicked by the master: {msg.reason}")
                     break
-                if isinstance(msg, m.Superseded):
+                if isinstance(msg, m.Superseded):  # rejoin the run where it is, as a joiner
                     self.term = max(self.term, msg.term)
+                    self.outage.demoted = True
+                    self.run_id = self.config.run_id
                     exc = MasterConnectionError(f"the master stepped down: {msg.reason}")
                     break
                 self._dispatch(msg)

@@ -50,6 +50,7 @@ class Outage:
         self.failed: list[m.Doubt] = []
         self.since: float | None = None  # loop time of the loss; None: not in an outage
         self.count = 0  # outages ridden out so far
+        self.demoted = False  # the master stepped down: rejoin as a joiner, not a member
         self._task: asyncio.Task[None] | None = None
 
     def begin(self, cp: ControlPlane, why: PcclError) -> None:
@@ -103,7 +104,8 @@ class Outage:
             doubts.append(m.Doubt(DOUBT_SYNC, 0, cp.sync[0], bool(cp.sync[1])))
         ms = cp.membership
         ring = [p.peer_id for p in ms.ring] if ms is not None else []
-        return m.Rejoin(cp.peer_id, cp.peer_id in ring, ms.term if ms else cp.term,
+        member = cp.peer_id in ring and not self.demoted
+        return m.Rejoin(cp.peer_id, member, ms.term if ms else cp.term,
                         ms.epoch if ms else 0, ring,
                         cp.registry.max_seq if cp.registry is not None else 0,
                         cp.revision, doubts,
@@ -116,6 +118,7 @@ class Outage:
                         cp.master, cp.term, asyncio.get_running_loop().time() - self.since)
         self.since = None
         self.failed = []
+        self.demoted = False
         cp.relaunch()
 
     async def _ride(self, cp: ControlPlane) -> None:

@@ -134,6 +134,9 @@ def test_the_rebuilt_revision_holds_the_one_increment_rule():
 def test_a_rejoin_into_a_live_run_is_a_joiner_and_its_doubts_fail():
     h = Harness()
     a, b = h.run(0, 0)
+    h.now = 5.0  # the run is no longer provisional (its grace passed)
+    h.send(a, m.Heartbeat())
+    h.send(b, m.Heartbeat())
     conn = h.st.allocate(8)
     h.handle(ms.Connected(conn, "127.0.0.1", h.now))
     acts = h.send(conn, rejoin_hello(8, ring=[8, 2], run="test-run", doubts=[
@@ -202,3 +205,84 @@ def test_a_member_that_missed_the_last_rounds_answer_gets_it_at_once():
         out += h.send(c, m.VotePeersPending())
     assert {a.msg.round for a in out} == {6}  # type: ignore[union-attr]
     assert h.send(4, m.VoteUpdateTopology()) == []  # nobody owed a topology answer: counted
+
+
+def test_a_master_that_hears_of_a_higher_term_elsewhere_steps_down():
+    h = Harness()
+    a, b = h.run(0, 0)
+    assert h.handle(ms.Heard(m.ProbeAnswer(1, "test-run", 3), "10.0.0.2:48148", h.now)) == []
+    assert h.handle(ms.Heard(m.ProbeAnswer(5, "other-run", 3), "10.0.0.3:1", h.now)) == []
+    assert h.handle(ms.Heard(m.ProbeAnswer(5, "test-run", 0), "10.0.0.2:48148", h.now)) == []
+    assert h.st.term == 1  # the same term, another run, or nobody there: nothing changes
+    acts = h.handle(ms.Heard(m.ProbeAnswer(2, "test-run", 3), "10.0.0.2:48148", h.now))
+    for c in (a, b):
+        (msg,) = [x for x in sent_to(acts, c) if isinstance(x, m.Superseded)]
+        assert msg.term == 2 and msg.where == "10.0.0.2:48148"  # type: ignore[attr-defined]
+    assert h.st.accepted() == [] and h.st.term == 2
+    assert h.st.probe() == m.ProbeAnswer(2, "test-run", 0)
+
+
+def test_a_master_without_members_only_takes_a_higher_term_it_hears_of():
+    h = fresh()
+    assert h.handle(ms.Heard(m.ProbeAnswer(3, "run-a", 2), "h:1", h.now)) == []
+    assert h.st.term == 3
+    rejoin(h, 4, term=3)
+    assert h.st.term == 4
+
+
+def test_a_run_a_new_peer_just_started_gives_way_to_the_rejoining_run():
+    """A restarted master can hear a new peer before the old members: that peer starts a
+    run, which the rejoining run takes over within the grace; the new peer rejoins it as a
+    joiner (churn with master restarts found this)."""
+    h = fresh()
+    j, acts = h.join()
+    assert h.st.accepted() == [j] and h.st.term == 1
+    h.now = 1.0
+    acts = rejoin(h, 4)
+    assert isinstance(sent_to(acts, j)[0], m.Superseded) and ms.Close(j, "superseded") in acts
+    assert h.st.run_id == "run-a" and h.st.accepted() == []
+    rejoin(h, 7)
+    acts = rejoin(h, 9)
+    assert h.st.accepted() == sorted(RING) and h.st.term == 2
+    # the superseded peer comes back as a joiner of the rebuilt run
+    conn = h.st.allocate(j)
+    assert conn == j  # its id again (a new connection: the harness forgets the closed one)
+    h.closed.discard(conn)
+    h.handle(ms.Connected(conn, "127.0.0.1", h.now))
+    h.send(conn, m.Hello(PV, 0, 40000 + j, "", 0, False, "", 1,
+                         m.Rejoin(j, False, 1, 1, [j], 0, -1)))
+    assert h.st.pending() == [conn] and h.st.accepted() == sorted(RING)
+
+
+def test_a_run_older_than_the_grace_refuses_another_runs_rejoin():
+    h = fresh()
+    h.join()
+    h.now = 5.0  # no longer provisional
+    for c in h.st.accepted():
+        h.send(c, m.Heartbeat())
+    acts = rejoin(h, 4)
+    assert isinstance(sent_to(acts, 4)[0], m.Rejected)
+
+
+def test_members_that_vanish_together_are_waited_for_before_a_joiner_is_admitted():
+    """A master frozen longer than the heartbeat timeout drops every member; a peer that
+    was waiting to join must not become the run while they rejoin (churn found this)."""
+    h = Harness()
+    a, b = h.run(0, 0)
+    p, _ = h.join()
+    h.now = 5.1
+    h.send(p, m.Heartbeat())
+    h.tick(5.1)  # a and b time out
+    assert h.st.accepted() == [] and h.st.pending() == [p]
+    conn = h.st.allocate(a)
+    h.closed.discard(conn)
+    h.handle(ms.Connected(conn, "127.0.0.1", h.now))
+    h.send(conn, m.Hello(PV, 0, 40000 + a, "", 0, False, "test-run", 1,
+                         m.Rejoin(a, True, 1, h.st.epoch, [a, b], 7, 3)))
+    conn = h.st.allocate(b)
+    h.closed.discard(conn)
+    h.handle(ms.Connected(conn, "127.0.0.1", h.now))
+    acts = h.send(conn, m.Hello(PV, 0, 40000 + b, "", 0, False, "test-run", 1,
+                                m.Rejoin(b, True, 1, h.st.epoch, [a, b], 7, 3)))
+    assert sorted(msgs(acts, m.Membership)) == [a, b] and h.st.accepted() == [a, b]
+    assert h.st.pending() == [p] and h.st.term == 2

@@ -433,19 +433,44 @@ def test_events_for_unknown_connections_are_ignored() -> None:
 def test_all_accepted_leave_then_a_new_peer_is_accepted_at_once() -> None:
     h = Harness()
     a, b = h.run(0, 0)
-    h.disconnect(a)
-    h.disconnect(b)
+    h.send(a, m.Leave())
+    h.send(b, m.Leave())  # goodbyes: nobody will rejoin
     c, acts = h.join(0)
     assert sent_to(acts, c, m.Welcome) == [welcome(c, True)]
     (mm,) = sent_to(acts, c, m.Membership)
     assert ring_ids(mm) == [c] and mm.epoch == h.st.epoch
 
 
-def test_pending_peer_is_admitted_when_the_last_accepted_peer_departs() -> None:
+def test_all_accepted_vanish_then_a_new_peer_waits_the_grace_for_them() -> None:
+    """The members vanished without a goodbye (killed, or cut off from a master that was
+    frozen): they may rejoin (failover), so a new peer is a joiner until ``grace`` passed."""
+    h = Harness()
+    a, b = h.run(0, 0)
+    h.disconnect(a)
+    h.disconnect(b)
+    c, acts = h.join(0)
+    assert sent_to(acts, c, m.Welcome) == [welcome(c, False)] and h.st.accepted() == []
+    h.now = 4.9
+    h.send(c, m.Heartbeat())
+    assert h.tick(4.9) and h.st.accepted() == []
+    acts = h.tick(5.0)
+    (mm,) = sent_to(acts, c, m.Membership)
+    assert ring_ids(mm) == [c] and h.st.accepted() == [c]
+
+
+@pytest.mark.parametrize("goodbye", [True, False])
+def test_pending_peer_is_admitted_when_the_last_accepted_peer_departs(goodbye: bool) -> None:
     h = Harness()
     (a,) = h.run(0)
     p, _ = h.join(0)
-    h.disconnect(a)
+    if goodbye:
+        h.send(a, m.Leave())
+    else:
+        h.disconnect(a)  # it may rejoin: the grace first
+        assert h.st.accepted() == []
+        h.now = 5.0
+        h.send(p, m.Heartbeat())
+        h.tick(5.0)
     # Nobody can ever vote for p now; it should become the run's (first) accepted peer
     # instead of waiting in connect() until some unrelated newcomer arrives.
     assert h.st.accepted() == [p]

@@ -31,17 +31,37 @@ def run_error(st: MasterState, msg: m.Hello) -> str | None:
     return None
 
 
-def step_down(st: MasterState, term: int, out: list[Action], where: str = "") -> None:
+def step_down(st: MasterState, term: int, out: list[Action], where: str = "",
+              why: str = "") -> None:
     """A master of ``term`` above ours serves the run: end every session (``Superseded``),
-    forget the run, and take ``term`` as ours (a run rebuilt here from now on is above it)."""
+    forget the run, and take ``term`` as ours (a run rebuilt here from now on is above it).
+    (Also how a provisional run gives way to the rejoining one: ``provisional``.)"""
     at = f" at {where}" if where else ""
-    reason = f"a master of term {term}{at} serves this run (this one had term {st.term})"
+    reason = why or f"a master of term {term}{at} serves this run (this one had term {st.term})"
     conns = [c for c, p in st._peers.items() if p.registered]
     out.extend(Send(c, m.Superseded(term, reason, where)) for c in conns)
+    st._left = True  # no rebuild of the run ended here
     for c in conns:
         st._close(c, "superseded", out)
     st._recovery = None
     st.term = term
+    st._fresh_run = None
+    if not st._fixed_run:
+        st.run_id = ""
+
+
+def provisional(st: MasterState, msg: m.Hello) -> bool:
+    """Does a rejoining peer take this master's run over? Yes while that run was started by a
+    new peer less than ``grace`` seconds ago and could be the same run (a restarted master
+    may hear a new peer before the old members: the run it starts is theirs to replace)."""
+    same = msg.run_id == st.run_id or (st._random_run and not st._fixed_run)
+    return st._fresh_run is not None and st._now - st._fresh_run < st.grace and same
+
+
+def await_members(st: MasterState, lost: int) -> None:
+    """The last member vanished: wait ``grace`` for the members to rejoin (a frozen or cut
+    off master drops them all) before the waiting peers may form a new group."""
+    st._recovery = Recovery(st._now, st.grace, {lost})
 
 
 def heard(st: MasterState, answer: m.ProbeAnswer, where: str, out: list[Action]) -> None:
@@ -58,11 +78,13 @@ def heard(st: MasterState, answer: m.ProbeAnswer, where: str, out: list[Action])
 
 def start_run(st: MasterState, run_id: str) -> None:
     """The first peer of a master that serves no run yet starts one (term 1), of the peer's
-    run id if it names one (else a fresh id)."""
+    run id if it names one (else a fresh id); provisional for ``grace`` seconds."""
     if st.term == 0:
         st.term = 1
     if not st.run_id:
         st.run_id = run_id or secrets.token_hex(8)
+        st._random_run = not run_id
+    st._fresh_run = st._now
 
 
 def on_rejoin(st: MasterState, conn: int, group: int, rejoin: m.Rejoin, run_id: str,

@@ -53,9 +53,10 @@ class Outcome:
 class Recovery:
     """The rejoins heard so far (``add``), until ``ready``; then ``outcome``."""
 
-    def __init__(self, started: float, grace: float) -> None:
+    def __init__(self, started: float, grace: float, expected: set[int] | None = None) -> None:
         self.started, self.grace = started, grace
         self._rejoins: dict[int, tuple[int, m.Rejoin]] = {}  # conn -> (group, its rejoin)
+        self._expected = expected or set()  # members this master lost (it waits for them)
 
     @property
     def term(self) -> int:
@@ -85,7 +86,8 @@ class Recovery:
     def missing(self) -> set[int]:
         """Members of the newest rings that have not rejoined yet."""
         here = set(self._rejoins)
-        return {p for _, ring in self._rings().values() for p in ring if p not in here}
+        rings = {p for _, ring in self._rings().values() for p in ring}
+        return (rings | self._expected) - here
 
     def ready(self, now: float) -> bool:
         """Every member of the last rings is back, or the grace period is over."""

@@ -82,6 +82,9 @@ class MasterState:
         self._max_id = 0  # the highest peer id used or reported (fresh ids go above it)
         self._rounds = {"pending": 0, "topology": 0}  # joint-vote rounds answered so far
         self._owed: dict[int, dict[str, m.MasterToPeer]] = {}  # answers a rebuild owes
+        self._left = False  # the departure being handled said goodbye
+        self._fresh_run: float | None = None  # when a new peer started the run here
+        self._random_run = False  # ... and its run id is one this master made up
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
@@ -180,6 +183,7 @@ class MasterState:
             raise RemoteProtocolError(f"{type(msg).__name__} before Hello")
         match msg:
             case m.Leave():
+                self._left = True
                 self._close(peer.conn, "left", out)
             case m.VoteUpdateTopology():
                 self._require_accepted(peer, msg)
@@ -269,6 +273,8 @@ class MasterState:
                    f"(Communicator(ssl_server=)); this peer does{'' if msg.tls else ' not'}")
         if why is None and not first and self._gate.full():
             why = "too many peers waiting to join"
+        if why is None and msg.rejoin is not None and fo.provisional(self, msg):
+            fo.step_down(self, self.term, out, why="peers of the run rejoin: it goes on here")
         why = why or fo.run_error(self, msg)
         if why is not None:
             self._reject(peer.conn, why, out)
@@ -377,6 +383,12 @@ class MasterState:
         self._remove(conn, out)
 
     def _remove(self, conn: int, out: list[Action]) -> None:
+        try:
+            self._depart(conn, out)
+        finally:
+            self._left = False
+
+    def _depart(self, conn: int, out: list[Action]) -> None:
         peer = self._peers.pop(conn, None)
         self._gate.forget(conn)
         self._owed.pop(conn, None)
@@ -391,7 +403,11 @@ class MasterState:
         # Membership first: when a survivor sees the abort, its world size is already fresh.
         out.extend(self._membership(self.accepted()))
         self._colls.depart(conn, peer.group, out)
-        if not self.accepted() and self.pending():
+        if not self.accepted() and not self._left:
+            # The last member vanished (it did not say goodbye): the members may be about to
+            # rejoin (the master was frozen, or cut off); waiting peers wait for them first.
+            fo.await_members(self, conn)
+        elif not self.accepted() and self.pending():
             # Nobody is left to vote the waiting peers in: admit them now.
             for c in self.pending():
                 self._peers[c].accepted = True
