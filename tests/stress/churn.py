@@ -3,8 +3,10 @@ while the others run a DDP loop (shared-state sync + all-reduce with retry), and
 SIGKILLed and restarted on its port (after 0.2-1.5 s) or SIGSTOPped for 1-4 s; every peer
 reports its state hash after each sync.
 
-    python tests/stress/churn.py --seconds 3600 [--seed 1]       # the long mode
-    python tests/stress/churn.py --seconds 600 --master-every 60  # master events every ~60 s
+    python tests/stress/churn.py --seconds 600 [--seed 1]      # the long mode (master every ~60 s)
+    python tests/stress/churn.py --seconds 120 --master-every 15
+    python tests/stress/churn.py --seconds 3600 --master-every 0  # peers only
+    PCCL_TEST_LOG=INFO python tests/stress/churn.py --logdir /tmp/churn  # keep every log
 
 Pass: at every revision all reported hashes are identical, and the run keeps making
 progress (a sync at least every ``--stall`` seconds, and one after the last master event).
@@ -135,7 +137,7 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
     hashes: dict[int, set[str]] = defaultdict(set)
     who: dict[tuple[int, str], list[str]] = defaultdict(list)  # (revision, hash) -> peers
     seen: dict[str, tuple[float, int]] = {}  # live peer -> (last sync or spawn time, revision)
-    timeline: list[str] = []  # master events and first syncs after them, for a failure report
+    timeline: list[str] = []  # master events (time, revisions so far), for failure reports
     counter = 0
     kills = spawns = 0
     m_kills = m_restarts = m_stops = master_retries = 0
