@@ -7,6 +7,8 @@ choice, the default; a restarted master is given the port its predecessor printe
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sys
 
 import pccl_aio as pccl
@@ -24,4 +26,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("PCCL_TEST_LOG"):  # e.g. INFO: the library's log, timed, on stderr
+        logging.basicConfig(level=os.environ["PCCL_TEST_LOG"].upper(),
+                            format="%(created).3f %(name)s %(message)s")
     pccl.run(main())

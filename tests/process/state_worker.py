@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -151,4 +152,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("PCCL_TEST_LOG"):  # e.g. INFO: the library's log, timed, on stderr
+        logging.basicConfig(level=os.environ["PCCL_TEST_LOG"].upper(),
+                            format="%(created).3f %(name)s %(message)s")
     pccl.run(main())

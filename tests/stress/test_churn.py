@@ -24,7 +24,17 @@ WITHOUT_PYTEST = (
 
 @pytest.mark.timeout(120)
 async def test_churn_keeps_state_identical_and_progressing():
-    summary = await churn(seconds=20.0, seed=7, stall=15.0)
+    summary = await churn(seconds=20.0, seed=7, stall=15.0, master_every=None)
+    assert summary["kills"] >= 2 and summary["spawns"] >= 4, summary
+    assert summary["revisions"] >= 20, summary  # kept training through the churn
+
+
+@pytest.mark.timeout(90)
+async def test_churn_with_master_restarts_and_stops():
+    # Seed 7 draws, for master events every ~4 s over 25 s: kill, stop, kill, kill (the
+    # master's own random sequence: peer churn and timing do not change it).
+    summary = await churn(seconds=25.0, seed=7, stall=15.0, master_every=4.0)
+    assert summary["master_restarts"] >= 2 and summary["master_stops"] >= 1, summary
     assert summary["kills"] >= 2 and summary["spawns"] >= 4, summary
     assert summary["revisions"] >= 20, summary  # kept training through the churn
 
