@@ -104,7 +104,8 @@ class Master:
         self._sessions: dict[int, bytes] = {}  # conn -> session key (wraps its pair keys)
         self._gone: dict[int, asyncio.Future[None]] = {}  # conn -> resolved when it closed
         self._server: asyncio.Server | None = None
-        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._writers: dict[int, asyncio.StreamWriter] = {}  # open and not closed by the state
+        self._owners: dict[int, asyncio.StreamWriter] = {}  # conn -> the connection named so
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
 
@@ -235,9 +236,11 @@ class Master:
             return
         body, msg = first
         rejoin = msg.rejoin if isinstance(msg, m.Hello) else None
+        if rejoin is not None and isinstance(msg, m.Hello):  # a run it takes over frees its id
+            self._handle(ms.Rejoining(msg, loop.time()))
         conn = self.state.allocate(rejoin.peer_id if rejoin is not None else 0)
         self._sessions[conn] = admitted[1]
-        self._writers[conn] = writer
+        self._writers[conn] = self._owners[conn] = writer
         self._handle(ms.Connected(conn, str(peername[0]), loop.time()))
         log.debug("connection %d from %s", conn, peername)
         limit = _BEFORE_HELLO
@@ -267,13 +270,15 @@ class Master:
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:
-            self._handle(ms.Disconnected(conn, loop.time()))
-            self._writers.pop(conn, None)
-            self._sessions.pop(conn, None)
+            if self._owners.get(conn) is writer:  # (a rejoining peer may hold its id now)
+                del self._owners[conn]
+                self._handle(ms.Disconnected(conn, loop.time()))
+                self._writers.pop(conn, None)
+                self._sessions.pop(conn, None)
+                gone = self._gone.pop(conn, None)
+                if gone is not None and not gone.done():
+                    gone.set_result(None)
             writer.close()
-            gone = self._gone.pop(conn, None)
-            if gone is not None and not gone.done():
-                gone.set_result(None)
 
     async def _first_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                            ) -> tuple[bytes, m.PeerToMaster | str] | None:

@@ -118,7 +118,8 @@ class ControlPlane:
                 session = await open_session(self.config, self._hello_now(), self.term)
                 break
             except (OSError, TimeoutError) as exc:
-                if isinstance(exc, (AuthenticationError, VersionMismatchError, PcclTimeoutError)):
+                if isinstance(exc, (AuthenticationError, VersionMismatchError)) or (
+                        isinstance(exc, PcclTimeoutError) and i + 1 == attempts):
                     raise
                 last = exc
                 if i + 1 < attempts:
@@ -135,7 +136,8 @@ class ControlPlane:
         """This peer's ``Hello`` as of now: with its ``Rejoin`` once it had a master."""
         hello = self._hello
         assert hello is not None
-        rejoin = self.outage.rejoin(self) if self.peer_id else None
+        # a peer whose master stepped down joins afresh: its id may be another's there
+        rejoin = self.outage.rejoin(self) if self.peer_id and not self.outage.demoted else None
         run_id = self.config.run_id or self.run_id
         return msgspec.structs.replace(hello, run_id=run_id, term=self.term, rejoin=rejoin)
 
@@ -147,6 +149,7 @@ class ControlPlane:
         self.term = max(self.term, w.term)
         self.run_id = w.run_id or self.run_id
         self.master = session.where
+        self.outage.as_joiner = self.outage.since is not None and not (w.accepted or w.rebuild)
         self._gen += 1
         self._last_master = asyncio.get_running_loop().time()
         self._tasks.spawn(self._read_loop(session.reader, self._gen),
@@ -254,7 +257,11 @@ class ControlPlane:
         if kind in self._carried:
             return self._carried.pop(kind)
         if not self.up:
+            joined = self.outage.joined
             await self.wait_up()  # a master is being found: the vote goes to the next one
+            if self.outage.joined != joined:
+                raise MasterLostError(f"{m.VOTE_CALLS.get(kind, kind)} was made before this "
+                                      "peer rejoined the run as a new member: call again")
         if kind in self._votes:
             raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
         fut = self.expect(kind)

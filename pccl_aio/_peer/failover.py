@@ -51,6 +51,8 @@ class Outage:
         self.since: float | None = None  # loop time of the loss; None: not in an outage
         self.count = 0  # outages ridden out so far
         self.demoted = False  # the master stepped down: rejoin as a joiner, not a member
+        self.as_joiner = False  # this rejoin is as a joiner: calls made meanwhile are void
+        self.joined = 0  # rejoins as a joiner so far (a vote waiting across one fails)
         self._task: asyncio.Task[None] | None = None
 
     def begin(self, cp: ControlPlane, why: PcclError) -> None:
@@ -78,8 +80,14 @@ class Outage:
         if cp.sync is not None and not reported:
             self.failed.append(m.Doubt(DOUBT_SYNC, 0, cp.sync[0], False))
             cp.sync = None
+        if self.demoted:  # the run it was in gave way: nothing of it is in doubt any more
+            done = cp._votes.pop("sync_done", None)
+            if done is not None and not done.done():
+                done.set_exception(lost)
+                done.exception()
+            cp.sync, reported = None, False
         for coll in list(cp.colls.values()):
-            if coll.seq and coll.data_ok and not coll.cancelled:
+            if coll.seq and coll.data_ok and not coll.cancelled and not self.demoted:
                 continue  # in doubt
             if coll in self.deferred:
                 continue  # not launched yet: it goes out to the next master
@@ -104,7 +112,7 @@ class Outage:
             doubts.append(m.Doubt(DOUBT_SYNC, 0, cp.sync[0], bool(cp.sync[1])))
         ms = cp.membership
         ring = [p.peer_id for p in ms.ring] if ms is not None else []
-        member = cp.peer_id in ring and not self.demoted
+        member = cp.peer_id in ring
         return m.Rejoin(cp.peer_id, member, ms.term if ms else cp.term,
                         ms.epoch if ms else 0, ring,
                         cp.registry.max_seq if cp.registry is not None else 0,
@@ -119,6 +127,13 @@ class Outage:
         self.since = None
         self.failed = []
         self.demoted = False
+        if self.as_joiner:  # admitted anew: what was launched meanwhile belongs to before
+            self.joined += 1
+            void = MasterLostError("launched before this peer rejoined the run as a new "
+                                   "member: launch it again")
+            for coll in self.deferred:
+                coll.on_lost(void)
+            self.deferred = []
         cp.relaunch()
 
     async def _ride(self, cp: ControlPlane) -> None:

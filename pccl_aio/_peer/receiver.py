@@ -54,6 +54,10 @@ class Sink(Protocol):
         """The frame stream broke the protocol (or the connection from peer ``suspect``
         closed): fail the collective for the group."""
 
+    @property
+    def data_ok(self) -> bool:
+        """Its data finished: a connection closing no longer matters to it."""
+
 
 class Registry:
     """seq -> running collective, shared by all receive connections of one communicator;
@@ -107,7 +111,7 @@ class Registry:
         """A data connection from ``peer_id`` closed: fail every running collective that
         receives from it now, instead of waiting for its data deadline."""
         for sink in list(self.sinks.values()):
-            if sink.active and sink.predecessor == peer_id:
+            if sink.active and sink.predecessor == peer_id and not sink.data_ok:
                 sink.on_error(reason, peer_id)
 
     def park(self, r: _Receiver) -> None:

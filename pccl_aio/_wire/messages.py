@@ -195,13 +195,15 @@ class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 class Welcome(_Msg, frozen=True, tag=64):
     """Registration accepted; ``accepted`` False means: wait for the others' update_topology.
-    ``term`` and ``run_id``: the master's (a peer follows terms upwards only)."""
+    ``term`` and ``run_id``: the master's (a peer follows terms upwards only); ``rebuild``:
+    this rejoining peer takes part in the run's rebuild as a member (else it is a joiner)."""
 
     peer_id: U64
     accepted: bool
     version: U32 = PROTOCOL_VERSION
     term: U64 = 0
     run_id: RunId = ""
+    rebuild: bool = False
 
 
 class Rejected(_Msg, frozen=True, tag=65):

@@ -37,8 +37,8 @@ def fresh() -> Harness:
 def test_a_fresh_master_rebuilds_the_run_when_every_member_is_back():
     h = fresh()
     a = rejoin(h, 4)
-    assert sent_to(a, 4) == [m.Welcome(4, False, PV, 2, "run-a")]  # term 1 + 1, their run
-    assert rejoin(h, 9) == [ms.Send(9, m.Welcome(9, False, PV, 2, "run-a"))]
+    assert sent_to(a, 4) == [m.Welcome(4, False, PV, 2, "run-a", True)]  # term 1 + 1, their run
+    assert rejoin(h, 9) == [ms.Send(9, m.Welcome(9, False, PV, 2, "run-a", True))]
     assert h.st.accepted() == []  # 7 is still missing
     acts = rejoin(h, 7)
     members = msgs(acts, m.Membership)
@@ -157,7 +157,7 @@ def test_a_master_steps_down_for_a_higher_term():
         assert isinstance(sent_to(acts, c)[0], m.Superseded), acts
         assert ms.Close(c, "superseded") in acts
     assert h.st.accepted() == [] and h.st.term == 4  # now rebuilding above term 3
-    assert sent_to(acts, 12) == [m.Welcome(12, False, PV, 4, "test-run")]
+    assert sent_to(acts, 12) == [m.Welcome(12, False, PV, 4, "test-run", True)]
 
 
 def test_peers_of_another_run_are_refused():

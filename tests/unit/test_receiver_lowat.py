@@ -45,6 +45,7 @@ class FakeTransport:
 
 
 class Sink:
+    data_ok = False  # its data never finishes before the test ends it
     def __init__(self, length: int) -> None:
         self.active = True
         self.predecessor = 1  # the test's sender: frames from anyone else are refused

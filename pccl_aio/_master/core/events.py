@@ -46,6 +46,15 @@ class Tick:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Rejoining:
+    """A connection's first message is this rejoining ``Hello``, before it is named (so a
+    run it takes over frees its id first: ``failover.provisional``)."""
+
+    msg: m.Hello
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Heard:
     """Another master of the run (``where``) answered a probe: its term, run and members."""
 
@@ -54,7 +63,7 @@ class Heard:
     now: float
 
 
-Event: TypeAlias = Connected | Received | Malformed | Disconnected | Tick | Heard
+Event: TypeAlias = Connected | Received | Malformed | Disconnected | Tick | Heard | Rejoining
 
 # ---- actions --------------------------------------------------------------------------------
 

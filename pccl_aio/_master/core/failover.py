@@ -58,6 +58,12 @@ def provisional(st: MasterState, msg: m.Hello) -> bool:
     return st._fresh_run is not None and st._now - st._fresh_run < st.grace and same
 
 
+def take_over(st: MasterState, msg: m.Hello, out: list[Action]) -> None:
+    """A rejoining peer's ``Hello``: if this master's run is ``provisional``, it gives way."""
+    if msg.rejoin is not None and provisional(st, msg):
+        step_down(st, st.term, out, why="peers of the run rejoin: it goes on here")
+
+
 def await_members(st: MasterState, lost: int) -> None:
     """The last member vanished: wait ``grace`` for the members to rejoin (a frozen or cut
     off master drops them all) before the waiting peers may form a new group."""

@@ -85,7 +85,7 @@ class Recovery:
 
     def missing(self) -> set[int]:
         """Members of the newest rings that have not rejoined yet."""
-        here = set(self._rejoins)
+        here = set(self._rejoins) | {r.peer_id for _, r in self._rejoins.values()}
         rings = {p for _, ring in self._rings().values() for p in ring}
         return (rings | self._expected) - here
 
@@ -101,7 +101,10 @@ class Recovery:
         joiners: list[int] = []
         for conn, (group, r) in self._rejoins.items():
             ring = rings.get(group)
-            if r.accepted and r.term == top and ring is not None and conn in ring[1]:
+            # a member: in the newest ring, of the newest term, and under its own id (a peer
+            # whose id was taken meanwhile rejoins as a joiner under a fresh one)
+            if (r.accepted and r.term == top and ring is not None and conn in ring[1]
+                    and conn == r.peer_id):
                 members[conn] = group
             else:
                 joiners.append(conn)

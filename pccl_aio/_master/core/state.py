@@ -37,6 +37,7 @@ from .events import (
     Heard,
     Malformed,
     Received,
+    Rejoining,
     Send,
     Tick,
 )
@@ -47,7 +48,7 @@ from .topology import Topology
 from .view import View
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Heard", "Malformed",
-           "MasterState", "Received", "Send", "Tick"]
+           "MasterState", "Received", "Rejoining", "Send", "Tick"]
 
 
 class MasterState:
@@ -157,6 +158,8 @@ class MasterState:
             case Disconnected(conn=conn):
                 self._remove(conn, out)
                 self._settle(out)
+            case Rejoining(msg=msg):
+                fo.take_over(self, msg, out)
             case Heard(answer=answer, where=where):
                 fo.heard(self, answer, where, out)
             case Tick(now=now):
@@ -273,8 +276,8 @@ class MasterState:
                    f"(Communicator(ssl_server=)); this peer does{'' if msg.tls else ' not'}")
         if why is None and not first and self._gate.full():
             why = "too many peers waiting to join"
-        if why is None and msg.rejoin is not None and fo.provisional(self, msg):
-            fo.step_down(self, self.term, out, why="peers of the run rejoin: it goes on here")
+        if why is None:
+            fo.take_over(self, msg, out)
         why = why or fo.run_error(self, msg)
         if why is not None:
             self._reject(peer.conn, why, out)
@@ -290,8 +293,10 @@ class MasterState:
             fo.start_run(self, msg.run_id)
         peer.accepted = first
         self._gate.registered(peer.conn, joiner=not (first or rebuilding))
+        member = (rebuilding and msg.rejoin is not None and msg.rejoin.accepted
+                  and msg.rejoin.peer_id == peer.conn)
         out.append(Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
-                                             run_id=self.run_id)))
+                                             run_id=self.run_id, rebuild=member)))
         if first:
             self.epoch += 1
             out.extend(self._membership([peer.conn]))
