@@ -83,6 +83,7 @@ class ControlPlane:
         self.revision = -1  # the shared-state revision of the last completed sync
         self.sync: tuple[int, bool | None] | None = None  # a sync's revision, our SyncDone
         self.rounds: dict[str, tuple[int, bool]] = {}  # kind -> last joint-vote round seen
+        self.heard: dict[str, int] = {}  # kind -> rounds the run had answered (Membership)
         self.outage = Outage()
 
     @property

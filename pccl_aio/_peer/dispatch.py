@@ -20,6 +20,8 @@ def dispatch(self: ControlPlane, msg: m.MasterToPeer) -> None:
         case m.Membership():
             self.membership = msg
             self.term = max(self.term, msg.term)
+            for kind, n in (("pending", msg.pending_round), ("topology", msg.topology_round)):
+                self.heard[kind] = max(self.heard.get(kind, 0), n)
             self.tickets.void()
             self._on_membership(msg)
             if self._up is not None and not self._up.done():

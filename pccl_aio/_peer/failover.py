@@ -117,7 +117,7 @@ class Outage:
                         ms.epoch if ms else 0, ring,
                         cp.registry.max_seq if cp.registry is not None else 0,
                         cp.revision, doubts,
-                        [m.Round(k, n, a) for k, (n, a) in cp.rounds.items()])
+                        _rounds(cp))
 
     def end(self, cp: ControlPlane) -> None:
         """The run is rejoined (a ``Membership`` came): send what was launched meanwhile."""
@@ -161,3 +161,17 @@ class Outage:
                 continue
             cp._begin(session)
             return
+
+
+def _rounds(cp: ControlPlane) -> list[m.Round]:
+    """The last joint-vote round of each kind this peer saw answered, or heard of in a
+    ``Membership`` (then ``known`` False: it had joined after that round)."""
+    out = []
+    for kind in ("pending", "topology"):
+        n, answer = cp.rounds.get(kind, (0, False))
+        heard = cp.heard.get(kind, 0)
+        if heard > n:
+            out.append(m.Round(kind, heard, False, False))
+        elif n:
+            out.append(m.Round(kind, n, answer))
+    return out

@@ -217,7 +217,8 @@ class Membership(_Msg, frozen=True, tag=66):
     """The run's membership as of ``epoch``; ``ring`` is this peer's group in ring order.
     In a run with a secret, ``keys[i]`` is the key this peer shares with ``ring[i]``,
     wrapped for this peer's master session (``auth.unwrap``); else ``keys`` is empty.
-    ``term``: the master's term (the same for every member of the run)."""
+    ``term``: the master's term (the same for every member of the run); the rounds: how many
+    joint votes of each kind the run had answered (a rejoining peer reports them)."""
 
     epoch: U64
     global_world_size: U64
@@ -226,6 +227,8 @@ class Membership(_Msg, frozen=True, tag=66):
     ring: list[PeerAddr]
     keys: list[Key] = []
     term: U64 = 0
+    pending_round: U64 = 0
+    topology_round: U64 = 0
 
 
 class TopologyUpdated(_Msg, frozen=True, tag=67):

@@ -47,6 +47,7 @@ class Round(msgspec.Struct, array_like=True, frozen=True, gc=False):
     kind: Annotated[str, msgspec.Meta(max_length=16)]
     round: U64
     answer: bool
+    known: bool = True  # False: the round was heard of (a Membership), not answered here
 
 
 class Rejoin(msgspec.Struct, array_like=True, frozen=True, gc=False):

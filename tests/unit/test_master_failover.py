@@ -286,3 +286,15 @@ def test_members_that_vanish_together_are_waited_for_before_a_joiner_is_admitted
                                 m.Rejoin(b, True, 1, h.st.epoch, [a, b], 7, 3)))
     assert sorted(msgs(acts, m.Membership)) == [a, b] and h.st.accepted() == [a, b]
     assert h.st.pending() == [p] and h.st.term == 2
+
+
+def test_a_member_admitted_after_a_round_is_owed_the_next_one_it_missed():
+    """A peer admitted after pending round 4 (its Membership said so: ``known`` False) voted
+    in round 5 and missed the answer; the others got it: it is owed round 5's answer."""
+    h = fresh()
+    h.rounds = True
+    rejoin(h, 4, rounds=[m.Round("pending", 5, False)])
+    rejoin(h, 9, rounds=[m.Round("pending", 5, False)])
+    rejoin(h, 7, rounds=[m.Round("pending", 4, False, False)])
+    assert h.send(7, m.VotePeersPending()) == [ms.Send(7, m.PeersPendingAnswer(False, 5))]
+    assert h.send(4, m.VotePeersPending()) == []  # the others' next round counts again

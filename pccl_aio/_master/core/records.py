@@ -50,8 +50,8 @@ class Op:
     early: set[int] = dataclasses.field(default_factory=set)
 
 
-def membership(epoch: int, accepted: list[Peer], conns: list[int], term: int = 0
-               ) -> list[tuple[int, m.Membership]]:
+def membership(epoch: int, accepted: list[Peer], conns: list[int], term: int = 0,
+               rounds: tuple[int, int] = (0, 0)) -> list[tuple[int, m.Membership]]:
     """The ``Membership`` of each of ``conns``: its group's ring among ``accepted`` (in order)."""
     sizes: dict[int, int] = {}
     for p in accepted:
@@ -61,7 +61,8 @@ def membership(epoch: int, accepted: list[Peer], conns: list[int], term: int = 0
     for c in conns:
         ring = [p.addr() for p in accepted if p.group == groups[c]]
         out.append((c, m.Membership(epoch, len(accepted), len(sizes),
-                                    max(sizes.values(), default=0), ring, term=term)))
+                                    max(sizes.values(), default=0), ring, term=term,
+                                    pending_round=rounds[0], topology_round=rounds[1])))
     return out
 
 

@@ -123,9 +123,10 @@ class Recovery:
         return out
 
     def _rounds(self, members: dict[int, int], out: Outcome) -> None:
-        for conn in members:
+        for conn in members:  # the last round; its answer from a member that had it
             for r in self._rejoins[conn][1].rounds:
-                if r.kind in ("pending", "topology") and r.round > out.rounds.get(r.kind, (0, False))[0]:
+                best = out.rounds.get(r.kind, (0, False))
+                if r.kind in ("pending", "topology") and r.known and r.round > best[0]:
                     out.rounds[r.kind] = (r.round, r.answer)
         for conn in members:
             mine = {r.kind: r.round for r in self._rejoins[conn][1].rounds}

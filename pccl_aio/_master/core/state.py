@@ -307,7 +307,9 @@ class MasterState:
         self._colls.void_tickets()  # a new epoch: every ticket of the old ring is void
         groups = sorted({p.group for p in self._peers.values() if p.accepted})
         accepted = [self._peers[c] for g in groups for c in self.ring(g)]
-        return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns, self.term)]
+        rounds = (self._rounds["pending"], self._rounds["topology"])
+        return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns, self.term,
+                                                      rounds)]
 
     def _check_conflict(self, out: list[Action]) -> None:
         """Withdraw the topology votes next to another phase (``deadlock.conflict``)."""
