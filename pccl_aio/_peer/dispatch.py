@@ -22,6 +22,12 @@ def dispatch(self: ControlPlane, msg: m.MasterToPeer) -> None:
             self.term = max(self.term, msg.term)
             for kind, n in (("pending", msg.pending_round), ("topology", msg.topology_round)):
                 self.heard[kind] = max(self.heard.get(kind, 0), n)
+            if (msg.topology_round > self.rounds.get("topology", (0, True))[0]
+                    and "topology" not in self._withdrawing and "topology" in self._votes):
+                # the round that admits the joiners counted our vote: done (its answer,
+                # which follows, may have been lost with the master)
+                self.rounds["topology"] = (msg.topology_round, True)
+                _resolve(self, "topology", None)
             self.tickets.void()
             self._on_membership(msg)
             if self._up is not None and not self._up.done():
@@ -43,6 +49,8 @@ def dispatch(self: ControlPlane, msg: m.MasterToPeer) -> None:
             if (coll := self.colls.get(tag)) is not None:
                 coll.on_rejected(reason, deadlock)
         case m.TopologyUpdated(round=n):
+            if n and n <= self.rounds.get("topology", (0, True))[0]:
+                return  # its Membership resolved the vote already (a new one may wait now)
             self.rounds["topology"] = (n, True)
             _resolve(self, "topology", None)
         case m.SyncPlan():

@@ -39,6 +39,7 @@ __all__ = ["Outage"]
 log = logging.getLogger("pccl_aio.communicator")
 
 _FIRST_DELAY, _MAX_DELAY = 0.05, 0.5  # s between reconnection attempts: back-off, not a sync
+_ROUNDS = ("pending", "topology")  # joint votes kept in doubt through an outage
 
 
 class Outage:
@@ -72,6 +73,8 @@ class Outage:
         for kind, fut in list(cp._votes.items()):
             if kind == "sync_done" and reported:
                 continue  # in doubt: the next master completes or fails it
+            if kind in _ROUNDS and kind not in cp._withdrawing:
+                continue  # in doubt: the next master answers it if the others had the answer
             del cp._votes[kind]
             if not fut.done():
                 fut.set_exception(lost)
@@ -127,6 +130,11 @@ class Outage:
         self.since = None
         self.failed = []
         self.demoted = False
+        lost = MasterLostError("the master was lost before this vote was answered: call again")
+        for kind in _ROUNDS:  # votes in doubt that the next master did not answer
+            fut = cp._votes.pop(kind, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(lost)
         if self.as_joiner:  # admitted anew: what was launched meanwhile belongs to before
             self.joined += 1
             void = MasterLostError("launched before this peer rejoined the run as a new "
@@ -167,11 +175,11 @@ def _rounds(cp: ControlPlane) -> list[m.Round]:
     """The last joint-vote round of each kind this peer saw answered, or heard of in a
     ``Membership`` (then ``known`` False: it had joined after that round)."""
     out = []
-    for kind in ("pending", "topology"):
+    for kind in _ROUNDS:
         n, answer = cp.rounds.get(kind, (0, False))
-        heard = cp.heard.get(kind, 0)
+        heard, waiting = cp.heard.get(kind, 0), kind in cp._votes
         if heard > n:
-            out.append(m.Round(kind, heard, False, False))
-        elif n:
-            out.append(m.Round(kind, n, answer))
+            out.append(m.Round(kind, heard, False, False, waiting))
+        elif n or waiting:
+            out.append(m.Round(kind, n, answer, True, waiting))
     return out

@@ -48,6 +48,7 @@ class Round(msgspec.Struct, array_like=True, frozen=True, gc=False):
     round: U64
     answer: bool
     known: bool = True  # False: the round was heard of (a Membership), not answered here
+    waiting: bool = False  # this peer's vote of this kind waits for its answer (in doubt)
 
 
 class Rejoin(msgspec.Struct, array_like=True, frozen=True, gc=False):

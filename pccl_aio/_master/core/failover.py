@@ -152,14 +152,16 @@ def finish_recovery(st: MasterState, out: list[Action]) -> None:
             st._peers[c].accepted = True
             st._gate.admitted(c)
     st.epoch += 1
-    out.extend(st._membership(st.accepted()))
     for kind, (n, answer) in o.rounds.items():
         st._rounds[kind] = max(st._rounds[kind], n)
         msg: m.MasterToPeer = (m.PeersPendingAnswer(answer, n) if kind == "pending"
                                else m.TopologyUpdated(st.epoch, n))
         for c, kinds in o.owed.items():
-            if kind in kinds:
-                st._owed.setdefault(c, {})[kind] = msg
+            if kind in o.waiting.get(c, ()):
+                out.append(Send(c, msg))  # its vote waits: before the Membership ends it
+            elif kind in kinds:
+                st._owed.setdefault(c, {})[kind] = msg  # its next vote gets it at once
+    out.extend(st._membership(st.accepted()))
     failed = "the master was lost and not every peer finished it"
     for c, items in o.complete.items():
         out.extend(Send(c, m.CollectiveComplete(tag, seq)) for tag, seq in items)

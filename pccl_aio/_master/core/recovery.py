@@ -48,6 +48,7 @@ class Outcome:
     sync_failed: dict[int, int]
     rounds: dict[str, tuple[int, bool]] = dataclasses.field(default_factory=dict)
     owed: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    waiting: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
 
 class Recovery:
@@ -126,13 +127,18 @@ class Recovery:
         for conn in members:  # the last round; its answer from a member that had it
             for r in self._rejoins[conn][1].rounds:
                 best = out.rounds.get(r.kind, (0, False))
-                if r.kind in ("pending", "topology") and r.known and r.round > best[0]:
-                    out.rounds[r.kind] = (r.round, r.answer)
+                # (a topology round's answer is always "done": hearing of it is enough)
+                known = r.known or r.kind == "topology"
+                if r.kind in ("pending", "topology") and known and r.round > best[0]:
+                    out.rounds[r.kind] = (r.round, r.answer or r.kind == "topology")
         for conn in members:
-            mine = {r.kind: r.round for r in self._rejoins[conn][1].rounds}
+            mine = {r.kind: r for r in self._rejoins[conn][1].rounds}
             for kind, (n, _) in out.rounds.items():
-                if mine.get(kind) == n - 1:
+                got = mine.get(kind)
+                if got is not None and got.round == n - 1:
                     out.owed.setdefault(conn, []).append(kind)
+                    if got.waiting:  # its vote waits: answered with the rebuild
+                        out.waiting.setdefault(conn, []).append(kind)
 
     def _verdicts(self, members: dict[int, int], out: Outcome) -> None:
         # (group, kind, tag, seq) -> did every member reporting it finish its part?

@@ -358,9 +358,9 @@ class MasterState:
         for c in voters:
             self._peers[c].voted_topology = False
         self.epoch += 1
-        everyone = self.accepted()
+        self._rounds["topology"] += 1  # (before the Membership, which tells it: a voter
+        everyone = self.accepted()     # that gets it and not the answer knows it is done)
         out.extend(self._membership(everyone))
-        self._rounds["topology"] += 1
         done = m.TopologyUpdated(self.epoch, self._rounds["topology"])
         out.extend(Send(c, done) for c in voters)
 
