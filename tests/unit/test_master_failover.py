@@ -298,3 +298,27 @@ def test_a_member_admitted_after_a_round_is_owed_the_next_one_it_missed():
     rejoin(h, 7, rounds=[m.Round("pending", 4, False, False)])
     assert h.send(7, m.VotePeersPending()) == [ms.Send(7, m.PeersPendingAnswer(False, 5))]
     assert h.send(4, m.VotePeersPending()) == []  # the others' next round counts again
+
+
+def test_a_vote_waiting_in_doubt_is_answered_with_the_rebuild():
+    """A member whose pending vote was waiting when the master died (the others got round
+    5's answer) gets it with the rebuild, before the Membership that ends its outage."""
+    h = fresh()
+    h.rounds = True
+    rejoin(h, 4, rounds=[m.Round("pending", 5, True)])
+    rejoin(h, 9, rounds=[m.Round("pending", 5, True)])
+    acts = rejoin(h, 7, rounds=[m.Round("pending", 4, False, True, True)])
+    mine = sent_to(acts, 7)  # its Welcome, then the answer, then the Membership
+    assert mine[1] == m.PeersPendingAnswer(True, 5) and isinstance(mine[2], m.Membership)
+    assert h.send(7, m.VotePeersPending()) == []  # its next vote counts in round 6
+
+
+def test_a_topology_round_is_counted_before_its_membership():
+    h = Harness()
+    h.rounds = True
+    a, _ = h.run(0, 0)
+    assert sent_to(h.join()[1], a, m.Membership) == []  # a joiner waits
+    acts = h.vote_topology_all()
+    (ms_a,) = sent_to(acts, a, m.Membership)
+    (done,) = sent_to(acts, a, m.TopologyUpdated)
+    assert ms_a.topology_round == done.round == h.st._rounds["topology"]  # type: ignore[attr-defined]
