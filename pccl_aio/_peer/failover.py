@@ -67,14 +67,14 @@ class Outage:
         if cp._up is None or cp._up.done():
             cp._up = loop.create_future()
         lost = MasterLostError(f"the master was lost ({why}); retry: this peer rejoins the run")
-        reported = cp.sync is not None and cp.sync[1] is True
+        keep = not self.demoted  # (a superseded peer's run gave way: nothing of it is in doubt)
+        reported = keep and cp.sync is not None and cp.sync[1] is True
         if "sync" in cp._votes:  # voted, no plan yet: the group's sync cannot complete
             self.failed.append(m.Doubt(DOUBT_SYNC, 0, 0, False))
         for kind, fut in list(cp._votes.items()):
-            if kind == "sync_done" and reported:
-                continue  # in doubt: the next master completes or fails it
-            if kind in _ROUNDS and kind not in cp._withdrawing:
-                continue  # in doubt: the next master answers it if the others had the answer
+            if keep and ((kind == "sync_done" and reported)  # the next master decides
+                         or (kind in _ROUNDS and kind not in cp._withdrawing)):
+                continue  # in doubt: answered by the next master if a member had the answer
             del cp._votes[kind]
             if not fut.done():
                 fut.set_exception(lost)
@@ -83,14 +83,8 @@ class Outage:
         if cp.sync is not None and not reported:
             self.failed.append(m.Doubt(DOUBT_SYNC, 0, cp.sync[0], False))
             cp.sync = None
-        if self.demoted:  # the run it was in gave way: nothing of it is in doubt any more
-            done = cp._votes.pop("sync_done", None)
-            if done is not None and not done.done():
-                done.set_exception(lost)
-                done.exception()
-            cp.sync, reported = None, False
         for coll in list(cp.colls.values()):
-            if coll.seq and coll.data_ok and not coll.cancelled and not self.demoted:
+            if keep and coll.seq and coll.data_ok and not coll.cancelled:
                 continue  # in doubt
             if coll in self.deferred:
                 continue  # not launched yet: it goes out to the next master

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from tests.helpers import raw_master
+from tests.helpers import admit, raw_master
 from tests.process.procs import HERE
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,11 +45,7 @@ async def test_master_cli_serves_and_stops_cleanly(sig):
         async with pccl.Communicator(f"127.0.0.1:{port}", **kw) as a, \
                 pccl.Communicator(f"127.0.0.1:{port}", **kw) as b:
             await a.connect()
-            joining = asyncio.ensure_future(b.connect())
-            while not await a.are_peers_pending():
-                pass
-            await a.update_topology()
-            await joining
+            await admit([a], b)
             xs = [np.ones(100, np.float32), np.ones(100, np.float32)]
             await asyncio.gather(a.all_reduce(xs[0]), b.all_reduce(xs[1]))
             assert (xs[0] == 2).all()
@@ -163,11 +159,7 @@ async def test_a_restarted_cli_master_rebuilds_the_run_under_its_run_id():
         async with pccl.Communicator(f"127.0.0.1:{port}", **kw) as a, \
                 pccl.Communicator(f"127.0.0.1:{port}", **kw) as b:
             await a.connect()
-            joining = asyncio.ensure_future(b.connect())
-            while not await a.are_peers_pending():
-                pass
-            await a.update_topology()
-            await joining
+            await admit([a], b)
             first.kill()
             await first.wait()
             second, _ = await start(port)
