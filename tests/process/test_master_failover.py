@@ -129,6 +129,13 @@ async def three_peers(procs: list[Proc], addrs: str) -> Run:
     return run
 
 
+async def two_masters(procs: list[Proc]) -> tuple[Proc, int, int, Run]:
+    """Masters A and B, and three peers given "A,B" (they join A, the first address)."""
+    a, port_a = await start_master(procs, name="masterA")
+    _, port_b = await start_master(procs, name="masterB")
+    return a, port_a, port_b, await three_peers(procs, f"127.0.0.1:{port_a},127.0.0.1:{port_b}")
+
+
 async def test_master_sigkilled_and_restarted_on_the_same_port(procs):
     master, port = await start_master(procs)
     run = await three_peers(procs, f"127.0.0.1:{port}")
@@ -150,9 +157,7 @@ async def test_master_sigkilled_and_restarted_on_the_same_port(procs):
 
 
 async def test_the_new_master_on_the_second_listed_address(procs):
-    a, port_a = await start_master(procs, name="masterA")
-    _, port_b = await start_master(procs, name="masterB")
-    run = await three_peers(procs, f"127.0.0.1:{port_a},127.0.0.1:{port_b}")
+    a, _, port_b, run = await two_masters(procs)
     state: dict[str, Any] = {}
 
     async def events(ev: Event) -> None:
@@ -217,9 +222,7 @@ async def test_two_masters_up_at_once_end_in_one_group(procs):
     """Master A is SIGSTOPped: the peers move to B (term 2). A resumes: two masters are up.
     A joiner that can reach both joins B (the higher term), and A never serves a run again:
     one group, and every revision advanced once (one hash per revision, all peers)."""
-    a, port_a = await start_master(procs, name="masterA")
-    _, port_b = await start_master(procs, name="masterB")
-    run = await three_peers(procs, f"127.0.0.1:{port_a},127.0.0.1:{port_b}")
+    a, port_a, port_b, run = await two_masters(procs)
     state: dict[str, Any] = {}
 
     async def events(ev: Event) -> None:
