@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from .. import _log
 from .._errors import (
     AuthenticationError,
     InvalidUsageError,
@@ -90,6 +91,11 @@ class ControlPlane:
     def peer_group_world_size(self) -> int:
         """Peers of this peer's ring as of the last membership update."""
         return len(self.membership.ring) if self.membership else 0
+
+    def ids(self, **fields: Any) -> dict[str, dict[str, Any]]:
+        """``extra=`` for a log line of this peer: its run, peer and group ids and
+        ``fields`` (``_log.ids``)."""
+        return _log.ids(self.run_id, self.peer_id, self.config.peer_group, **fields)
 
     def attach(self, registry: Registry) -> None:
         """Reserve the tickets' seqs in the data plane's receive ``registry``."""
