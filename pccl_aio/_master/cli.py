@@ -11,6 +11,7 @@ import signal
 import sys
 
 from .._errors import InvalidUsageError
+from .._log import FORMATS, LEVELS, configure
 from .._net.credentials import load_secret, tls_contexts
 from .server import Master
 
@@ -24,7 +25,6 @@ it admits them, counts their votes and starts their collectives; tensor data flo
 the peers, never through the master. One master serves one run. Ctrl-C or SIGTERM stops it
 (exit status 0)."""
 _EPILOG = "example: python -m pccl_aio.master --port 48148 --log-level debug"
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _port(text: str) -> int:
@@ -67,8 +67,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--other-master", action="append", default=[], metavar="HOST:PORT",
                    help="another master of this run (repeatable): it is watched, and if it "
                         "serves the run at a higher term this master steps down")
-    p.add_argument("--log-level", type=str.upper, choices=_LEVELS, default="INFO",
-                   help="least severe log messages shown (any case)")
+    p.add_argument("--log-level", type=str.upper, choices=LEVELS, default=None,
+                   help="least severe log messages shown, any case (default: "
+                        "$PCCL_AIO_LOG_LEVEL, else INFO)")
+    p.add_argument("--log-format", type=str.lower, choices=FORMATS, default=None,
+                   help="text, or json: one object per line (default: $PCCL_AIO_LOG_FORMAT, "
+                        "else text)")
+    obs = p.add_argument_group("status page and metrics (README, 'Logs, metrics and status')")
+    obs.add_argument("--status-port", type=_port, metavar="PORT",
+                     help="serve the live status page (/) and /status.json on this HTTP port")
+    obs.add_argument("--metrics-port", type=_port, metavar="PORT",
+                     help="serve Prometheus metrics at /metrics on this HTTP port (may be "
+                          "the status port)")
+    obs.add_argument("--http-host", default="127.0.0.1",
+                     help="interface of the HTTP ports; they have no authentication and show "
+                          "the peers' addresses, so expose them with care")
     sec = p.add_argument_group("security (README, 'Security')")
     sec.add_argument("--secret-file", metavar="PATH",
                      help="file holding the run secret every peer must prove (default: "
@@ -97,15 +110,16 @@ async def _run_cli(args: argparse.Namespace) -> int:
                         secret=secret or b"", ssl=context,
                         allow_any_advertise_host=args.allow_any_advertise_host,
                         run_id=args.run_id, recovery_grace=args.recovery_grace,
-                        others=args.other_master)
+                        others=args.other_master, status_port=args.status_port,
+                        metrics_port=args.metrics_port, http_host=args.http_host)
     except InvalidUsageError as exc:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)
         return 2
     try:
         await master.start()
     except OSError as exc:
-        print(f"pccl_aio.master: cannot listen on {args.host}:{args.port}: {_why(exc)}",
-              file=sys.stderr)
+        where = exc.filename or f"{args.host}:{args.port}"
+        print(f"pccl_aio.master: cannot listen on {where}: {_why(exc)}", file=sys.stderr)
         await master.close()
         return 2
     loop = asyncio.get_running_loop()
@@ -127,9 +141,12 @@ def _why(exc: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: ``python -m pccl_aio.master`` (``--help`` says more)."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        configure(args.log_level, args.log_format)
+    except ValueError as exc:  # from the environment (the options are checked by argparse)
+        parser.error(str(exc))
     from .. import run
 
     return run(_run_cli(args))

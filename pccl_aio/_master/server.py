@@ -22,12 +22,15 @@ import msgspec
 from .._errors import InvalidUsageError, RemoteProtocolError
 from .._net.credentials import load_secret
 from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
+from .._net.http import HttpServer
 from .._net.stream import FrameBudget, own_socket, read_frame, set_nodelay
 from .._wire import auth
 from .._wire import messages as m
 from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
 from .core.records import is_loopback
+from .status import Status
+from .story import Story
 from .watch import watch
 
 __all__ = ["Master"]
@@ -70,6 +73,12 @@ class Master:
             ``heartbeat_timeout`` which run and term it serves; finding the run served at a
             higher term there, this master steps down and its peers move there. (Over TLS
             the others' certificates must verify against the system's CAs.)
+        status_port: serve the live status page (``/``) and ``/status.json`` over HTTP on
+            this port (0: the OS picks; ``status_address`` tells it); None: no page.
+        metrics_port: serve Prometheus metrics at ``/metrics`` on this port (may be the
+            status port); None: none.
+        http_host: the interface of those HTTP ports (default loopback: the page shows the
+            peers' addresses and has no authentication).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, *,
@@ -80,7 +89,8 @@ class Master:
                  allow_any_advertise_host: bool = False, max_pending_peers: int = 256,
                  max_collectives_per_peer: int = 1024, admission_interval: float = 1.0,
                  run_id: str | None = None, recovery_grace: float | None = None,
-                 others: Sequence[str] = ()) -> None:
+                 others: Sequence[str] = (), status_port: int | None = None,
+                 metrics_port: int | None = None, http_host: str = "127.0.0.1") -> None:
         if run_id is not None and not (isinstance(run_id, str) and 0 < len(run_id) <= 128
                                        and run_id.isprintable()):
             raise InvalidUsageError(f"run_id must be 1-128 printable characters, not {run_id!r}")
@@ -108,6 +118,9 @@ class Master:
         self._owners: dict[int, asyncio.StreamWriter] = {}  # conn -> the connection named so
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
+        self.story = Story(self.state)
+        self.status = Status(self.state, self.story, _clock, lambda: self.address)
+        self._http = _http_servers(self.status, http_host, status_port, metrics_port)
 
     @property
     def port(self) -> int:
@@ -126,6 +139,12 @@ class Master:
             ssl_handshake_timeout=self.gate.timeout if self._ssl else None)
         self._port = self._server.sockets[0].getsockname()[1]
         self._spawn(self._ticker())
+        for server in self._http:
+            try:
+                await server.start()
+            except OSError as exc:  # its filename says which address (the CLI prints it)
+                await self.close()
+                raise OSError(exc.errno, exc.strerror, f"{server.host}:{server.port}") from exc
         if self._others:
             self._spawn(watch(self._others, self._key, _client_context(self._ssl),
                               self.state.heartbeat_timeout, self._heard))
@@ -137,10 +156,23 @@ class Master:
             log.warning("listening on %s without a run secret: anyone who reaches this port "
                         "can join the run (set --secret-file or PCCL_AIO_SECRET)", self.host)
 
+    @property
+    def status_address(self) -> str:
+        """``http://host:port/`` of the status page ("" without one)."""
+        return next((f"http://{h.host}:{h.port}/" for h in self._http if "/" in h.routes), "")
+
+    @property
+    def metrics_address(self) -> str:
+        """``http://host:port/metrics`` ("" without metrics)."""
+        return next((f"http://{h.host}:{h.port}/metrics" for h in self._http
+                     if "/metrics" in h.routes), "")
+
     async def close(self) -> None:
         """Stop listening, close every peer connection and wait for all tasks to end."""
         if self._server is not None:
             self._server.close()
+        for server in self._http:
+            await server.close()
         for w in list(self._writers.values()):
             w.close()
         for t in list(self._tasks):
@@ -188,7 +220,7 @@ class Master:
                         self._writers.pop(act.conn, None)
                         writer.transport.abort()  # its reader task reports the disconnect
             else:
-                log.info("closing connection %d: %s", act.conn, act.reason)
+                log.debug("closing connection %d: %s", act.conn, act.reason)
                 self._writers.pop(act.conn, None)
                 writer.close()
 
@@ -201,13 +233,16 @@ class Master:
         return msgspec.structs.replace(msg, keys=keys)
 
     def _handle(self, event: ms.Event) -> None:
-        self._apply(self.state.handle(event))
+        actions = self.state.handle(event)
+        self.story.observe(event, actions)
+        self._apply(actions)
 
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             self._handle(ms.Tick(loop.time()))
+            self.status.sample()
 
     def _heard(self, answer: m.ProbeAnswer, where: str) -> None:
         before = self.state.term
@@ -341,6 +376,30 @@ _BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its H
 _LARGE_FRAMES = 32 << 20  # bytes of frames above 64 KiB being received at once, all peers
 _BACKLOG = 1 << 20  # bytes waiting to be sent to one connection: more, and it is closed
 _TCP_CLOSED_BY_PEER = (7, 8)  # Linux tcp_info states TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN)
+
+
+def _clock() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def _http_servers(status: Status, host: str, status_port: int | None,
+                  metrics_port: int | None) -> list[HttpServer]:
+    """One HTTP server per distinct port asked for (status and metrics may share one)."""
+    for name, port in (("status_port", status_port), ("metrics_port", metrics_port)):
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                                 or not 0 <= port <= 65535):
+            raise InvalidUsageError(f"{name} must be a port (0-65535) or None, not {port!r}")
+    if status_port is not None and status_port == metrics_port and status_port != 0:
+        return [HttpServer(status.routes(True, True), host, status_port,
+                           name="pccl_aio master status and metrics")]
+    out = []
+    if status_port is not None:
+        out.append(HttpServer(status.routes(True, False), host, status_port,
+                              name="pccl_aio master status page"))
+    if metrics_port is not None:
+        out.append(HttpServer(status.routes(False, True), host, metrics_port,
+                              name="pccl_aio master metrics"))
+    return out
 
 
 def _at_eof(sock: socket.socket) -> bool:

@@ -7,7 +7,8 @@ Usage: python state_worker.py MASTER_ADDR[,MASTER_ADDR...] MODE ARG
                     revision + 1; prints the state hash after every sync; stops after
                     REVISIONS once three peers are in the group. A lost master
                     (MasterLostError) is ridden out: the call is retried. $STEP_SECONDS:
-                    a pause per step that stands for its compute (default 0).
+                    a pause per step that stands for its compute (default 0);
+                    $STATE_ELEMS: elements of each tensor (default 65536).
   big MIB        -- hold a MIB-sized state; up-to-date peers (index from env PEER_INDEX != 'joiner')
                     fill it with a pattern, the joiner starts from zeros at revision 0 and syncs.
 """
@@ -53,7 +54,7 @@ async def admit_round(comm: pccl.Communicator, first: bool) -> None:
 
 
 async def ddp(comm: pccl.Communicator, revisions: int) -> None:
-    n = 1 << 16
+    n = int(os.environ.get("STATE_ELEMS", 1 << 16))  # float32 elements of w, m and g
     w, mom, step = np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(1, np.int64)
     state = pccl.SharedState({"w": w, "m": mom, "step": step})
     first = True

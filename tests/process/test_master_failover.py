@@ -11,115 +11,25 @@ counter (part of the state) equals the revision.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
-from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from pccl_aio._peer.core.config import PeerConfig
 from pccl_aio._peer.session import _probe
+from tests.process.ddp_run import Event, Run
 from tests.process.procs import HERE, Proc, spawn
 
-WORKER = str(HERE / "state_worker.py")
 MASTER = str(HERE / "masterproc.py")
-REVISIONS = 150
-STEP = {"STEP_SECONDS": "0.02"}  # a step's compute: the master events land mid-run (``check``)
 pytestmark = pytest.mark.timeout(150)
-
-Event = dict[str, Any]
 
 
 async def start_master(procs: list[Proc], port: int = 0, name: str = "master") -> tuple[Proc, int]:
     m = await spawn(name, MASTER, "2.0", str(port))
     procs.append(m)
     return m, int(await m.line())
-
-
-class Run:
-    """Peers of one run, their events, and the checks every scenario ends with."""
-
-    def __init__(self, procs: list[Proc], addrs: str) -> None:
-        self.procs, self.addrs = procs, addrs
-        self.queue: asyncio.Queue[tuple[str, Event]] = asyncio.Queue()
-        self.logs: dict[str, list[Event]] = defaultdict(list)
-        self.peers: dict[str, Proc] = {}
-        self.killed: set[str] = set()
-        self.pumps: list[asyncio.Task[None]] = []
-        self.event_t = 0.0  # time.time() of the master event under test
-
-    def mark(self) -> None:
-        """The master event under test happens now."""
-        self.event_t = time.time()
-
-    async def add(self, name: str, wait_joined: bool = True) -> Proc:
-        p = await spawn(name, WORKER, self.addrs, "ddp", str(REVISIONS), env=STEP)
-        self.procs.append(p)
-        self.peers[name] = p
-        if wait_joined:
-            ev = json.loads(await p.line(60))
-            assert ev["event"] == "joined", (name, ev)
-        self.pumps.append(asyncio.ensure_future(self._pump(p)))
-        return p
-
-    async def _pump(self, p: Proc) -> None:
-        while True:
-            try:
-                ev = json.loads(await p.line(timeout=120))
-            except AssertionError:
-                ev = {"event": "exited"}
-            await self.queue.put((p.name, ev))
-            if ev["event"] in ("finished", "error", "exited"):
-                return
-
-    def kill(self, name: str) -> None:
-        self.killed.add(name)
-        self.peers[name].signal(signal.SIGKILL)
-
-    async def drive(self, on_sync: Callable[[Event], Awaitable[None]]) -> None:
-        """Until every peer not killed finished; ``on_sync(event)`` at each of peer 0's
-        syncs (the scenario's events)."""
-        running = set(self.peers)
-        while running - self.killed:
-            name, ev = await asyncio.wait_for(self.queue.get(), 120)
-            self.logs[name].append(ev)
-            if ev["event"] in ("finished", "error", "exited"):
-                assert ev["event"] == "finished" or name in self.killed, (name, ev, self.story())
-                running.discard(name)
-                continue
-            if ev["event"] == "synced" and name == "p0":
-                await on_sync(ev)
-            running |= set(self.peers)  # a joiner started meanwhile
-
-    def story(self) -> str:
-        """Every peer's events other than its syncs: what to read when a scenario fails."""
-        return "\n".join(f"{n}: {e}" for n, evs in self.logs.items() for e in evs
-                         if e["event"] != "synced")
-
-    def check(self, finishers: int = 3) -> None:
-        hashes: dict[int, set[str]] = defaultdict(set)
-        done = [n for n, evs in self.logs.items() if evs and evs[-1]["event"] == "finished"]
-        assert len(done) >= finishers, self.logs
-        for name, evs in self.logs.items():
-            revs = [e["revision"] for e in evs if e["event"] == "synced"]
-            for e in evs:
-                if e["event"] == "synced":
-                    hashes[e["revision"]].add(e["hash"])
-                    assert e["step"] == e["revision"], (name, e)
-            assert revs == list(range(revs[0], revs[0] + len(revs))), (name, revs)
-        bad = {r: h for r, h in hashes.items() if len(h) != 1}
-        assert not bad, bad
-        assert max(hashes) >= REVISIONS
-        for name in done:  # the master event landed mid-run: training went on after it
-            later = [e for e in self.logs[name] if e["event"] == "synced" and e["t"] > self.event_t]
-            assert self.event_t and len(later) >= 5, (name, self.event_t, self.logs[name][-3:])
-
-    async def close(self) -> None:
-        for t in self.pumps:
-            t.cancel()
 
 
 async def three_peers(procs: list[Proc], addrs: str) -> Run:

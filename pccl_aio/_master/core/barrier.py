@@ -62,6 +62,10 @@ class SyncBarrier:
             self._syncing.discard(conn)
             self._check_done(group, out)
 
+    def revisions(self) -> dict[int, int]:
+        """Group -> its last elected revision."""
+        return dict(self._revisions)
+
     def busy(self, conn: int) -> bool:
         """True while ``conn`` has a sync vote counted or has not finished its sync part."""
         return conn in self._votes or conn in self._syncing

@@ -97,6 +97,11 @@ class MasterState:
         """The group's accepted peers in ring order (join order until optimized)."""
         return self._topo.order(group, self.accepted(group))
 
+    @property
+    def view(self) -> View:
+        """Read access for the status page, metrics and log lines (``view.View``)."""
+        return self._view
+
     def links(self) -> dict[tuple[int, int], tuple[float, float]]:
         """The measured links (``optimize_topology``): (src, dst) peer ids -> (bits/s, one-way
         latency in seconds); 0 bits/s: unreachable. For logs and metrics."""

@@ -19,7 +19,7 @@ __all__ = ["View"]
 
 class View:
     """A ``MasterState`` as the sync barrier (``barrier.Roster``) and deadlock detection
-    (``deadlock.Board``) see it."""
+    (``deadlock.Board``) see it, and read access for the status page and metrics."""
 
     __slots__ = ("_state",)
 
@@ -47,6 +47,27 @@ class View:
         st.epoch += 1
         out.extend(st._membership(st.accepted()))
         return st.epoch
+
+    def peers(self) -> list[Peer]:
+        """Every connection's record (registered or not), by id."""
+        return [self._state._peers[c] for c in sorted(self._state._peers)]
+
+    def groups(self) -> list[int]:
+        """Groups with accepted peers, ascending."""
+        return sorted({p.group for p in self._state._peers.values() if p.accepted})
+
+    def descriptor(self, group: int, tag: int) -> tuple[int, ...] | None:
+        """(count, dtype, op, quant algo, quant dtype) of a started or voted collective."""
+        op = self._state._colls.ops.get((group, tag))
+        return next(iter(op.descs.values()), None) if op is not None else None
+
+    def running_seqs(self) -> set[int]:
+        """Seqs of the collectives that started and have not ended."""
+        return {op.seq for op in self._state._colls.ops.values() if op.seq}
+
+    def revisions(self) -> dict[int, int]:
+        """Group -> its last elected shared-state revision."""
+        return self._state._sync.revisions()
 
     def members(self) -> dict[int, int]:
         return {p.conn: p.group for p in self._state._peers.values() if p.accepted}
