@@ -33,7 +33,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 from _common import emit_json, print_table  # noqa: E402
-from master_recovery import Child, start  # noqa: E402
+from master_recovery import start  # noqa: E402
 
 COUNT = 1024  # float32: 4 KiB
 
