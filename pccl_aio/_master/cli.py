@@ -47,10 +47,19 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default unless the help says it already or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "(default:" in text or action.default in (None, False, []):
+            return text
+        return super()._get_help_string(action)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pccl_aio.master", description=_DESCRIPTION,
-                                epilog=_EPILOG,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                epilog=_EPILOG, formatter_class=_Formatter)
     p.add_argument("--host", default="0.0.0.0",
                    help="address to listen on; 0.0.0.0 listens on every interface")
     p.add_argument("--port", type=_port, default=48148,
@@ -115,6 +124,11 @@ async def _run_cli(args: argparse.Namespace) -> int:
     except InvalidUsageError as exc:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)
         return 2
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before "listening": a stop right after it
+        with contextlib.suppress(NotImplementedError):  # is a clean one
+            loop.add_signal_handler(sig, stop.set)
     try:
         await master.start()
     except OSError as exc:
@@ -122,11 +136,6 @@ async def _run_cli(args: argparse.Namespace) -> int:
         print(f"pccl_aio.master: cannot listen on {where}: {_why(exc)}", file=sys.stderr)
         await master.close()
         return 2
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
     await master.close()

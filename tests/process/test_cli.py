@@ -5,6 +5,7 @@ and the other options checked by argparse (usage error, exit status 2), never a 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -69,9 +70,11 @@ def test_help_is_written_for_users_and_shows_defaults():
     assert "Peers join a run through it" in out and "Ctrl-C or SIGTERM" in out
     assert "sans-IO" not in out and "``" not in out  # not the module's docstring
     for default in ("(default: 0.0.0.0)", "(default: 48148)", "(default: 5.0)",
-                    "(default: INFO)"):
+                    "(default: $PCCL_AIO_LOG_LEVEL, else INFO)", "(default: 127.0.0.1)"):
         assert default in " ".join(out.split()), default
-    assert "--log-level {DEBUG,INFO,WARNING,ERROR}" in out
+    assert "--log-level {DEBUG,INFO,WARNING,ERROR}" in out and "--log-format {text,json}" in out
+    assert "--status-port PORT" in out and "--metrics-port PORT" in out
+    assert "(default: None)" not in out and "(default: False)" not in out
 
 
 def test_port_in_use_is_one_line_and_exit_status_2():
@@ -93,8 +96,53 @@ def test_host_that_cannot_be_bound_is_one_line_and_exit_status_2():
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
+def test_an_http_port_in_use_is_one_line_and_exit_status_2():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = cli("--host", "127.0.0.1", "--port", "0", "--metrics-port", str(port))
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (f"pccl_aio.master: cannot listen on "
+                                            f"127.0.0.1:{port}: address already in use")
+    assert "Traceback" not in done.stderr
+
+
+def test_log_settings_from_the_environment():
+    quiet = subprocess.run([sys.executable, "-m", "pccl_aio.master", "--help"], check=False,
+                           env={**ENV, "PCCL_AIO_LOG_LEVEL": "loud"}, capture_output=True)
+    assert quiet.returncode == 0  # --help reads no logging settings
+    done = subprocess.run([sys.executable, "-m", "pccl_aio.master", "--port", "0"], check=False,
+                          env={**ENV, "PCCL_AIO_LOG_LEVEL": "loud"}, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 2 and "log level must be one of DEBUG, INFO" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_json_logs_from_the_environment_one_object_per_line():
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pccl_aio.master", "--host", "127.0.0.1", "--port", "0",
+        stderr=asyncio.subprocess.PIPE, env={**ENV, "PCCL_AIO_LOG_FORMAT": "json"})
+    try:
+        assert proc.stderr is not None
+        line = json.loads(await asyncio.wait_for(proc.stderr.readline(), 20))
+        assert line["level"] == "INFO" and line["logger"] == "pccl_aio.master"
+        assert re.search(r"listening on 127\.0\.0\.1:\d+", line["msg"])
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        for raw in (await proc.stderr.read()).splitlines():
+            json.loads(raw)  # every line, to the last
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--log-level", "verbose"], "argument --log-level: invalid choice: 'VERBOSE'"),
+    (["--log-format", "xml"], "argument --log-format: invalid choice: 'xml'"),
+    (["--status-port", "-1"], "argument --status-port: '-1' is not a port"),
+    (["--metrics-port", "x"], "argument --metrics-port: 'x' is not a port"),
     (["--log-level", ""], "argument --log-level: invalid choice"),
     (["--port", "99999"], "argument --port: '99999' is not a port (0-65535)"),
     (["--port", "http"], "argument --port: 'http' is not a port"),

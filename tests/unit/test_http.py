@@ -1,0 +1,77 @@
+"""``pccl_aio._net.http.HttpServer``: GET and HEAD of its routes, typed refusals of anything
+else, and a closed connection for an oversized, slow or surplus client; a failing route is a
+500, and the server goes on serving."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pccl_aio._net.http import HttpServer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def boom() -> tuple[str, bytes]:
+    raise RuntimeError("a bug in a route")
+
+
+@pytest.fixture
+async def server():
+    s = HttpServer({"/": lambda: ("text/html", b"<p>hi</p>"), "/boom": boom}, timeout=0.5,
+                   max_clients=2)
+    await s.start()
+    yield s
+    await s.close()
+
+
+async def ask(s: HttpServer, raw: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+    writer.write(raw)
+    data = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return data
+
+
+async def test_get_head_and_refusals(server):
+    ok = await ask(server, b"GET /?refresh=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200 OK\r\n") and ok.endswith(b"\r\n\r\n<p>hi</p>")
+    assert b"Content-Length: 9\r\n" in ok and b"Content-Type: text/html\r\n" in ok
+    head = await ask(server, b"HEAD / HTTP/1.1\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
+    assert b"Content-Length: 9\r\n" in head
+    assert (await ask(server, b"GET /nope HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
+    post = await ask(server, b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert post.startswith(b"HTTP/1.1 405") and b"Allow: GET, HEAD" in post
+    assert (await ask(server, b"garbage\r\n\r\n")).startswith(b"HTTP/1.1 400")
+    assert (await ask(server, b"GET / SPDY/3\r\n\r\n")).startswith(b"HTTP/1.1 400")
+
+
+async def test_a_failing_route_is_a_500_and_the_server_goes_on(server, caplog):
+    assert (await ask(server, b"GET /boom HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 500")
+    assert "a bug in a route" in caplog.text
+    assert (await ask(server, b"GET / HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200")
+
+
+async def test_oversized_slow_and_surplus_clients_are_closed(server):
+    assert await ask(server, b"GET / HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n") == b""
+    slow = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+    for _, w in slow:
+        w.write(b"GET / HTTP/1.1\r\n")  # and never the end of the headers
+    surplus = await ask(server, b"GET / HTTP/1.1\r\n\r\n")  # beyond max_clients: shed
+    for r, w in slow:  # the slow ones time out (0.5 s): closed without an answer
+        assert await asyncio.wait_for(r.read(), 5) == b""
+        w.close()
+    assert surplus == b""
+    assert (await ask(server, b"GET / HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200")
+
+
+async def test_close_cancels_requests_being_served():
+    s = HttpServer({"/": lambda: ("text/plain", b"x")}, timeout=30)
+    await s.start()
+    r, w = await asyncio.open_connection("127.0.0.1", s.port)
+    w.write(b"GET / HTTP/1.1\r\n")
+    await asyncio.wait_for(s.close(), 5)  # does not wait out the slow client
+    assert await asyncio.wait_for(r.read(), 5) == b""
+    w.close()
