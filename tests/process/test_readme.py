@@ -156,6 +156,9 @@ async def test_each_python_block_runs(block: Block, tmp_path: Path):
         assert code == 0 and "Traceback" not in err, f"status {code}\n{out}\n{err[-3000:]}"
     if block is USE:
         _check_use_run(results, 30, joiner=False)
+    if "status.json" in block.code:  # Logs, metrics and status: the master saw the run
+        (_, out, _), = results
+        assert re.search(r"^2 peers, ring \[\d+, \d+\], 1 all-reduce completed$", out, re.M), out
     if "run secret and TLS" in block.note:  # the Security example: both peers reduced
         sums = [re.findall(r": sum (\S+) over 2 peers, all TLS", out) for _, out, _ in results]
         assert len(sums) == 2 and sums[0] == sums[1] and len(sums[0]) == 1, results
