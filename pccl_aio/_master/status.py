@@ -70,6 +70,8 @@ class Status:
         st, story, view = self._state, self._story, self._state.view
         now = self._clock()
         position = {c: (g, i) for g in view.groups() for i, c in enumerate(st.ring(g))}
+        recovery = view.recovery()
+        rejoined = set(recovery[0]) if recovery else set()
         peers = []
         for p in view.peers():
             if not p.registered:
@@ -77,7 +79,8 @@ class Status:
             member = story.members.get(p.conn)
             peers.append({
                 "id": p.conn, "host": p.host, "port": p.port, "group": p.group,
-                "state": "member" if p.accepted else "waiting",
+                "state": "member" if p.accepted else "rejoining" if p.conn in rejoined
+                else "waiting",
                 "ring_position": position.get(p.conn, (0, -1))[1],
                 "last_heartbeat_s": round(max(now - p.last_seen, 0.0), 3),
                 "since": member.since if member else None})
@@ -97,6 +100,8 @@ class Status:
             "run": st.run_id, "term": st.term, "epoch": st.epoch, "address": self._address(),
             "now": time.time(), "uptime_s": round(time.time() - self._started, 1),
             "world_size": len(st.accepted()), "pending": st.pending(),
+            "recovering": None if recovery is None else {
+                "rejoined": recovery[0], "missing": recovery[1]},
             "peers": peers, "groups": groups,
             "rates": {"collectives_per_s": round(per_s, 2), "bytes_per_s": round(bytes_per_s)},
             "running": len(view.running_seqs()),

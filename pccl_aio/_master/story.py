@@ -299,10 +299,12 @@ class Story:
             sizes = {e.key: e.nbytes for e in self._votes[c].entries} if c in self._votes else {}
             nbytes = sum(sizes.get(k, 0) for k in plan.keys)
             self.counts.sync_bytes += nbytes
+            keys = ", ".join(plan.keys[:4]) + (", ..." if len(plan.keys) > 4 else "")
             self._note(logging.INFO, "sync_fetch", "shared-state sync of group %d, revision "
-                       "%d: peer %d fetches %d keys (%d B) from peers %s", group,
-                       msg.revision, c, len(plan.keys), nbytes, sources, peer=c, group=group,
-                       revision=msg.revision, bytes=nbytes, sources=sources)
+                       "%d: peer %d fetches %d keys (%s; %d B) from peers %s", group,
+                       msg.revision, c, len(plan.keys), keys, nbytes, sources, peer=c,
+                       group=group, revision=msg.revision, bytes=nbytes, sources=sources,
+                       keys=len(plan.keys))
         if not msg.fetchers:
             log.debug("shared-state sync of group %d, revision %d: every peer holds the same "
                       "content", group, msg.revision, extra=self._ids(group=group))

@@ -69,6 +69,12 @@ class View:
         """Group -> its last elected shared-state revision."""
         return self._state._sync.revisions()
 
+    def recovery(self) -> tuple[list[int], list[int]] | None:
+        """A run being rebuilt (after a master restart): the peers that rejoined so far and
+        the members still awaited; None otherwise."""
+        rec = self._state._recovery
+        return None if rec is None else (sorted(rec.members()), sorted(rec.missing()))
+
     def members(self) -> dict[int, int]:
         return {p.conn: p.group for p in self._state._peers.values() if p.accepted}
 
