@@ -120,4 +120,7 @@ class _Watch:
     def __call__(self, coll: Collective) -> None:
         if not self.done:
             self.done = True
-            self.obs.ended(coll, self.loop.time() - self.t0)
+            try:
+                self.obs.ended(coll, self.loop.time() - self.t0)
+            except Exception:  # a bug here must not keep the other hooks (retry) from running
+                log.exception("counting all-reduce tag=%d failed", coll.tag)
