@@ -254,3 +254,44 @@ async def test_a_metrics_port_in_use_fails_connect_cleanly(master):
         with pytest.raises(pccl.InvalidUsageError, match="metrics"):
             await comm.connect()
         await comm.close()
+
+
+def _new_master(port: int = 0) -> pccl.Master:
+    return pccl.Master("127.0.0.1", port, heartbeat_interval=0.2, heartbeat_timeout=2.0,
+                       admission_interval=0.0)
+
+
+async def test_a_master_outage_is_logged_with_the_ids_and_counted(caplog):
+    caplog.set_level(logging.INFO, logger="pccl_aio")
+    first = _new_master()
+    await first.start()
+    port = first.port
+    try:
+        a, b = await join_peers(first, 2, metrics_port=0)
+    finally:
+        await first.close()
+    xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
+    calls = [asyncio.ensure_future(c.all_reduce(x)) for c, x in zip((a, b), xs)]
+    second = _new_master(port)
+    await second.start()
+    try:
+        await asyncio.gather(*calls)  # waited for the next master, then ran
+        assert all((x == 3.0).all() for x in xs)
+        ms = await _metrics(a.metrics_port)
+        assert _get(ms, "pccl_peer_master_outages_total") == 1
+        assert _get(ms, "pccl_peer_master_wait_seconds_total", reason="outage") > 0
+        assert _get(ms, "pccl_peer_allreduces_total", outcome="completed") == 1
+        for c in (a, b):
+            lost = [_fields(r) for r in _lines(caplog, "lost (")
+                    if _fields(r).get("peer") == c.peer_id]
+            back = [_fields(r) for r in _lines(caplog, "rejoined the run at")
+                    if _fields(r).get("peer") == c.peer_id]
+            assert len(lost) == 1 and len(back) == 1
+            assert lost[0]["run"] and lost[0]["term"] == 1 and lost[0]["cause"]
+            assert back[0]["term"] == 2 and back[0]["seconds"] > 0
+            connected = [_fields(r) for r in _lines(caplog, "connected to the master at")
+                         if _fields(r).get("peer") == c.peer_id]
+            assert [f["term"] for f in connected][-1] == 2
+    finally:
+        await asyncio.gather(a.close(), b.close())
+        await second.close()
