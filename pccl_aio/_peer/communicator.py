@@ -9,7 +9,6 @@ session (``control.ControlPlane``: votes, verdicts, membership), the data plane
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl as _ssl
 from collections.abc import Sequence
 from types import TracebackType
@@ -39,8 +38,6 @@ from .retry import MultiReduce
 from .sync import SharedStateSync
 
 __all__ = ["AllReduceHandle", "Communicator"]
-
-log = logging.getLogger("pccl_aio.communicator")
 
 
 class Communicator:
