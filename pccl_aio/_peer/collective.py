@@ -79,7 +79,7 @@ class Collective:
         self.plan: ring.RingPlan | None = None  # set at the start (the ring's)
         self._small: gather.GatherPlan | None = None  # ... or the small path's
         self._own_first = False  # forwards wait until our own first sends are out
-        self.predecessor = -1  # the peer whose frames this attempt receives, set at the start
+        self.predecessor = self.successor = -1  # the peers it receives from, sends to (at start)
         self.awaited = False  # the caller waits on it (the master was told: CollectiveWait)
         self._steps: dict[tuple[int, int], Step] = {}  # (phase, offset) -> work, set at start
         self._k = _ops.kernels()  # per-segment jobs: views cut here, arguments checked once
@@ -142,7 +142,7 @@ class Collective:
             self._start_ring(rank)
         self.active = True
         self.env.registry.add(seq, self)
-        succ = ring_ids[(rank + 1) % self.world]
+        self.successor = succ = ring_ids[(rank + 1) % self.world]
         self._run = self.env.tasks.spawn(self._run_data(succ), name=f"pccl_aio all-reduce {seq}")
 
     def _start_small(self, rank: int) -> None:

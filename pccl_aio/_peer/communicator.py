@@ -9,12 +9,12 @@ session (``control.ControlPlane``: votes, verdicts, membership), the data plane
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl as _ssl
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Literal
 
+from .. import _log
 from .._errors import InvalidUsageError, TooFewPeersError
 from .._net.credentials import load_secret
 from .._net.handshake import Gate
@@ -32,12 +32,12 @@ from .dataplane import DataPlane
 from .handle import AllReduceHandle
 from .keys import KeyRing
 from .measure import Measurer
+from .metrics import PeerMetrics, check_options
+from .observe import Observer
 from .retry import MultiReduce
 from .sync import SharedStateSync
 
 __all__ = ["AllReduceHandle", "Communicator"]
-
-log = logging.getLogger("pccl_aio.communicator")
 
 
 class Communicator:
@@ -74,6 +74,14 @@ class Communicator:
             later calls wait. Then everything raises ``MasterConnectionError``. 0: at once.
         run_id: the run this peer belongs to; a master of another run refuses it (None:
             the run of the first master that accepts it).
+        metrics_port: serve Prometheus metrics (``pccl_peer_*``, README "Logs and metrics")
+            at ``http://metrics_host:metrics_port/metrics`` from ``connect`` to ``close``;
+            0: a port the OS picks (``metrics_port`` tells it). None (the default):
+            ``$PCCL_AIO_METRICS_PORT`` if set, else no metrics.
+        metrics_host: the interface metrics are served on (default: loopback only).
+
+    Logging: one line per event on the ``pccl_aio.*`` loggers, with the run, peer and group
+    ids; ``$PCCL_AIO_LOG_LEVEL`` sets their level (read when a communicator is created).
 
     A communicator belongs to the event loop it connected on: a call from another loop or
     thread raises ``InvalidUsageError`` before anything is sent. Use as
@@ -87,7 +95,10 @@ class Communicator:
                  data_timeout: float = 10.0, secret: str | bytes | None = None,
                  ssl: _ssl.SSLContext | None = None,
                  ssl_server: _ssl.SSLContext | None = None, master_timeout: float = 60.0,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, metrics_port: int | None = None,
+                 metrics_host: str = "127.0.0.1") -> None:
+        _log.from_env()
+        metrics = check_options(metrics_port, metrics_host)
         if secret is not None and not isinstance(secret, (str, bytes)):
             raise InvalidUsageError(f"secret must be str or bytes, not {type(secret).__name__}")
         self.config = PeerConfig.parse(
@@ -108,6 +119,8 @@ class Communicator:
                                  self._data.set_bandwidth)
         self._data.listener.measure = self._measure
         self._control.on_measure = self._measure.on_plan
+        self._obs = Observer(self._control)
+        self._metrics = PeerMetrics(self._control, self._obs.stats, *metrics)
 
     async def __aenter__(self) -> Communicator:
         return self
@@ -150,6 +163,12 @@ class Communicator:
         ms = self._control.membership
         return ms.largest_group_world_size if ms else 0
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The port ``/metrics`` is served on (the OS's choice for 0 once connected); None
+        without metrics."""
+        return self._metrics.port
+
     # ---- session ----------------------------------------------------------------------------
     async def connect(self, attempts: int = 5, *, backoff: float = 0.2,
                       timeout: float | None = 300.0) -> None:
@@ -181,6 +200,7 @@ class Communicator:
             except OSError as exc:
                 raise InvalidUsageError(
                     f"cannot listen on {cfg.listen_host!r}: {exc.strerror or exc}") from exc
+            await self._metrics.start()  # (InvalidUsageError if it cannot bind)
             hello = m.Hello(m.PROTOCOL_VERSION, cfg.peer_group, self._data.listener.port,
                             cfg.advertise_host, self._sync.server.port,
                             cfg.ssl_server is not None)
@@ -189,7 +209,7 @@ class Communicator:
         except BaseException:
             await self._shutdown()
             raise
-        log.info("peer %d joined: world size %d", self.peer_id, self.world_size)
+        self._obs.admitted(self.world_size)
 
     async def close(self) -> None:
         """Leave the run gracefully and release every socket and task.
@@ -206,6 +226,7 @@ class Communicator:
         await self._control.close()
         await self._data.close()
         await self._sync.server.close()
+        await self._metrics.close()
 
     def _check_loop(self, *, binding: bool = False) -> None:
         """InvalidUsageError unless called on the event loop this communicator belongs to."""
@@ -227,6 +248,7 @@ class Communicator:
     def _on_membership(self, msg: m.Membership) -> None:
         self._keys.update(self._control.peer_id, msg, self._control.session)
         self._data.on_membership(msg, self._control.peer_id)
+        self._obs.on_membership(msg)
 
     # ---- votes ------------------------------------------------------------------------------
     async def update_topology(self, *, timeout: float | None = None) -> None:
@@ -311,7 +333,8 @@ class Communicator:
         if tag in self._control.colls:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
         self._check_group()
-        coll = Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort)
+        coll = self._obs.watch(
+            Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort))
         self._control.launch(coll, awaited)
         return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
 
@@ -376,11 +399,12 @@ class Communicator:
         quant_of = dict(zip(tags, quants))
 
         def make(tag: int, buf: Buffer) -> Collective:
-            return Collective(self._data, tag, buf, buf, reduce_op, True, quant_of[tag],
-                              restore=restore_on_abort)
+            return self._obs.watch(Collective(self._data, tag, buf, buf, reduce_op, True,
+                                              quant_of[tag], restore=restore_on_abort))
 
         return await MultiReduce(self._control, make, bufs, tags, max_in_flight,
-                                 max_attempts if restore_on_abort else 1).run(limit)
+                                 max_attempts if restore_on_abort else 1,
+                                 self._obs.retried).run(limit)
 
     def _check_group(self) -> None:
         if self.peer_group_world_size < 2:

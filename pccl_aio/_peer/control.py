@@ -82,6 +82,7 @@ class ControlPlane:
         self.on_measure: Callable[[m.MeasurePlan], None] | None = None  # the master's plans
         self.term, self.run_id, self.master = 0, "", ""  # the master's, as last heard
         self.revision = -1  # the shared-state revision of the last completed sync
+        self.vote_seconds = 0.0  # spent waiting for the master's answers to votes (metrics)
         self.sync: tuple[int, bool | None] | None = None  # a sync's revision, our SyncDone
         self.rounds: dict[str, tuple[int, bool]] = {}  # kind -> last joint-vote round seen
         self.heard: dict[str, int] = {}  # kind -> rounds the run had answered (Membership)
@@ -277,6 +278,7 @@ class ControlPlane:
         except BaseException:
             self._votes.pop(kind, None)
             raise
+        t0 = asyncio.get_running_loop().time()
         try:
             return await fut
         except asyncio.CancelledError:
@@ -284,6 +286,8 @@ class ControlPlane:
                 del self._votes[kind]
                 self._withdraw(kind)
             raise
+        finally:
+            self.vote_seconds += asyncio.get_running_loop().time() - t0
 
     def _withdraw(self, kind: str) -> None:
         with contextlib.suppress(PcclError):
@@ -413,7 +417,7 @@ class ControlPlane:
             pass
         except RemoteProtocolError as e:
             exc = MasterConnectionError(f"master broke the protocol: {e}")
-        log.info("peer %d: %s", self.peer_id, exc)
+        log.info("peer %d: %s", self.peer_id, exc, extra=self.ids(cause=str(exc)))
         self._lost(exc, gen)
 
     def _dispatch(self, msg: m.MasterToPeer) -> None:

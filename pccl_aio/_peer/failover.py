@@ -51,6 +51,7 @@ class Outage:
         self.failed: list[m.Doubt] = []
         self.since: float | None = None  # loop time of the loss; None: not in an outage
         self.count = 0  # outages ridden out so far
+        self.seconds = 0.0  # their time, the outage now excepted (metrics)
         self.demoted = False  # the master stepped down: rejoin as a joiner, not a member
         self.as_joiner = False  # this rejoin is as a joiner: calls made meanwhile are void
         self.joined = 0  # rejoins as a joiner so far (a vote waiting across one fails)
@@ -63,7 +64,8 @@ class Outage:
             self.since = loop.time()
             self.count += 1
             log.warning("peer %d: master %s lost (%s); rejoining the run for up to %g s",
-                        cp.peer_id, cp.master, why, cp.config.master_timeout)
+                        cp.peer_id, cp.master, why, cp.config.master_timeout,
+                        extra=cp.ids(master=cp.master, term=cp.term, cause=str(why)))
         if cp._up is None or cp._up.done():
             cp._up = loop.create_future()
         lost = MasterLostError(f"the master was lost ({why}); retry: this peer rejoins the run")
@@ -119,8 +121,11 @@ class Outage:
     def end(self, cp: ControlPlane) -> None:
         """The run is rejoined (a ``Membership`` came): send what was launched meanwhile."""
         if self.since is not None:
+            took = asyncio.get_running_loop().time() - self.since
+            self.seconds += took
             log.warning("peer %d: rejoined the run at %s (term %d) after %.2f s", cp.peer_id,
-                        cp.master, cp.term, asyncio.get_running_loop().time() - self.since)
+                        cp.master, cp.term, took,
+                        extra=cp.ids(master=cp.master, term=cp.term, seconds=round(took, 3)))
         self.since = None
         self.failed = []
         self.demoted = False

@@ -21,14 +21,17 @@ from .core.buffers import Buffer
 from .env import Launcher
 
 MakeCollective = Callable[[int, Buffer], Collective]  # (tag, in-place buffer) -> an attempt
+OnRetry = Callable[[int, int, int, BaseException], None]  # (tag, attempt, max_attempts, why)
 
 
 class MultiReduce:
     """One call of ``all_reduce_multiple_with_retry``."""
 
     def __init__(self, launcher: Launcher, make: MakeCollective, bufs: list[Buffer],
-                 tags: list[int], max_in_flight: int, max_attempts: int) -> None:
+                 tags: list[int], max_in_flight: int, max_attempts: int,
+                 on_retry: OnRetry | None = None) -> None:
         self.launcher, self.make, self.bufs, self.tags = launcher, make, bufs, tags
+        self.on_retry = on_retry  # told of each relaunch (log line, counter)
         self.max_in_flight, self.max_attempts = max_in_flight, max_attempts
         self.todo = list(range(len(bufs)))
         self.inflight: dict[int, Collective] = {}
@@ -89,6 +92,8 @@ class MultiReduce:
                 self.error = exc
             else:
                 bisect.insort(self.todo, i)
+                if self.on_retry is not None:
+                    self.on_retry(self.tags[i], self.attempts[i] + 1, self.max_attempts, exc)
         elif self.error is None:
             self.error = exc
         self._fill()

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import ssl
 
+from .. import _log
 from .._errors import (
     AuthenticationError,
     MasterConnectionError,
@@ -27,6 +29,8 @@ from .._wire.framing import frame
 from .core.config import PeerConfig
 
 __all__ = ["Session", "open_session"]
+
+log = logging.getLogger("pccl_aio.communicator")
 
 
 @dataclasses.dataclass(slots=True)
@@ -164,6 +168,10 @@ async def open_session(cfg: PeerConfig, hello: m.Hello, term: int) -> Session:
         writer.close()
         raise
     if isinstance(reply, m.Welcome) and reply.term >= term:
+        log.info("connected to the master at %s (term %d): %s", where, reply.term,
+                 "accepted" if reply.accepted else "rejoining as a member" if reply.rebuild
+                 else "waiting for admission", extra=_log.ids(
+                     reply.run_id, reply.peer_id, cfg.peer_group, master=where, term=reply.term))
         return Session(reader, writer, key, reply, where)
     writer.close()
     if isinstance(reply, m.Rejected):
