@@ -8,6 +8,7 @@ pass over the peers (the routes run on the master's event loop, between its even
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -128,6 +129,7 @@ class Status:
         return "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)
 
 
+@functools.cache
 def _page() -> str:
     return resources.files("pccl_aio._master").joinpath("status.html").read_text("utf-8")
 
