@@ -105,3 +105,32 @@ def test_progress_bar_without_tqdm_does_nothing(monkeypatch: pytest.MonkeyPatch)
     bar = pccl.progress_bar()
     bar(1, 2)
     bar(2, 2)
+
+
+def test_the_launcher_draws_fetch_lines_and_records_only_the_last(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+    from types import SimpleNamespace
+    from typing import Any
+
+    from pccl_aio._launch import runner
+    from pccl_aio._launch.record import Record
+
+    drawn: list[tuple[str, int, int]] = []
+
+    def fake_bar(desc: str, **options: Any) -> pr.ProgressFn:
+        return lambda done, total: drawn.append((desc, done, total))
+
+    monkeypatch.setattr(runner, "progress_bar", fake_bar)
+    record = Record(tmp_path / "r.csv")
+    cfg = runner.Config(Path("x.py"), 2, None, tmp_path, 0, None, [])
+    launcher = runner.Launcher(cfg, record, SimpleNamespace())
+    child = runner.Child("seed 7", 7, SimpleNamespace(pid=1, returncode=None))  # type: ignore[arg-type]
+    for line in ("fetch peer=3 done=1024 total=9000000", "fetch peer=3 done=bad total=1",
+                 "fetch peer=3 done=9000000 total=9000000"):
+        assert launcher._handle(child, "line", line + "\n") is None
+    record.close()
+    assert drawn == [("seed 7: shared state", 1024, 9000000),
+                     ("seed 7: shared state", 9000000, 9000000)]
+    rows = (tmp_path / "r.csv").read_text().splitlines()
+    assert len(rows) == 2 and "fetch" in rows[1] and "done=9000000" in rows[1], rows
