@@ -408,7 +408,7 @@ class Communicator:
         in the sync; close the communicator then. ``progress(done_bytes, total_bytes)`` is
         called on the event loop (keep it quick) while this peer fetches over 4 MiB, at most
         every 0.1 s, ending at ``(rx_bytes, rx_bytes)`` once all bytes matched their hash; one
-        that raises is logged and dropped (``_peer/progress.py``; ``progress_bar()``: tqdm).
+        that raises is logged once and dropped. ``pccl_aio.progress_bar()`` draws a tqdm bar.
         """
         self._check_loop()
         return await self._sync.run(state, strategy, deadline.check(timeout), progress)
