@@ -11,7 +11,8 @@ much smaller model and corpus, for tests). Peers of one run need the same Python
 collectives: connect, wait for ``--min-peers``, and before each outer step admit pending
 peers, sync the shared state (a joiner receives the model and the step there) and notice
 peers that left; it prints the line protocol (``joined``, ``waiting``, ``admitted``,
-``failed``, ``lost``, ``left``, ``step``, ``done``) and counts the payload bytes sent.
+``failed``, ``lost``, ``left``, ``fetch``, ``step``, ``done``) and counts the payload bytes
+sent. A joiner's fetch of the state shows a tqdm bar when tqdm is installed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import sysconfig
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -232,6 +233,18 @@ class Lines:
         print(" ".join([kind, f"peer={self.peer_id}", *(f"{k}={v}" for k, v in fields.items())]),
               flush=True)
 
+    def fetch_progress(self) -> Callable[[int, int], None]:
+        """A ``progress=`` for ``sync_shared_state`` (called only while this peer fetches
+        over 4 MiB): a tqdm bar on stderr (none without tqdm or a terminal) and ``fetch``
+        lines (``done=``, ``total=`` bytes) from which the launcher draws its own bar."""
+        bar = pccl.progress_bar(f"peer {self.peer_id}: shared state")
+
+        def progress(done: int, total: int) -> None:
+            bar(done, total)
+            self.log("fetch", done=done, total=total)
+
+        return progress
+
     def step(self, outer: int, inner: int, world: int, loss: float, val: float,
              digest: str) -> None:
         self.log("step", outer=outer, inner=inner, world=world, loss=f"{loss:.4f}",
@@ -309,7 +322,7 @@ class Peer(Lines):
             if self.comm.peer_group_world_size < 2:
                 self.wait_for_peers(2)
             try:
-                info = self.comm.sync_shared_state(state)
+                info = self.comm.sync_shared_state(state, progress=self.fetch_progress())
             except pccl.SharedStateError as exc:  # every peer of the group got it: retry
                 self.log("failed", error=repr(str(exc)).replace(" ", "_"))
                 continue

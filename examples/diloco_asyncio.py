@@ -61,7 +61,7 @@ class Peer(charlm.Lines):
             if self.comm.peer_group_world_size < 2:
                 await self.wait_for_peers(2)
             try:
-                info = await self.comm.sync_shared_state(state)
+                info = await self.comm.sync_shared_state(state, progress=self.fetch_progress())
             except pccl.SharedStateError as exc:  # every peer of the group got it: retry
                 self.log("failed", error=repr(str(exc)).replace(" ", "_"))
                 continue

@@ -158,6 +158,7 @@ async def main(args: argparse.Namespace) -> int:
             await wait_for_peers(comm, args.min_peers)
         first = True
         world = comm.peer_group_world_size
+        bar = pccl.progress_bar(f"peer {comm.peer_id}: shared state")  # tqdm, if installed
         pending: asyncio.Future[np.ndarray] | None = None  # --overlap: the last step's average
         while outer.count[0] + (pending is not None) < args.steps:
             joining = not first and await comm.are_peers_pending()  # a joint vote of the run
@@ -174,7 +175,7 @@ async def main(args: argparse.Namespace) -> int:
                     await wait_for_peers(comm, 2)
             if pending is None:  # a joiner receives the outer state and the step count here
                 try:
-                    await comm.sync_shared_state(outer.state)
+                    await comm.sync_shared_state(outer.state, progress=bar)
                 except pccl.SharedStateError as exc:
                     # A fetch failed (every source died mid-transfer, or a hash mismatch):
                     # the sync fails on every peer of the group, so all retry it together.

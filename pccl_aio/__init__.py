@@ -31,6 +31,7 @@ from ._net.credentials import load_secret, tls_contexts
 from ._peer.buckets import Buckets
 from ._peer.communicator import AllReduceHandle, Communicator
 from ._peer.core.shared_state import SharedState
+from ._peer.progress import progress_bar
 from ._types import (
     DataType,
     QuantAlgo,
@@ -73,6 +74,7 @@ __all__ = [
     "VersionMismatchError",
     "__version__",
     "load_secret",
+    "progress_bar",
     "run",
     "tls_contexts",
 ]

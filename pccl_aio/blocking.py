@@ -240,9 +240,14 @@ class Communicator:
 
     def sync_shared_state(self, state: SharedState,
                           strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR, *,
-                          timeout: float | None = None) -> SyncInfo:
+                          timeout: float | None = None,
+                          progress: Callable[[int, int], None] | None = None) -> SyncInfo:
+        """Blocks until the group's sync ended. ``progress`` runs in this communicator's
+        loop thread, not the calling one: it must not call back into the communicator (that
+        raises) and should be quick (it holds up the loop)."""
         return self._runner.call(self._comm.sync_shared_state(state, strategy,
-                                                              timeout=timeout))
+                                                              timeout=timeout,
+                                                              progress=progress))
 
 
 class Master:

@@ -3,8 +3,8 @@
 Starts a master and 4 peer processes on 127.0.0.1 and runs verified all-reduce steps. One peer
 SIGKILLs itself in the middle of an all-reduce, so every survivor's all-reduce raises
 ``PeerLostError`` and is retried by the remaining three; then a newcomer joins, receives the
-shared state and takes part. Every peer's progress is printed with its peer id, and the run
-ends with a one-line verdict. The exit status is non-zero if any result was wrong or the run
+shared state (a progress bar on stderr, with tqdm on a terminal) and takes part. Every peer's
+progress is printed with its peer id, and the run ends with a one-line verdict. The exit status is non-zero if any result was wrong or the run
 did not finish.
 
 Each step every peer syncs a shared state (its revision is the step, so a newcomer learns it
@@ -35,6 +35,7 @@ from ._compute import front
 from ._net.credentials import SECRET_ENV
 from ._peer.core.gather import GATHER_MAX
 from ._peer.core.shared_state import hash_bytes
+from ._peer.progress import progress_bar
 
 
 def kernel_warning() -> str:
@@ -87,6 +88,7 @@ async def _peer(addr: str, steps: int, count: int, stop_file: str, die_at: int,
         weights = np.zeros(count, np.float32)
         state = SharedState({"weights": weights}, revision=0)
         bad, was_full = 0, False
+        bar = progress_bar(f"peer {me}: shared state")  # the newcomer's fetch, on stderr
         # Every peer makes the same calls in the same order. A newcomer's first call is the
         # vote at the top of the loop, which is where the others go after admitting it.
         while True:
@@ -97,7 +99,7 @@ async def _peer(addr: str, steps: int, count: int, stop_file: str, die_at: int,
                 if comm.peer_group_world_size < 2:
                     await asyncio.sleep(0.05)  # alone: pacing only, wait for company
                     continue
-                sync = await comm.sync_shared_state(state)
+                sync = await comm.sync_shared_state(state, progress=bar)
                 emit(event="state", peer=me, revision=state.revision,
                      hash=hash_bytes(state.view("weights")).hex(), rx=sync.rx_bytes,
                      ws=comm.peer_group_world_size)

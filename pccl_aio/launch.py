@@ -15,7 +15,8 @@ churn stops in the last quarter of the run's outer steps (known when ``--inner-s
 and once a peer printed ``done``; a replacement that could not join before the end is stopped.
 
 A progress bar on stderr shows the outer step, world size, latest validation loss, kills and
-joins, and whether the peers' digests agree. DIR (default ``runs/<example stem>``) gets
+joins, and whether the peers' digests agree; a second one, while a peer fetches more than 4 MiB
+of shared state (its ``fetch done= total=`` lines), the bytes it received. DIR (default ``runs/<example stem>``) gets
 ``<stem>.csv`` (every protocol line of every peer and the launcher's start/kill/exit events;
 ``time`` is seconds since the launch, ``seed`` names the process, ``peer`` its peer id),
 ``<stem>.png`` (validation loss against inner steps and against bytes sent per peer),

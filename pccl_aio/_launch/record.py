@@ -1,5 +1,6 @@
-"""What the launcher keeps of a run: every protocol line of every peer as a CSV row, the digests
-of each outer step, and the series the plot and the summary are made of.
+"""What the launcher keeps of a run: every protocol line of every peer as a CSV row (of a
+fetch's ``fetch`` lines, the last), the digests of each outer step, and the series the plot
+and the summary are made of.
 
 The line protocol of the examples: ``kind key=value ...``, one event per line (see
 ``pccl_aio.launch``). Lines of other kinds (banners, warnings) are not rows.
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-KINDS = frozenset({"joined", "step", "waiting", "admitted", "lost", "left", "failed", "done"})
+KINDS = frozenset({"joined", "step", "waiting", "admitted", "lost", "left", "failed", "fetch",
+                   "done"})
 COLUMNS = ("time", "kind", "seed", "peer", "outer", "inner", "world", "loss", "val", "sent",
            "digest", "detail")
 _STEP_KEYS = ("peer", "outer", "inner", "world", "loss", "val", "sent", "digest")
@@ -90,7 +92,10 @@ class Record:
         self._file.flush()
 
     def line(self, time: float, seed: int, kind: str, fields: dict[str, str]) -> Step | None:
-        """Record one protocol line of process ``seed``; the Step if it is a valid step line."""
+        """Record one protocol line of process ``seed``; the Step if it is a valid step line.
+        Of a ``fetch`` (progress of a shared-state fetch), only the last line is a row."""
+        if kind == "fetch" and fields.get("done") != fields.get("total"):
+            return None
         if kind in ("step", "done"):
             try:
                 if kind == "done":

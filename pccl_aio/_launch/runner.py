@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .._net.credentials import SECRET_ENV, SECRET_FILE_ENV
+from .._peer.progress import ProgressFn, progress_bar
 from .record import Record, parse
 
 _LISTENING = re.compile(r"listening on \S+:(\d+)")
@@ -122,6 +123,7 @@ class Launcher:
         self.ending = False  # a peer printed done: no more kills, late replacements stop
         self.interrupted: int | None = None  # the signal that ended the run
         self.said: tuple[str, str, int] = ("", "", 0)  # the last group event shown
+        self.fetching: dict[Child, ProgressFn] = {}  # a bar per joiner fetching the state
         self.preexec = _die_with_parent()
         root = str(Path(__file__).resolve().parents[2])  # the pccl_aio the launcher runs
         path = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)
@@ -278,6 +280,10 @@ class Launcher:
             child.peer = fields.get("peer", "?")
         elif kind == "done":
             child.done = self.ending = True
+        elif kind == "fetch" and all(fields.get(k, "").isdigit() for k in ("done", "total")):
+            bar = self.fetching.setdefault(child, progress_bar(  # below the run's bar
+                f"{child.name}: shared state", position=1, leave=False, file=sys.stderr))
+            bar(int(fields["done"]), int(fields["total"]))
         elif kind == "step" and step is None:
             self.say(f"{child.name}: malformed {kind} line: {(text or '').strip()}")
         elif step is not None:

@@ -34,6 +34,7 @@ from .keys import KeyRing
 from .measure import Measurer
 from .metrics import PeerMetrics, check_options
 from .observe import Observer
+from .progress import ProgressFn
 from .retry import MultiReduce
 from .sync import SharedStateSync
 
@@ -414,20 +415,24 @@ class Communicator:
     # ---- shared state -----------------------------------------------------------------------
     async def sync_shared_state(self, state: SharedState,
                                 strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR, *,
-                                timeout: float | None = None) -> SyncInfo:
+                                timeout: float | None = None,
+                                progress: ProgressFn | None = None) -> SyncInfo:
         """Make ``state`` identical on every peer of the group (a vote of the whole group).
 
         Each entry is hashed (xxh3-128); the master elects the popular content and revision.
         Outdated or drifted peers fetch only their dirty entries, in place, from up-to-date
         peers (ranges spread over all of them, failing over when one dies) and re-hash them.
         Blocks until the whole group finished. Returns ``SyncInfo(tx_bytes, rx_bytes,
-        revision)`` and sets ``state.revision``. Raises ``InvalidUsageError`` (collectives in
-        flight), ``SharedStateError`` (no up-to-date source, fetch failed or a hash mismatch;
+        revision)`` and sets ``state.revision``. Raises ``InvalidUsageError`` (bad argument,
+        collectives in flight; nothing is sent), ``SharedStateError`` (no up-to-date source, fetch failed or a hash mismatch;
         retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
         rules), ``DeadlockError`` if the peers wait on each other. ``timeout`` expiring
         raises ``PcclTimeoutError``: this peer's vote is taken back, or its fetch ends as a
         failed one for the group; the communicator stays usable. Cancelling leaves the peer
-        in the sync; close the communicator then.
+        in the sync; close the communicator then. ``progress(done_bytes, total_bytes)`` is
+        called on the event loop (keep it quick) while this peer fetches over 4 MiB, at most
+        every 0.1 s, ending at ``(rx_bytes, rx_bytes)`` once all bytes matched their hash; one
+        that raises is logged once and dropped. ``pccl_aio.progress_bar()`` draws a tqdm bar.
         """
         self._check_loop()
-        return await self._sync.run(state, strategy, deadline.check(timeout))
+        return await self._sync.run(state, strategy, deadline.check(timeout), progress)

@@ -9,7 +9,9 @@ whole group is done (``SyncComplete``), serving others meanwhile.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import logging
 
 from .._errors import InvalidUsageError, PcclTimeoutError, SharedStateError
 from .._net.handshake import Gate
@@ -21,9 +23,11 @@ from .core.config import PeerConfig
 from .core.shared_state import SharedState, hash_bytes
 from .env import SyncControl
 from .keys import KeyRing
+from .progress import Meter, ProgressFn, check
 from .transfer import Source, StateServer, fetch_ranges, split
 
 _THREAD_HASH_BYTES = 32 << 20  # hash in a worker thread above this, so the loop keeps beating
+log = logging.getLogger("pccl_aio.state")
 
 
 async def _hashes(state: SharedState) -> dict[str, bytes]:
@@ -64,12 +68,13 @@ class SharedStateSync:
         return state.view(key)
 
     async def run(self, state: SharedState, strategy: SyncStrategy,
-                  timeout: float | None = None) -> SyncInfo:
+                  timeout: float | None = None, progress: ProgressFn | None = None) -> SyncInfo:
         """See ``Communicator.sync_shared_state``."""
         control = self.control
         control.check_usable()
         if not isinstance(state, SharedState):
             raise InvalidUsageError(f"expected a SharedState, not {type(state).__name__}")
+        progress = check(progress)
         try:
             strategy = SyncStrategy(strategy)
         except ValueError:
@@ -98,12 +103,15 @@ class SharedStateSync:
             self.plan = plan
             self._planned.set()
             done = control.expect("sync_done")
-            rx, error = 0, None
+            rx, error, served = 0, None, collections.Counter[int]()
+            t0 = loop.time()
             if plan.keys:
                 try:
-                    rx = await deadline.within(self._fetch(state, plan), left(), what)
+                    rx = await deadline.within(self._fetch(state, plan, progress, served),
+                                               left(), what)
                 except Exception as exc:  # any failure of the fetch is the group's to know
                     error = exc
+            took = loop.time() - t0
             control.report_sync(error is None, repr(error)[:200] if error else "")
             await deadline.within(done, left(), what)
             if isinstance(error, PcclTimeoutError):
@@ -115,12 +123,25 @@ class SharedStateSync:
                     f"shared-state fetch failed: {error}; retry the sync") from error
             state.revision = plan.revision
             state.fresh = False
-            return SyncInfo(self.server.tx - tx0, rx, plan.revision)
+            info = SyncInfo(self.server.tx - tx0, rx, plan.revision)
+            self._log(info, sorted(served), took)
+            return info
         finally:
             self.serving = self.plan = None
             self._planned.clear()
 
-    async def _fetch(self, state: SharedState, plan: m.SyncPlan) -> int:
+    def _log(self, info: SyncInfo, sources: list[int], took: float) -> None:
+        ids = self.control.ids(revision=info.revision, bytes=info.rx_bytes, sources=sources,
+                               sent=info.tx_bytes)
+        if info.rx_bytes:
+            log.info("synced shared state: revision %d, fetched %d B from peers %s in %.2f s",
+                     info.revision, info.rx_bytes, ", ".join(map(str, sources)), took, extra=ids)
+        else:
+            log.debug("synced shared state: revision %d, nothing fetched (sent %d B)",
+                      info.revision, info.tx_bytes, extra=ids)
+
+    async def _fetch(self, state: SharedState, plan: m.SyncPlan, progress: ProgressFn | None,
+                     served: collections.Counter[int]) -> int:
         me = self.control.peer_id
         sources = [Source(s.host, s.state_port, s.peer_id, self.keys.key(s.peer_id))
                    for s in plan.sources if s.peer_id != me]
@@ -133,9 +154,13 @@ class SharedStateSync:
         for key in plan.keys:
             pieces.extend(split(key, state.view(key)))
         tls = self.config.ssl if self.config.ssl_server is not None else None
-        rx = await fetch_ranges(sources, plan.revision, pieces, self.data_timeout, me, tls)
+        meter = Meter(progress, sum(len(p[2]) for p in pieces),
+                      self.control.ids(revision=plan.revision))
+        rx = await fetch_ranges(sources, plan.revision, pieces, self.data_timeout, me, tls,
+                                on_bytes=meter.add if meter.active else None, served=served)
         for key, want in zip(plan.keys, plan.hashes):
             if want and hash_bytes(state.view(key)) != want:
                 raise SharedStateError(
                     f"entry {key!r} received from a peer does not match the elected hash")
+        meter.finish()
         return rx

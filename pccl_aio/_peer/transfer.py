@@ -143,6 +143,8 @@ class _FetchProtocol(asyncio.BufferedProtocol):
         self._want = RESP.size
         self._in_header = True
         self._waiter: asyncio.Future[int] | None = None
+        self.on_bytes: Callable[[int], None] | None = None  # told of each body read
+        self.body = 0  # bytes of the current range received so far
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -163,6 +165,10 @@ class _FetchProtocol(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._got += nbytes
+        if not self._in_header:
+            self.body += nbytes
+            if self.on_bytes is not None:
+                self.on_bytes(nbytes)
         if self._got < self._want:
             return
         if self._in_header:
@@ -191,19 +197,24 @@ class _FetchProtocol(asyncio.BufferedProtocol):
         if self.transport is None:
             raise ConnectionResetError("state source connection closed")
         self._waiter = asyncio.get_running_loop().create_future()
-        self._target = target
+        self._target, self.body = target, 0
         self.transport.write(pack_request(key, revision, offset, len(target)))
         await self._waiter
 
 
 async def fetch_ranges(sources: list[Source], revision: int,
                        pieces: list[tuple[str, int, memoryview]], timeout: float, me: int,
-                       tls: ssl.SSLContext | None = None, streams: int = 2) -> int:
+                       tls: ssl.SSLContext | None = None, streams: int = 2,
+                       on_bytes: Callable[[int], None] | None = None,
+                       served: collections.Counter[int] | None = None) -> int:
     """Fetch every (key, offset, target) piece from any of ``sources``; returns bytes received.
 
     Pieces are shared by ``streams`` workers (one connection each) per source; a failing
-    connection returns its piece to the queue. Raises ``ConnectionError`` if pieces remain when every source failed, or
-    ``TimeoutError`` if a piece makes no progress for ``timeout`` seconds.
+    connection returns its piece to the queue. ``on_bytes(n)`` hears of every read into a
+    target, and of ``-n`` for the bytes of a piece that failed (they come again); ``served``
+    counts the bytes of the pieces each source (peer id) delivered. Raises
+    ``ConnectionError`` if pieces remain when every source failed, or ``TimeoutError`` if a
+    piece makes no progress for ``timeout`` seconds.
     """
     queue: list[tuple[str, int, memoryview]] = list(reversed(pieces))
     received = 0
@@ -223,6 +234,7 @@ async def fetch_ranges(sources: list[Source], revision: int,
         except (OSError, TimeoutError) as exc:
             errors.append(exc)
             return
+        proto.on_bytes = on_bytes
         try:
             while queue or busy:
                 if not queue:
@@ -237,9 +249,14 @@ async def fetch_ranges(sources: list[Source], revision: int,
                 except BaseException as exc:
                     queue.append(piece)
                     errors.append(exc)
+                    proto.on_bytes = None
+                    if on_bytes is not None and proto.body:
+                        on_bytes(-proto.body)
                     return
                 else:
                     received += len(piece[2])
+                    if served is not None:
+                        served[src.peer_id] += len(piece[2])
                 finally:
                     busy -= 1
                     changed.set()

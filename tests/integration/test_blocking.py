@@ -198,3 +198,27 @@ def test_a_blocking_call_from_the_loop_thread_is_refused(master: blocking.Master
             c._runner.call(inside())
     finally:
         c.close()
+
+
+@pytest.mark.timeout(60)
+def test_sync_shared_state_passes_progress_to_the_loop_thread(master: blocking.Master) -> None:
+    a, b = comms = _join(master, 2)
+    try:
+        good = np.random.default_rng(5).integers(0, 256, 6 << 20, dtype=np.uint8)
+        xb = np.zeros_like(good)
+        calls: list[tuple[int, int, threading.Thread]] = []
+
+        def progress(done: int, total: int) -> None:
+            calls.append((done, total, threading.current_thread()))
+
+        _, ib = _in_threads([
+            lambda: a.sync_shared_state(pccl.SharedState({"w": good}, revision=1)),
+            lambda: b.sync_shared_state(pccl.SharedState({"w": xb}), progress=progress)])
+        assert xb.tobytes() == good.tobytes() and ib.rx_bytes == good.nbytes
+        assert calls and calls[-1][:2] == (good.nbytes, good.nbytes), calls
+        assert {t for *_, t in calls} == {b._runner.thread}  # the runner's loop thread
+        with pytest.raises(pccl.InvalidUsageError):
+            b.sync_shared_state(pccl.SharedState({"w": xb}), progress=42)  # type: ignore[arg-type]
+    finally:
+        for c in comms:
+            c.close()

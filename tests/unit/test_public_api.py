@@ -20,7 +20,7 @@ EXPECTED_ALL = {
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
     "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "TopologyInfo",
     "VersionMismatchError",
-    "__version__", "load_secret", "run", "tls_contexts",
+    "__version__", "load_secret", "progress_bar", "run", "tls_contexts",
 }
 
 
@@ -38,8 +38,9 @@ def test_every_exported_name_exists_and_star_import_matches() -> None:
 
 
 def test_exported_objects_are_what_they_claim() -> None:
-    assert callable(pccl_aio.run)
-    for name in EXPECTED_ALL - {"__version__", "run", "load_secret", "tls_contexts"}:
+    assert callable(pccl_aio.run) and callable(pccl_aio.progress_bar)
+    for name in EXPECTED_ALL - {"__version__", "run", "load_secret", "tls_contexts",
+                                "progress_bar"}:
         assert isinstance(getattr(pccl_aio, name), type), name
     assert pccl_aio.RemoteProtocolError is _errors.RemoteProtocolError
     assert pccl_aio.Master.__module__.startswith("pccl_aio.")
