@@ -380,24 +380,14 @@ class Communicator:
         """
         self._check_usable()
         limit = deadline.check(timeout)
-        if not isinstance(max_in_flight, int) or max_in_flight <= 0:
-            raise InvalidUsageError(f"max_in_flight must be a positive int, not {max_in_flight!r}")
-        if not isinstance(max_attempts, int) or max_attempts <= 0:
-            raise InvalidUsageError(f"max_attempts must be a positive int, not {max_attempts!r}")
-        if not isinstance(restore_on_abort, bool):
-            raise InvalidUsageError(
-                f"restore_on_abort must be True or False, not {restore_on_abort!r}")
-        if not tensors:
-            raise InvalidUsageError("no tensors given")
-        bufs = [args.buffers(t, None)[0] for t in tensors]
-        quants = [args.quantization(quantization, b.dtype) for b in bufs]
-        tags = [args.tag(first_tag + i) for i in range(len(bufs))]
+        args.positive("max_in_flight", max_in_flight)
+        args.positive("max_attempts", max_attempts)
+        bufs, tags, quant_of = args.multi(tensors, first_tag, quantization, restore_on_abort)
         reduce_op = args.op(op)
         busy = set(tags) & set(self._control.colls)
         if busy:
             raise InvalidUsageError(f"tags {sorted(busy)} are already in flight")
         self._check_group()
-        quant_of = dict(zip(tags, quants))
 
         def make(tag: int, buf: Buffer) -> Collective:
             return self._obs.watch(Collective(self._data, tag, buf, buf, reduce_op, True,
@@ -424,8 +414,8 @@ class Communicator:
         peers (ranges spread over all of them, failing over when one dies) and re-hash them.
         Blocks until the whole group finished. Returns ``SyncInfo(tx_bytes, rx_bytes,
         revision)`` and sets ``state.revision``. Raises ``InvalidUsageError`` (bad argument,
-        collectives in flight; nothing is sent), ``SharedStateError`` (no up-to-date source, fetch failed or a hash mismatch;
-        retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
+        collectives in flight; nothing is sent), ``SharedStateError`` (no up-to-date source,
+        fetch failed or a hash mismatch; retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
         rules), ``DeadlockError`` if the peers wait on each other. ``timeout`` expiring
         raises ``PcclTimeoutError``: this peer's vote is taken back, or its fetch ends as a
         failed one for the group; the communicator stays usable. Cancelling leaves the peer

@@ -52,6 +52,15 @@ async def test_bad_arguments_of_calls_are_invalid_usage_and_send_nothing(peers):
         lambda: a.all_reduce(np.ones(8, np.complex64)),
         lambda: a.all_reduce(x, np.ones(9, np.float32)),
         lambda: a.all_reduce_multiple_with_retry([x], max_in_flight=0),
+        lambda: a.all_reduce_multiple_with_retry([x], max_in_flight=True),
+        lambda: a.all_reduce_multiple_with_retry([x], max_attempts=0),
+        lambda: a.all_reduce_multiple_with_retry([x], restore_on_abort=1),
+        lambda: a.all_reduce_multiple_with_retry([]),
+        lambda: a.all_reduce_multiple_with_retry([x], first_tag=-1),
+        lambda: a.all_reduce_multiple_with_retry([np.ones(8, np.int32)],
+                                                 quantization=pccl.Quantization(
+                                                     pccl.QuantAlgo.MIN_MAX, pccl.DataType.UINT8)),
+        lambda: a.sync_shared_state(pccl.SharedState({"x": x}), progress=3),
         lambda: a.sync_shared_state(pccl.SharedState({"x": x}), strategy=7),
         lambda: a.sync_shared_state({"x": x}),
     ]

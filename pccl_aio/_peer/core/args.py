@@ -3,6 +3,7 @@ raises ``InvalidUsageError`` (before anything is sent)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import InvalidUsageError
@@ -51,3 +52,22 @@ def tag(tag: Any) -> int:
     if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < _U64:
         raise InvalidUsageError(f"tag must be an int in [0, 2**64), not {tag!r}")
     return tag
+
+
+def positive(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InvalidUsageError(f"{name} must be a positive int, not {value!r}")
+    return value
+
+
+def multi(tensors: Sequence[Any], first_tag: Any, quant: Any, restore: Any
+          ) -> tuple[list[Buffer], list[int], dict[int, Quantization | None]]:
+    """``all_reduce_multiple_with_retry``'s tensors as in-place buffers, their tags
+    (``first_tag + i``) and each tag's quantization."""
+    if not isinstance(restore, bool):
+        raise InvalidUsageError(f"restore_on_abort must be True or False, not {restore!r}")
+    if not tensors:
+        raise InvalidUsageError("no tensors given")
+    bufs = [buffers(t, None)[0] for t in tensors]
+    tags = [tag(first_tag + i) for i in range(len(bufs))]
+    return bufs, tags, {t: quantization(quant, b.dtype) for t, b in zip(tags, bufs)}
