@@ -187,15 +187,16 @@ class _Collector(Collector):
 
 def _gauge(name: str, doc: str, values: dict[tuple[str, ...], float],
            labels: list[str] | None = None) -> Metric:
-    family = GaugeMetricFamily(name, doc, labels=labels or [])
-    for key, v in values.items():
-        family.add_metric(list(key), v)
-    return family
+    return _family(GaugeMetricFamily(name, doc, labels=labels or []), values)
 
 
 def _counter(name: str, doc: str, values: dict[tuple[str, ...], float],
              labels: list[str] | None = None) -> Metric:
-    family = CounterMetricFamily(name, doc, labels=labels or [])
+    return _family(CounterMetricFamily(name, doc, labels=labels or []), values)
+
+
+def _family(family: GaugeMetricFamily | CounterMetricFamily,
+            values: dict[tuple[str, ...], float]) -> Metric:
     for key, v in values.items():
         family.add_metric(list(key), v)
     return family
