@@ -58,8 +58,7 @@ class Latency:
 class PeerStats:
     """One communicator's counters since it was created."""
 
-    __slots__ = ("aborted", "completed", "failed", "latency", "received", "retries", "sent",
-                 "vote_seconds")
+    __slots__ = ("aborted", "completed", "failed", "latency", "received", "retries", "sent")
 
     def __init__(self) -> None:
         self.sent: dict[int, int] = {}  # neighbour peer id -> payload bytes sent to it
@@ -69,7 +68,6 @@ class PeerStats:
         self.aborted = 0  # ... aborted for the group (``PeerLostError``: a peer or the master lost)
         self.failed = 0  # ... ended otherwise (rejected, timed out, communicator closed)
         self.retries = 0  # relaunches by ``all_reduce_multiple_with_retry``
-        self.vote_seconds = 0.0  # time spent waiting for the master's answer to a vote
 
     def moved(self, successor: int, tx: int, predecessor: int, rx: int) -> None:
         """One attempt's bytes, to its successor and from its predecessor."""
