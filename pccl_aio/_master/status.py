@@ -26,6 +26,7 @@ from .story import Story
 __all__ = ["Status"]
 
 _WINDOW = 10.0  # seconds the rates average over
+_RUNNING = 100  # running collectives listed at most
 
 
 class Status:
@@ -105,7 +106,8 @@ class Status:
                 "rejoined": recovery[0], "missing": recovery[1]},
             "peers": peers, "groups": groups,
             "rates": {"collectives_per_s": round(per_s, 2), "bytes_per_s": round(bytes_per_s)},
-            "running": len(view.running_seqs()),
+            "running": [{"group": g, "tag": tag, "seq": seq, "waiting_for": waiting}
+                        for g, tag, seq, waiting in view.running()[:_RUNNING]],
             "counts": {"started": c.started, "completed": c.completed,
                        "reduced_bytes": c.reduced_bytes, "aborted": dict(c.aborted),
                        "rejected": dict(c.rejected), "votes": dict(c.votes),

@@ -125,18 +125,27 @@ async def scenario(procs: list[Proc], hook: Hook) -> tuple[Run, MasterCli]:
 
 
 async def kill_mid_collective(run: Run, master: MasterCli) -> bool:
-    """SIGKILL p2 while a collective it takes part in runs: stop it (nothing can start or
-    finish without it then), and kill it if the master counts a collective running, else let
-    it go on (the caller tries again at p0's next sync)."""
+    """SIGKILL p2 while a collective waits for its part: stop it (once it is stopped,
+    whatever it sent has reached the master, and nothing can start or finish without it),
+    and kill it if the master lists a running collective that waits for p2; else let it go
+    on (the caller tries again at p0's next sync)."""
     p2 = run.peers["p2"]
     p2.signal(signal.SIGSTOP)
-    text = await http_get(metrics_url(master))
-    if metric(text, "pccl_master_collectives_running") < 1:
+    await stopped(p2.proc.pid)
+    status = json.loads(await http_get(status_url(master) + "status.json"))
+    if not any(run.ids["p2"] in r["waiting_for"] for r in status["running"]):
         p2.signal(signal.SIGCONT)
         return False
     run.mark()
     run.kill("p2")
     return True
+
+
+async def stopped(pid: int) -> None:
+    """Until the process is in the stopped state (``T`` in /proc/PID/stat)."""
+    async with asyncio.timeout(10):
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            await asyncio.sleep(0.001)  # polling the kernel's process state
 
 
 def metrics_url(master: MasterCli) -> str:
@@ -260,7 +269,7 @@ async def test_the_status_page_in_a_browser_shows_the_new_membership(procs, tmp_
             return
         url = status_url(master)
         await chromium(f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
-                       "--window-size=1280,960", url)
+                       "--window-size=1280,1100", url)
         pages["dom"] = (await chromium(f"--user-data-dir={tmp_path / 'profile'}",
                                        "--dump-dom", url)).decode()
         pages["json"] = await http_get(url + "status.json")

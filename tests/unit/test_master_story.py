@@ -171,17 +171,18 @@ def test_the_status_snapshot_shows_peers_rings_sync_and_counts():
     seq = h.start([a, b], 1)
     h.now = 1.5
     snap = status_of(h).snapshot()
-    assert (snap["run"], snap["world_size"], snap["pending"], snap["running"]) == (
-        RUN, 2, [waiting], 1)
+    assert (snap["run"], snap["world_size"], snap["pending"]) == (RUN, 2, [waiting])
+    assert snap["running"] == [{"group": 0, "tag": 1, "seq": seq, "waiting_for": [a, b]}]
     peers = {p["id"]: p for p in snap["peers"]}
     assert peers[a]["state"] == peers[b]["state"] == "member"
     assert peers[waiting]["state"] == "waiting" and peers[waiting]["ring_position"] == -1
     assert peers[a]["last_heartbeat_s"] == 1.5
     assert snap["groups"] == [{"group": 0, "ring": [a, b], "revision": None, "sync": None}]
-    for conn in (a, b):
-        h.send(conn, m.CollectiveDone(1, seq, True))
+    h.send(a, m.CollectiveDone(1, seq, True))
+    assert status_of(h).snapshot()["running"][0]["waiting_for"] == [b]
+    h.send(b, m.CollectiveDone(1, seq, True))
     snap = status_of(h).snapshot()
-    assert snap["counts"]["completed"] == 1 and snap["running"] == 0
+    assert snap["counts"]["completed"] == 1 and snap["running"] == []
     served = json.loads(status_of(h).json()[1])  # /status.json: the same, as JSON
     assert {k: v for k, v in served.items() if k not in ("now", "uptime_s")} == {
         k: v for k, v in snap.items() if k not in ("now", "uptime_s")}

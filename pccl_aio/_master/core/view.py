@@ -65,6 +65,12 @@ class View:
         """Seqs of the collectives that started and have not ended."""
         return {op.seq for op in self._state._colls.ops.values() if op.seq}
 
+    def running(self) -> list[tuple[int, int, int, list[int]]]:
+        """(group, tag, seq, participants that have not reported yet) of each collective
+        that started and has not ended."""
+        return [(g, tag, op.seq, sorted(set(op.participants) - op.done))
+                for (g, tag), op in self._state._colls.ops.items() if op.seq]
+
     def revisions(self) -> dict[int, int]:
         """Group -> its last elected shared-state revision."""
         return self._state._sync.revisions()
