@@ -222,6 +222,7 @@ class Story:
 
     def _gone(self, conn: int, reason: str, cause: str) -> None:
         member = self.members.pop(conn)
+        self._votes.pop(conn, None)
         self.counts.departures[cause] += 1
         words = {"left": "left the run", "heartbeat": "dead: no heartbeat",
                  "closed": "dead: its connection closed", "kicked": f"kicked: {reason}",

@@ -142,6 +142,8 @@ def test_a_sync_that_moves_data_says_who_fetched_what_from_whom(logs):
     for conn in (a, b, c):  # the same content everywhere: nothing to tell at INFO
         h.send(conn, sync_vote(3, content=1, nbytes=4096))
     assert len(events(logs, "sync_fetch")) == 1 and h.story.syncs[0].agreed
+    h.send(c, m.Leave())  # a departed peer's vote is forgotten
+    assert sorted(h.story._votes) == [a, b]
 
 
 def test_the_story_never_takes_the_master_down(logs, monkeypatch):
