@@ -79,6 +79,9 @@ class Master:
             status port); None: none.
         http_host: the interface of those HTTP ports (default loopback: the page shows the
             peers' addresses and has no authentication).
+
+    ``status.snapshot()`` is the run at a glance as a dict (what ``/status.json`` serves),
+    ``story`` the counters and recent events behind it; both are read-only views.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, *,
