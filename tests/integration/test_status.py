@@ -115,3 +115,27 @@ async def test_clients_misbehaving_on_the_status_port_do_not_disturb_the_run():
                 w.close()
             for c in comms:
                 await c.close()
+
+
+async def test_a_measured_bandwidth_matrix_is_served_as_json_and_metrics():
+    async with master(status_port=0, metrics_port=0) as m:
+        comms = await join_peers(m, 3)
+        try:
+            status = json.loads((await get(m.status_address + "status.json"))[1])
+            assert status["links"] == []  # not measured yet
+            infos = await asyncio.gather(*(c.optimize_topology(timeout=30) for c in comms))
+            ids = sorted(c.peer_id for c in comms)
+            status = json.loads((await get(m.status_address + "status.json"))[1])
+            links = {(link["src"], link["dst"]): link for link in status["links"]}
+            assert sorted(links) == [(a, b) for a in ids for b in ids if a != b]
+            assert all(link["bps"] > 0 and 0 <= link["latency_s"] < 1 for link in links.values())
+            assert status["groups"][0]["ring"] == list(infos[0].ring)
+            assert status["counts"]["votes"]["optimize_topology"] == 1
+            _, metrics = await get(m.metrics_address)
+            for a, b in links:
+                assert f'pccl_master_link_bandwidth_bits_per_second{{dst="{b}",src="{a}"}}' \
+                    in metrics
+            assert any(e["event"] == "optimized" for e in status["recent"])
+        finally:
+            for c in comms:
+                await c.close()
