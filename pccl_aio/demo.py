@@ -165,10 +165,13 @@ async def _control(args: argparse.Namespace, stop_file: str) -> int:
     victim = 2  # index of the process that dies mid-all-reduce
     secret = secrets.token_hex(16)  # a fresh run secret, handed to the peers' environment
     async with Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0,
-                      secret=secret) as master:
+                      secret=secret, status_port=args.status_port) as master:
         print(f"master on {master.address}; starting {args.peers} peers "
               f"({args.count * 4 / 2**20:.2f} MiB float32 per all-reduce, {args.steps} steps)",
               flush=True)
+        if master.status_address:
+            print(f"status page: {master.status_address} (live while the demo runs)",
+                  flush=True)
         events: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
         procs: list[asyncio.subprocess.Process] = []
         pumps: list[asyncio.Task[None]] = []
@@ -268,6 +271,7 @@ async def _control(args: argparse.Namespace, stop_file: str) -> int:
             ("a survivor saw no PeerLostError", not survivors or not survivors <= set(lost)),
             (f"exit statuses {codes}", any(c != 0 for c in codes))] if bad]
         ok = not failed
+        _print_master(master.status.snapshot())
         sizes = [w for _, w in sorted(world_at.items())]
         path = "->".join(str(w) for i, w in enumerate(sizes) if i == 0 or sizes[i - 1] != w)
         print(f"VERDICT: {'PASS' if ok else 'FAIL'} - {len(hashes) - 1} steps, world {path}, "
@@ -278,6 +282,16 @@ async def _control(args: argparse.Namespace, stop_file: str) -> int:
               f"{'identical on every peer at every' if parity else 'DIFFERENT at some'} "
               f"revision ({len(hashes)} revisions){''.join(f'; {w}' for w in failed)}")
         return 0 if ok else 1
+
+
+def _print_master(status: dict[str, Any]) -> None:
+    """What the master saw of the run (``Master.status``: the status page's data)."""
+    c = status["counts"]
+    aborted = ", ".join(f"{n} {why}" for why, n in sorted(c["aborted"].items())) or "none"
+    gone = ", ".join(f"{n} {why}" for why, n in sorted(c["departures"].items())) or "none"
+    print(f"master saw: {c['joins']} peers joined, departures: {gone}; {c['completed']} "
+          f"collectives completed, aborted: {aborted}; {c['syncs'].get('completed', 0)} "
+          f"syncs, {c['sync_bytes'] / 2**20:.2f} MiB fetched", flush=True)
 
 
 def _print_step(step: int, done: dict[int, tuple[int, bool, float]]) -> None:
@@ -296,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=1 << 21,
                    help=f"float32 elements per all-reduce (above {GATHER_MAX // 4})")
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--status-port", type=int, metavar="PORT",
+                   help="serve the master's live status page on this port (0: any)")
     p.add_argument("--peer", metavar="MASTER", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", default="", help=argparse.SUPPRESS)
     p.add_argument("--die-at", type=int, default=0, help=argparse.SUPPRESS)

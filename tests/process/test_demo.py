@@ -56,9 +56,19 @@ def _check_story(text: str, peers: int) -> None:
 
 
 async def test_demo_passes_and_shows_the_lost_peer_on_every_survivor():
-    code, out, err = await _demo("--steps", "24", "--count", "65536")
+    code, out, err = await _demo("--steps", "24", "--count", "65536", "--status-port", "0")
     assert code == 0, out[-3000:] + err[-3000:]
     _check_story(out, 4)
+    assert re.search(r"^status page: http://127\.0\.0\.1:\d+/ ", out, re.M), out[:2000]
+    # the master's view, before the verdict: 5 joins, the victim dead (its connection
+    # closed), its all-reduce aborted, the newcomer's fetch
+    saw = re.search(r"^master saw: 5 peers joined, departures: (.*); (\d+) collectives "
+                    r"completed, aborted: (.*); (\d+) syncs, ([\d.]+) MiB fetched$", out, re.M)
+    assert saw, out[-3000:]
+    assert re.search(r"\b1 (closed|heartbeat)\b", saw.group(1)), saw.group(0)
+    assert re.fullmatch(r"\d+ peer_(failed|left)(, \d+ peer_(failed|left))?", saw.group(3)), \
+        saw.group(0)
+    assert int(saw.group(2)) >= 24 and int(saw.group(4)) > 0 and float(saw.group(5)) > 0
     if front.IMPLEMENTATION == "cython":  # no warning when the compiled kernels run
         assert WARNING not in err, err[:2000]
     else:
