@@ -22,7 +22,7 @@ import msgspec
 from .._errors import InvalidUsageError, RemoteProtocolError
 from .._net.credentials import load_secret
 from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
-from .._net.http import HttpServer
+from .._net.http import HttpServer, check_port
 from .._net.stream import FrameBudget, own_socket, read_frame, set_nodelay
 from .._wire import auth
 from .._wire import messages as m
@@ -388,10 +388,8 @@ def _clock() -> float:
 def _http_servers(status: Status, host: str, status_port: int | None,
                   metrics_port: int | None) -> list[HttpServer]:
     """One HTTP server per distinct port asked for (status and metrics may share one)."""
-    for name, port in (("status_port", status_port), ("metrics_port", metrics_port)):
-        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
-                                 or not 0 <= port <= 65535):
-            raise InvalidUsageError(f"{name} must be a port (0-65535) or None, not {port!r}")
+    check_port("status_port", status_port)
+    check_port("metrics_port", metrics_port)
     if status_port is not None and status_port == metrics_port and status_port != 0:
         return [HttpServer(status.routes(True, True), host, status_port,
                            name="pccl_aio master status and metrics")]

@@ -17,9 +17,10 @@ import ssl as _ssl
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 
+from .._errors import InvalidUsageError
 from .tasks import TaskSet
 
-__all__ = ["HttpServer", "Response", "Route"]
+__all__ = ["HttpServer", "Response", "Route", "check_port"]
 
 log = logging.getLogger("pccl_aio.http")
 
@@ -27,6 +28,15 @@ Response = tuple[str, bytes]  # content type, body
 Route = Callable[[], Response]
 
 _MAX_HEAD = 8192
+
+
+def check_port(name: str, port: object) -> int | None:
+    """``port`` (an int in 0..65535, 0: the OS picks) or None; else InvalidUsageError that
+    names the argument ``name``."""
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 <= port <= 65535):
+        raise InvalidUsageError(f"{name} must be a port (0-65535) or None, not {port!r}")
+    return port
 
 
 class HttpServer:

@@ -32,7 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from .._errors import InvalidUsageError
-from .._net.http import HttpServer, Response
+from .._net.http import HttpServer, Response, check_port
 from .core.stats import PeerStats
 
 if TYPE_CHECKING:
@@ -52,9 +52,7 @@ def check_options(port: object, host: object) -> tuple[int | None, str]:
             port = int(env)
         except ValueError:
             raise InvalidUsageError(f"{ENV_PORT}={env!r} is not a port number") from None
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
-                             or not 0 <= port <= 65535):
-        raise InvalidUsageError(f"metrics_port must be an int in 0..65535 or None, not {port!r}")
+    port = check_port("metrics_port", port)
     if not isinstance(host, str) or not host:
         raise InvalidUsageError(f"metrics_host must be a non-empty str, not {host!r}")
     return port, host
