@@ -202,6 +202,11 @@ class Communicator:
     def update_topology(self, *, timeout: float | None = None) -> None:
         self._runner.call(self._comm.update_topology(timeout=timeout))
 
+    def wait_for_peers(self, n: int = 2, *, timeout: float | None = None) -> int:
+        """Block until this peer's group has at least ``n`` peers, admitting joiners by the
+        joint votes as they come (``pccl_aio.Communicator.wait_for_peers``)."""
+        return self._runner.call(self._comm.wait_for_peers(n, timeout=timeout))
+
     def optimize_topology(self, *, timeout: float | None = None) -> TopologyInfo:
         return self._runner.call(self._comm.optimize_topology(timeout=timeout))
 

@@ -15,13 +15,13 @@ from types import TracebackType
 from typing import Any, Literal
 
 from .. import _log
-from .._errors import InvalidUsageError, TooFewPeersError
+from .._errors import InvalidUsageError, PcclTimeoutError, TooFewPeersError
 from .._net.credentials import load_secret
 from .._net.handshake import Gate
 from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
 from .._wire import auth
 from .._wire import messages as m
-from . import deadline
+from . import arrivals, deadline
 from .collective import Collective
 from .control import ControlPlane
 from .core import args
@@ -280,6 +280,34 @@ class Communicator:
         limit = deadline.check(timeout)
         return bool(await deadline.within(self._control.vote("pending", m.VotePeersPending()),
                                           limit, "are_peers_pending()"))
+
+    async def wait_for_peers(self, n: int = 2, *, timeout: float | None = None) -> int:
+        """Wait until this peer's group has at least ``n`` peers (itself included); return
+        the group's size.
+
+        Returns at once if it has. Else it waits for the master's word that peers wait to
+        join, and admits them by the joint votes a training loop makes: every member votes
+        ``are_peers_pending()`` and then ``update_topology()``, so every member of the run
+        (all groups) must be waiting here or making those calls. While nobody arrives it
+        sends the master nothing (no polling). Raises ``InvalidUsageError`` for a bad ``n``
+        (nothing is sent), ``PcclTimeoutError`` when ``timeout`` expires first, the votes'
+        errors (``DeadlockError``...) and why the session ended. Cancelling, or ``timeout``
+        expiring, takes back a vote in flight; the communicator stays usable.
+        """
+        self._check_usable()
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidUsageError(f"n must be an int >= 1, not {n!r}")
+        limit = deadline.check(timeout)
+        control = self._control
+        waited = arrivals.wait_for_peers(
+            control.arrivals, n, lambda: control.peer_group_world_size, control.check_usable,
+            self.are_peers_pending, self.update_topology)
+        try:
+            return await deadline.within(waited, limit, f"wait_for_peers({n})")
+        except PcclTimeoutError as exc:
+            raise PcclTimeoutError(
+                f"{exc}: peer group {self.peer_group} has {self.peer_group_world_size} of the "
+                f"{n} peers wanted, and nobody else joined") from None
 
     async def optimize_topology(self, *, timeout: float | None = None) -> TopologyInfo:
         """Joint vote of the group's accepted peers: order the ring to fit the network.

@@ -35,6 +35,7 @@ from .._net.stream import read_frame
 from .._net.tasks import TaskSet
 from .._wire import messages as m
 from .._wire.framing import frame
+from .arrivals import Arrivals
 from .collective import Collective
 from .core.config import PeerConfig
 from .core.stash import Stash
@@ -87,6 +88,7 @@ class ControlPlane:
         self.rounds: dict[str, tuple[int, bool]] = {}  # kind -> last joint-vote round seen
         self.heard: dict[str, int] = {}  # kind -> rounds the run had answered (Membership)
         self.outage = Outage()
+        self.arrivals = Arrivals()  # the master's word on joiners (``wait_for_peers``)
 
     @property
     def peer_group_world_size(self) -> int:
@@ -228,6 +230,7 @@ class ControlPlane:
             if not fut.done():
                 fut.set_exception(exc)
         self._votes.clear()
+        self.arrivals.wake()
         if self._up is not None and not self._up.done():
             self._up.set_exception(exc)
             self._up.exception()  # retrieved: waiters re-raise it
@@ -242,6 +245,7 @@ class ControlPlane:
         if gen != self._gen or self.failure is not None:
             return
         self._gen += 1  # the session's tasks see it ended
+        self.arrivals.lost()
         close_quietly(self._writer)
         if (self._closing or isinstance(exc, KickedError) or self.config.master_timeout <= 0
                 or self._hello is None):

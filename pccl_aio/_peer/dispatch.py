@@ -33,6 +33,9 @@ def dispatch(self: ControlPlane, msg: m.MasterToPeer) -> None:
             if self._up is not None and not self._up.done():
                 self._up.set_result(None)
                 self.outage.end(self)
+            self.arrivals.wake()
+        case m.PeersWaiting(waiting=waiting):
+            self.arrivals.told(waiting)
         case m.CollectiveStart(tag=tag, seq=seq):
             coll = self.colls.get(tag)
             if coll is not None and self.membership is not None:

@@ -25,8 +25,9 @@ from .state import MAX_KEY
 
 #: 2: tickets (``CollectiveComplete.next_seq``, early starts), ``optimize_topology``'s messages
 #: and the uint4 quantization code; 3: master failover (``recovery.py``: rejoins, probes,
-#: terms). A master refuses peers of another version.
-PROTOCOL_VERSION: Final = 3
+#: terms); 4: ``PeersWaiting`` (``wait_for_peers``), and an ``update_topology()`` round that
+#: admits nobody changes no epoch. A master refuses peers of another version.
+PROTOCOL_VERSION: Final = 4
 
 #: The public call behind each kind of vote, for messages on both sides of the wire.
 VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pending()",

@@ -246,6 +246,14 @@ class PeersPendingAnswer(_Msg, frozen=True, tag=68):
     round: U64 = 0
 
 
+class PeersWaiting(_Msg, frozen=True, tag=84):
+    """Sent to every member when a batch of joiners becomes due for admission (``waiting``:
+    an ``are_peers_pending()`` vote now would answer True) and when that stops being so;
+    ``wait_for_peers`` waits on it instead of polling. A new member gets the current value."""
+
+    waiting: bool
+
+
 class CollectiveStart(_Msg, frozen=True, tag=69):
     """All group peers voted for ``tag`` with one descriptor: run it as ``seq`` on ring ``epoch``."""
 
@@ -368,7 +376,7 @@ MasterToPeer: TypeAlias = (
     Welcome | Rejected | Membership | TopologyUpdated | PeersPendingAnswer | CollectiveStart
     | CollectiveComplete | CollectiveAbort | CollectiveRejected | Kicked | MasterHeartbeat
     | VoteRejected | SyncPlan | SyncComplete | SyncFailed | VoteWithdrawn | MeasurePlan
-    | TopologyOptimized | ProbeAnswer | Superseded
+    | TopologyOptimized | ProbeAnswer | Superseded | PeersWaiting
 )
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

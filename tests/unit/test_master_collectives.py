@@ -188,8 +188,9 @@ def test_single_peer_collective_is_aborted_with_seq_zero_and_tag_freed() -> None
 def test_groups_of_one_cannot_run_collectives() -> None:
     """Scenario 11: A in group 0, B in group 1: ws 2, 2 groups, largest 1, TOO_FEW_PEERS."""
     h = Harness()
-    a, b = h.run(0, 1)
-    acts = h.send(a, m.VoteUpdateTopology()) + h.send(b, m.VoteUpdateTopology())
+    (a,) = h.run(0)
+    b, _ = h.join(1)
+    acts = h.send(a, m.VoteUpdateTopology())  # admits b: the membership goes to both
     for conn in (a, b):
         (mm,) = sent_to(acts, conn, m.Membership)
         assert (mm.global_world_size, mm.num_groups, mm.largest_group_world_size) == (2, 2, 1)

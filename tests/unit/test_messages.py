@@ -57,6 +57,8 @@ MASTER_TO_PEER = [
     m.TopologyUpdated(12),
     m.PeersPendingAnswer(True),
     m.PeersPendingAnswer(False),
+    m.PeersWaiting(True),
+    m.PeersWaiting(False),
     m.CollectiveStart(4, 99, 3),
     m.CollectiveComplete(4, 99),
     m.CollectiveAbort(4, 0, "too few peers"),

@@ -87,21 +87,25 @@ class Gate:
     """Who may join, and when: connections without ``Hello`` (since when) and joiners
     (registered, not yet accepted: heard from since their ``Hello``?)."""
 
-    __slots__ = ("_next", "_unnamed", "joiners", "limits")
+    __slots__ = ("_next", "_unnamed", "announced", "joiners", "limits")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._unnamed: dict[int, float] = {}  # conn -> connect time, no Hello yet
         self.joiners: dict[int, bool] = {}  # conn -> heard from after its Hello
         self._next = -math.inf  # earliest time of the next batch of joiners
+        self.announced = False  # what the members were last told (``PeersWaiting``)
 
     def connected(self, conn: int, now: float) -> None:
         self._unnamed[conn] = now
 
-    def heard(self, conn: int) -> None:
-        """Anything from ``conn``: a joiner is now known to be alive."""
-        if conn in self.joiners:
+    def heard(self, conn: int) -> bool:
+        """Anything from ``conn``: a joiner is now known to be alive (True: it just became
+        so, a batch may be due now)."""
+        if self.joiners.get(conn) is False:
             self.joiners[conn] = True
+            return True
+        return False
 
     def full(self) -> bool:
         return len(self.joiners) >= self.limits.max_pending_peers
@@ -123,6 +127,10 @@ class Gate:
         """Connections without ``Hello`` for longer than ``hello_timeout``."""
         return [c for c, since in self._unnamed.items()
                 if now - since > self.limits.hello_timeout]
+
+    def due(self, now: float) -> bool:
+        """Would an ``are_peers_pending()`` vote completed at ``now`` answer True?"""
+        return now >= self._next and any(self.joiners.values())
 
     def batch_due(self, now: float) -> bool:
         """The answer to a completed ``are_peers_pending()`` vote at ``now``: True if a live

@@ -142,14 +142,17 @@ class MasterState:
                 if peer is None:
                     return out
                 peer.last_seen = now
-                self._gate.heard(conn)
+                live = self._gate.heard(conn)
                 if isinstance(msg, m.Heartbeat):
+                    if live:
+                        self._announce(out)
                     return out
                 try:
                     self._on_message(peer, msg, out)
                 except RemoteProtocolError as exc:
                     self._kick(conn, str(exc), out)
                 self._settle(out)
+                self._announce(out)
             case Malformed(conn=conn, reason=reason, body=body):
                 version = m.peek_hello_version(body) if body else None
                 peer = self._peers.get(conn)
@@ -160,9 +163,11 @@ class MasterState:
                 else:
                     out.append(Close(conn, reason))
                 self._settle(out)
+                self._announce(out)
             case Disconnected(conn=conn):
                 self._remove(conn, out)
                 self._settle(out)
+                self._announce(out)
             case Rejoining(msg=msg):
                 fo.take_over(self, msg, out)
             case Heard(answer=answer, where=where):
@@ -176,6 +181,7 @@ class MasterState:
                 self._topo.tick(now, out)
                 fo.check_recovery(self, out)
                 self._settle(out)
+                self._announce(out)
                 out.extend(Send(c, m.MasterHeartbeat()) for c in self._peers)
         return out
 
@@ -313,8 +319,19 @@ class MasterState:
         groups = sorted({p.group for p in self._peers.values() if p.accepted})
         accepted = [self._peers[c] for g in groups for c in self.ring(g)]
         rounds = (self._rounds["pending"], self._rounds["topology"])
-        return [Send(c, msg) for c, msg in membership(self.epoch, accepted, conns, self.term,
-                                                      rounds)]
+        out: list[Action] = [Send(c, msg) for c, msg in membership(
+            self.epoch, accepted, conns, self.term, rounds)]
+        if self._gate.announced and self._gate.due(self._now):  # a new member learns it
+            out.extend(Send(c, m.PeersWaiting(True)) for c in conns)
+        return out
+
+    def _announce(self, out: list[Action]) -> None:
+        """After an event: tell every member when a batch of joiners becomes due, or stops
+        being due (``PeersWaiting``), so that ``wait_for_peers`` waits instead of polling."""
+        due = self._gate.due(self._now)
+        if due != self._gate.announced:
+            self._gate.announced = due
+            out.extend(Send(c, m.PeersWaiting(due)) for c in self.accepted())
 
     def _check_conflict(self, out: list[Action]) -> None:
         """Withdraw the topology votes next to another phase (``deadlock.conflict``)."""
@@ -357,15 +374,16 @@ class MasterState:
         voters = self.accepted()
         if not voters or not all(self._peers[c].voted_topology for c in voters):
             return
-        for c in self.pending():
+        joiners = self.pending()
+        for c in joiners:
             self._peers[c].accepted = True
             self._gate.admitted(c)
         for c in voters:
             self._peers[c].voted_topology = False
-        self.epoch += 1
         self._rounds["topology"] += 1  # (before the Membership, which tells it: a voter
-        everyone = self.accepted()     # that gets it and not the answer knows it is done)
-        out.extend(self._membership(everyone))
+        if joiners:                    # that gets it and not the answer knows it is done)
+            self.epoch += 1  # an epoch is a ring change: a round that admits nobody is none
+            out.extend(self._membership(self.accepted()))
         done = m.TopologyUpdated(self.epoch, self._rounds["topology"])
         out.extend(Send(c, done) for c in voters)
 
