@@ -3,8 +3,10 @@
 The "Use" example, a peer program, runs with 2 and 3 peers started at the same moment and one
 after another (each next peer starts once the previous one is in the run), 10 times each: no
 run may hang (every process has a deadline), every peer must take part in all-reduces, and all
-peers must stop at the same step with the same weights. Markers above the blocks are described
-in ``tests/process/readme_blocks.py``.
+peers must stop at the same step with the same weights. The PyTorch block runs through a
+SIGKILL and a joiner (every finisher prints the same digest), and alone it must sleep: little
+CPU, nothing but heartbeats to the master. Markers above the blocks are described in
+``tests/process/readme_blocks.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,15 +25,20 @@ import pytest
 import trustme
 
 import pccl_aio as pccl
+from pccl_aio._master.core import state as ms
+from tests.process.procs import Proc, spawn
 from tests.process.readme_blocks import Block, blocks, python_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKS = python_blocks()
 RUNNABLE = [b for b in BLOCKS if not b.not_run]
 USE = next(b for b in BLOCKS if b.section == "Use")
+TORCH = next(b for b in BLOCKS if b.section == "Train a PyTorch model")
 DEADLINE = 60.0  # seconds any one process may take
-# A peer alone gives up after PATIENCE s (never reached when the runs go well).
-ENV = {"PATIENCE": "20"}
+# A peer alone gives up after PATIENCE s (never reached when the runs go well); the PyTorch
+# block computes at full speed (PACE: its stand-in for a model's compute time).
+ENV = {"PATIENCE": "20", "PACE": "0", "OMP_NUM_THREADS": "1"}
+DONE = re.compile(r"peer (\d+): done at step (\d+), digest ([0-9a-f]{16})")
 FINAL = re.compile(r"^peer (\d+): (\d+) all-reduces, stopped at step (\d+), checksum (\S+)$",
                    re.M)
 
@@ -178,3 +186,88 @@ async def test_the_use_example_always_reduces(peers: int, staggered: bool, tmp_p
         results = await _run(USE, tmp_path, peers, staggered, steps, head)
         _check_use_run(results, steps, joiner)
         assert all(line.endswith(" joined\n") for line in head), head
+
+
+async def _torch_done(p: Proc) -> tuple[int, str, list[str]]:
+    """(step, digest, lines) of a PyTorch-block peer that finished; fails otherwise."""
+    lines: list[str] = []
+    while True:
+        lines.append(await p.line(timeout=90))
+        if m := DONE.fullmatch(lines[-1]):
+            assert await p.proc.wait() == 0, lines
+            return int(m.group(2)), m.group(3), lines
+
+
+async def _torch_line(p: Proc, pattern: str, timeout: float = 60) -> str:
+    """The first line of ``p`` matching ``pattern``."""
+    while not re.search(pattern, line := await p.line(timeout)):
+        pass
+    return line
+
+
+@pytest.mark.timeout(150)
+async def test_the_torch_block_through_a_sigkill_and_a_joiner(tmp_path: Path, procs: list[Proc]):
+    """Two peers train; once they reduce together, a third joins and the second is SIGKILLed
+    mid-run: the finishers end at the run's last step with one digest (a peer that had run
+    on its own would hold other bytes: its samples differ), and each said what happened."""
+    path = tmp_path / "torch_block.py"
+    path.write_text(TORCH.code)
+    async with pccl.Master("127.0.0.1", 0) as master:
+        env = {**ENV, "MASTER": master.address, "STEPS": "1500"}
+
+        async def start(name: str) -> Proc:
+            procs.append(p := await spawn(name, str(path), env=env))
+            return p
+
+        a = await start("a")
+        assert re.fullmatch(r"peer \d+: joined the run \(1 peers\), at step 0", await a.line())
+        await _torch_line(a, r": alone, waiting up to 20 s for another peer$")
+        b = await start("b")
+        await _torch_line(a, r": 1 -> 2 peers$")
+        await _torch_line(b, r": step 50, loss ")
+        c = await start("c")
+        await _torch_line(a, r": 2 -> 3 peers$")
+        b.signal(signal.SIGKILL)
+        await _torch_line(a, r": 3 -> 2 peers$")
+        (sa, da, _), (sc, dc, lc) = await asyncio.gather(_torch_done(a), _torch_done(c))
+        assert await b.proc.wait() == -signal.SIGKILL
+    assert sa == sc == 1500 and da == dc, (sa, sc, da, dc)
+    assert re.fullmatch(r"peer \d+: joined the run \(3 peers\), at step 0", lc[0]), lc
+    assert any(re.search(r": step 1500, loss ", line) for line in lc), lc
+
+
+@pytest.mark.timeout(60)
+async def test_a_lone_torch_peer_sleeps(tmp_path: Path, procs: list[Proc]):
+    """Alone, the PyTorch block waits in ``wait_for_peers``: over 10 s it uses under 5 % of a
+    core and the master receives under 10 messages a second from it (its heartbeats)."""
+    path = tmp_path / "torch_block.py"
+    path.write_text(TORCH.code)
+    async with pccl.Master("127.0.0.1", 0) as master:
+        received: dict[int, int] = {}
+        handle = master.state.handle
+
+        def counting(event: ms.Event) -> list[ms.Action]:
+            if isinstance(event, ms.Received):
+                received[event.conn] = received.get(event.conn, 0) + 1
+            return handle(event)
+
+        master.state.handle = counting  # type: ignore[method-assign]
+        p = await spawn("alone", str(path), env={**ENV, "MASTER": master.address,
+                                                  "PATIENCE": "300"})
+        procs.append(p)
+        await _torch_line(p, r": alone, waiting up to 300 s for another peer$")
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            fields = Path(f"/proc/{p.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+        before, t0, heard = cpu(), time.monotonic(), dict(received)
+        await asyncio.wait([asyncio.ensure_future(p.proc.wait())], timeout=10)
+        assert p.proc.returncode is None, "the lone peer exited"
+        seconds = time.monotonic() - t0
+        used = (cpu() - before) / seconds
+        (conn,) = received
+        rate = (received[conn] - heard.get(conn, 0)) / seconds
+    assert used < 0.05, f"{used:.1%} of a core while waiting alone"
+    assert rate < 10, f"{rate:.1f} messages/s to the master while waiting alone"
