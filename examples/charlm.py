@@ -298,16 +298,12 @@ class Peer(Lines):
         self.world = self.comm.peer_group_world_size
 
     def wait_for_peers(self, n: int) -> None:
-        """Admit whoever waits (a joint vote) until the group has ``n`` peers."""
-        self.log("waiting", world=self.comm.peer_group_world_size, need=n)
-        while True:
-            before = self.comm.peer_group_world_size
-            self.comm.update_topology()
-            if self.comm.peer_group_world_size > before:
-                self.log("admitted", world=f"{before}->{self.comm.peer_group_world_size}")
-            if self.comm.peer_group_world_size >= n:
-                return
-            time.sleep(0.2)  # pacing: poll for newcomers
+        """Sleep until the group has ``n`` peers, admitting joiners as they come (joint
+        votes; nothing is sent to the master while nobody arrives)."""
+        before = self.comm.peer_group_world_size
+        self.log("waiting", world=before, need=n)
+        self.comm.wait_for_peers(n)
+        self.log("admitted", world=f"{before}->{self.comm.peer_group_world_size}")
 
     def sync(self, state: pccl.SharedState) -> None:
         """Before an outer step: admit pending peers (a joint vote), wait when alone, sync

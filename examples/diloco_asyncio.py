@@ -39,15 +39,11 @@ class Peer(charlm.Lines):
         self.world = self.comm.peer_group_world_size
 
     async def wait_for_peers(self, n: int) -> None:
-        self.log("waiting", world=self.comm.peer_group_world_size, need=n)
-        while True:
-            before = self.comm.peer_group_world_size
-            await self.comm.update_topology()
-            if self.comm.peer_group_world_size > before:
-                self.log("admitted", world=f"{before}->{self.comm.peer_group_world_size}")
-            if self.comm.peer_group_world_size >= n:
-                return
-            await asyncio.sleep(0.2)  # pacing: poll for newcomers
+        """Sleep until the group has ``n`` peers, admitting joiners as they come."""
+        before = self.comm.peer_group_world_size
+        self.log("waiting", world=before, need=n)
+        await self.comm.wait_for_peers(n)
+        self.log("admitted", world=f"{before}->{self.comm.peer_group_world_size}")
 
     async def sync(self, state: pccl.SharedState) -> None:
         """Admit pending peers, wait when alone, sync ``state`` (retried), log who left."""

@@ -130,16 +130,12 @@ async def average(comm: pccl.Communicator, outer: np.ndarray, local: np.ndarray,
 
 
 async def wait_for_peers(comm: pccl.Communicator, n: int) -> None:
-    """Admit whoever waits (a joint vote) until the group has ``n`` peers."""
-    log("waiting", comm, world=comm.peer_group_world_size, need=n)
-    while True:
-        before = comm.peer_group_world_size
-        await comm.update_topology()
-        if comm.peer_group_world_size > before:
-            log("admitted", comm, world=f"{before}->{comm.peer_group_world_size}")
-        if comm.peer_group_world_size >= n:
-            return
-        await asyncio.sleep(0.2)  # pacing: poll for newcomers
+    """Sleep until the group has ``n`` peers, admitting joiners as they come (joint votes;
+    nothing is sent to the master while nobody arrives)."""
+    before = comm.peer_group_world_size
+    log("waiting", comm, world=before, need=n)
+    await comm.wait_for_peers(n)
+    log("admitted", comm, world=f"{before}->{comm.peer_group_world_size}")
 
 
 async def main(args: argparse.Namespace) -> int:

@@ -15,7 +15,6 @@ lasts over a minute: time to kill a peer by hand; ``STEPS=100 PACE=0`` makes it 
 block between the two ``# ---`` markers is the README's, word for word (a test checks it).
 """
 
-# ruff: noqa: I001  (the quick start block carries its own imports)
 from __future__ import annotations
 
 # --- quick start ---
