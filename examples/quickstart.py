@@ -25,14 +25,14 @@ import os
 import torch
 
 import pccl_aio as pccl
-from pccl_aio.blocking import Communicator
+from pccl_aio.blocking import Buckets, Communicator
 
 MASTER, STEPS = os.environ.get("MASTER", "127.0.0.1:48148"), int(os.environ.get("STEPS", "300"))
 torch.manual_seed(0)  # the same initial model on every peer (a newcomer receives the run's)
 model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 state = pccl.SharedState.from_module(model, opt)  # state.revision counts the run's steps
-grads = pccl.Buckets.grads_of(model)  # flat reusable gradient buckets, like DDP's
+grads = Buckets.grads_of(model)  # flat reusable gradient buckets, like DDP's
 data = torch.Generator().manual_seed(os.getpid())  # this peer's own samples
 
 with Communicator(MASTER) as comm:
@@ -47,7 +47,7 @@ with Communicator(MASTER) as comm:
         opt.zero_grad()
         loss.backward()
         with contextlib.suppress(pccl.TooFewPeersError):  # alone: no step, wait for company
-            grads.all_reduce_blocking(comm, op=pccl.ReduceOp.AVG)  # retried if a peer dies
+            grads.all_reduce(comm, op=pccl.ReduceOp.AVG)  # retried if a peer dies
             opt.step()
             state.revision += 1
     print(f"peer {comm.peer_id}: step {state.revision}, loss {loss.item():.4f}")
