@@ -6,7 +6,7 @@
     python examples/ddp.py --seed 3  # join or kill -9 any time
 
 Every step each peer computes the gradient of its own batch (``--seed``), the group averages
-the gradients through ``pccl_aio.Buckets`` and every peer takes the same AdamW step, so the
+the gradients through ``pccl_aio.blocking.Buckets`` and every peer takes the same AdamW step, so the
 model stays bit-identical everywhere. Each step is an outer step of the line protocol
 (``step``/``done`` lines, see ``charlm.py``); validation every ``--eval-every`` steps.
 
@@ -27,6 +27,7 @@ import charlm
 import torch
 
 import pccl_aio as pccl
+from pccl_aio.blocking import Buckets
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
     model = charlm.GPT(cfg)
     params = list(model.parameters())  # the tied head weight once
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-    buckets = pccl.Buckets.grads_of(model)  # flat buffers made once, like DDP's buckets
+    buckets = Buckets.grads_of(model)  # flat buffers made once, like DDP's buckets
     step = torch.zeros(1, dtype=torch.int64)  # steps taken by the run
     state = pccl.SharedState.from_module(model, opt, extra={"step": step})
     last, val_loss = args.inner_steps, math.nan
@@ -49,8 +50,7 @@ def main(args: argparse.Namespace) -> int:
             loss = model(*charlm.batch(train, cfg, args.seed, k))
             loss.backward()
             try:
-                world = peer.reduced(buckets.all_reduce_blocking(peer.comm, op=pccl.ReduceOp.AVG),
-                                     k)
+                world = peer.reduced(buckets.all_reduce(peer.comm, op=pccl.ReduceOp.AVG), k)
             except pccl.TooFewPeersError:  # alone now: our own gradient (nothing sent)
                 world = 1
             charlm.set_lr(opt, charlm.lr_at(args.lr, k, last))

@@ -86,6 +86,7 @@ class DataType(enum.IntEnum):
 
     @property
     def is_float(self) -> bool:
+        """A floating-point type (what quantization and AVG apply to)."""
         return self in FLOAT_DTYPES
 
     @property

@@ -27,12 +27,14 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ._master.server import Master as _AsyncMaster
+from ._peer.buckets import Buckets as _AsyncBuckets
 from ._peer.communicator import AllReduceHandle as _AsyncHandle
 from ._peer.communicator import Communicator as _AsyncCommunicator
+from ._peer.core.config import PeerConfig
 from ._peer.core.shared_state import SharedState
 from ._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
 
-__all__ = ["AllReduceHandle", "Communicator", "Master"]
+__all__ = ["AllReduceHandle", "Buckets", "Communicator", "Master"]
 
 _T = TypeVar("_T")
 
@@ -119,11 +121,17 @@ class AllReduceHandle:
 
     @property
     def tag(self) -> int:
+        """The tag the all-reduce was launched with."""
         return self._handle.tag
 
     def done(self) -> bool:
         """The collective ended (completed, aborted or rejected): ``wait()`` will not block."""
         return self._handle.done()
+
+    def started(self) -> bool:
+        """Block until the master started the collective (data is flowing); False if it
+        ended without starting (rejected, aborted while voting)."""
+        return self._runner.call(self._handle.started())
 
     def wait(self, timeout: float | None = None) -> ReduceInfo:
         """Block until the all-reduce ends; ``PcclTimeoutError`` after ``timeout`` s (then
@@ -158,6 +166,7 @@ class Communicator:
 
     @property
     def closed(self) -> bool:
+        """``close()`` ran (explicitly, by ``with`` or by garbage collection)."""
         return not self._finalizer.alive
 
     def close(self) -> None:
@@ -167,32 +176,49 @@ class Communicator:
     # ---- attributes (read from the communicator; plain values) ------------------------------
     @property
     def peer_id(self) -> int:
+        """This peer's id in the run (0 before ``connect``)."""
         return self._comm.peer_id
 
     @property
     def world_size(self) -> int:
+        """Accepted peers of the whole run, all groups together (0 before ``connect``)."""
         return self._comm.world_size
 
     @property
     def peer_group(self) -> int:
+        """The peer group this peer joined (its ``peer_group`` option)."""
         return self._comm.peer_group
 
     @property
     def peer_group_world_size(self) -> int:
+        """Accepted peers of this peer's group, itself included: what AVG divides by."""
         return self._comm.peer_group_world_size
 
     @property
     def num_peer_groups(self) -> int:
+        """Peer groups with at least one accepted peer."""
         return self._comm.num_peer_groups
 
     @property
     def largest_peer_group_world_size(self) -> int:
+        """Accepted peers of the largest peer group."""
         return self._comm.largest_peer_group_world_size
 
     @property
     def gate(self) -> Any:
         """The listeners' handshake counters (``gate.stats``)."""
         return self._comm.gate
+
+    @property
+    def config(self) -> PeerConfig:
+        """The options this communicator was made with, parsed (immutable)."""
+        return self._comm.config
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port ``/metrics`` is served on (the OS's choice for 0 once connected); None
+        without metrics."""
+        return self._comm.metrics_port
 
     # ---- calls -------------------------------------------------------------------------------
     def connect(self, attempts: int = 5, *, backoff: float = 0.2,
@@ -282,12 +308,50 @@ class Master:
 
     @property
     def port(self) -> int:
+        """The port the master listens on (the OS's choice when constructed with 0)."""
         return self._master.port
 
     @property
     def address(self) -> str:
+        """``host:port`` peers connect to."""
         return self._master.address
 
     @property
     def gate(self) -> Any:
+        """The listener's handshake counters (``gate.stats``)."""
         return self._master.gate
+
+    @property
+    def host(self) -> str:
+        """The host the master listens on."""
+        return self._master.host
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between the master's liveness ticks."""
+        return self._master.heartbeat_interval
+
+    @property
+    def status_address(self) -> str:
+        """``http://host:port/`` of the status page ("" without one)."""
+        return self._master.status_address
+
+    @property
+    def metrics_address(self) -> str:
+        """``http://host:port/metrics`` ("" without metrics)."""
+        return self._master.metrics_address
+
+
+class Buckets(_AsyncBuckets):
+    """``pccl_aio.Buckets`` for a blocking ``Communicator``: the same buffers and
+    ``grads_of`` (which returns this class); ``all_reduce(comm)`` blocks the calling thread
+    until every bucket is done, so both APIs call it by the same name."""
+
+    def all_reduce(  # type: ignore[override]  # blocking here, a coroutine in the base
+            self, comm: Communicator, *, op: ReduceOp = ReduceOp.SUM, first_tag: int = 0,
+            max_in_flight: int = 8, quantization: Quantization | None = None,
+            timeout: float | None = None) -> list[ReduceInfo]:
+        """All-reduce every tensor through the buckets on ``comm``, blocking; tags
+        ``first_tag`` .. ``first_tag + len(flat) - 1``. Raises as
+        ``all_reduce_multiple_with_retry`` (the tensors then unchanged)."""
+        return self._reduce_blocking(comm, op, first_tag, max_in_flight, quantization, timeout)

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from ._launch.record import Record
-from ._launch.report import plot, summary, table
+from ._launch.report import plot, summary, table, title
 
 
 def _positive(text: str) -> float:
@@ -104,10 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         record.close()
     wall = time.monotonic() - started
     paths = {kind: out / f"{stem}.{kind}" for kind in ("csv", "png", "json")}
-    churn = f"{args.churn:g} s" if args.churn else None
-    title = f"{stem}: {args.peers} peers" + (f", SIGKILL every {churn}, {launcher.kills} "
-                                              f"kills / {launcher.joins} joins" if churn else "")
-    drawn = plot(record, paths["png"], title)
+    drawn = plot(record, paths["png"],
+                 title(stem, args.peers, args.churn, launcher.kills, launcher.joins))
     info = summary(record, example=str(args.example), peers=args.peers, churn=args.churn,
                    seed=args.seed, kills=launcher.kills, joins=launcher.joins,
                    late_replacements=launcher.late)

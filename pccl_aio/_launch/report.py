@@ -1,4 +1,4 @@
-"""What the launcher writes at the end of a run: the plot (PNG) and the summary table."""
+"""What the launcher writes: the plot (PNG), the summary table and its lines about group events."""
 
 from __future__ import annotations
 
@@ -7,6 +7,36 @@ from pathlib import Path
 from typing import Any
 
 from .record import Record
+
+
+def plural(n: int, word: str) -> str:
+    """``1 kill``, ``2 kills``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def title(stem: str, peers: int, churn: float | None, kills: int, joins: int) -> str:
+    """The plot's title: the example, its peers and, with churn, the kills and joins."""
+    head = f"{stem}: {plural(peers, 'peer')}"
+    if not churn:
+        return head
+    return f"{head}, SIGKILL every {churn:g} s, {plural(kills, 'kill')} / {plural(joins, 'join')}"
+
+
+def group_event(kind: str, fields: dict[str, str], reporter: str, victim: str | None) -> str:
+    """A peer's ``lost``/``left``/``admitted``/``failed`` line in words: what happened, to
+    whom when the launcher knows (``victim``, the peer it killed last) and who reports it (a
+    line's ``peer=`` is the reporter's id, not the lost peer's)."""
+    where = [f"world {fields['world']}" if "world" in fields else "",
+             f"outer step {fields['outer']}" if "outer" in fields else "",
+             " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("peer", "world", "outer"))]
+    detail = "; ".join(x for x in where if x)
+    if kind == "failed":
+        return f"{reporter} failed{f' ({detail})' if detail else ''}"
+    if kind == "admitted":
+        what = "admitted newcomers"
+    else:
+        what = f"lost {victim}, SIGKILLed by the launcher" if victim else "lost a peer"
+    return f"{what}{f' ({detail})' if detail else ''}: reported by {reporter}"
 
 
 def plot(record: Record, path: Path, title: str) -> bool:
@@ -26,8 +56,10 @@ def plot(record: Record, path: Path, title: str) -> bool:
     by_step.plot([s[1] for s in evaluated], [s[3] for s in evaluated], "o-", color="C0",
                  markersize=3, label="validation")
     labelled: set[str] = set()
+    n = {k: sum(m[0] == k for m in record.marks) for k in ("kill", "join")}
     for kind, at in sorted(record.marks, key=lambda m: m[1]):
-        color, name = ("C3", "SIGKILL") if kind == "kill" else ("C2", "a replacement joins")
+        color, name = (("C3", plural(n["kill"], "SIGKILL")) if kind == "kill"
+                       else ("C2", f"{plural(n['join'], 'replacement')} joined"))
         by_step.axvline(at, color=color, linestyle=":", linewidth=1,
                         label=None if kind in labelled else name)
         labelled.add(kind)
@@ -40,7 +72,7 @@ def plot(record: Record, path: Path, title: str) -> bool:
     for ax in (by_step, by_bytes):
         ax.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Title": title})  # the title's words, readable in the file
     return True
 
 

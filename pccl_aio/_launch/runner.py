@@ -22,6 +22,7 @@ from typing import IO, Any
 from .._net.credentials import SECRET_ENV, SECRET_FILE_ENV
 from .._peer.progress import ProgressFn, progress_bar
 from .record import Record, parse
+from .report import group_event
 
 _LISTENING = re.compile(r"listening on \S+:(\d+)")
 _END_OF_CHURN = 0.75  # no kill after this fraction of the run's outer steps (when known)
@@ -123,6 +124,7 @@ class Launcher:
         self.ending = False  # a peer printed done: no more kills, late replacements stop
         self.interrupted: int | None = None  # the signal that ended the run
         self.said: tuple[str, str, int] = ("", "", 0)  # the last group event shown
+        self.victim: Child | None = None  # the last peer killed, until its replacement joined
         self.fetching: dict[Child, ProgressFn] = {}  # a bar per joiner fetching the state
         self.preexec = _die_with_parent()
         root = str(Path(__file__).resolve().parents[2])  # the pccl_aio the launcher runs
@@ -289,6 +291,7 @@ class Launcher:
         elif step is not None:
             if child.replacement and not child.stepped:
                 self.joins += 1
+                self.victim = None  # the group is whole again
                 self.record.marks.append(("join", step.inner))
                 self.say(f"{child.name} (peer {child.peer}) joined the run at outer step "
                          f"{step.outer}")
@@ -299,8 +302,13 @@ class Launcher:
             said = (kind, fields.get("world", ""), self.outer)  # the group's peers say it all
             if said != self.said:
                 self.said = said
-                self.say(f"{child.name}: {(text or '').strip()}")
+                self.say(self._group_event(child, kind, fields))
         return None
+
+    def _group_event(self, child: Child, kind: str, fields: dict[str, str]) -> str:
+        v = self.victim
+        return group_event(kind, fields, f"peer {child.peer or fields.get('peer', '?')} "
+                           f"({child.name})", None if v is None else f"peer {v.peer} ({v.name})")
 
     def _advance(self, outer: int, inner: int, world: int, val: float) -> None:
         if self.total is None and self.inner_budget and outer and inner:
@@ -342,6 +350,7 @@ class Launcher:
     async def _kill_one(self) -> None:
         victim = self.rng.choice(self._active())
         victim.killed = True
+        self.victim = victim
         victim.signal(signal.SIGKILL)
         self.kills += 1
         self.record.marks.append(("kill", self.inner))

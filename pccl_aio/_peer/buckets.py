@@ -10,8 +10,9 @@ survivors) and copies the results back; if it raises, the tensors are left as th
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from .._errors import InvalidUsageError
 from .._types import Quantization, ReduceInfo, ReduceOp
@@ -64,7 +65,7 @@ class Buckets:
         self._params: list[Any] | None = None  # grads_of: the tensors are their .grad
 
     @classmethod
-    def grads_of(cls, parameters: Any, bucket_cap_mb: float = 25.0) -> Buckets:
+    def grads_of(cls, parameters: Any, bucket_cap_mb: float = 25.0) -> Self:
         """Buckets for the gradients of ``parameters`` (a ``torch.nn.Module`` or an iterable
         of parameters; those with ``requires_grad``). Each call reads every ``p.grad`` afresh,
         so ``zero_grad(set_to_none=True)`` is fine; a missing gradient (a parameter unused this
@@ -131,6 +132,17 @@ class Buckets:
                             first_tag: int = 0, max_in_flight: int = 8,
                             quantization: Quantization | None = None,
                             timeout: float | None = None) -> list[ReduceInfo]:
+        """Deprecated: use ``pccl_aio.blocking.Buckets``, whose ``all_reduce(comm)`` blocks
+        (the same name in both APIs). Kept so that existing code runs; it warns
+        (``DeprecationWarning``) and does what that ``all_reduce`` does."""
+        warnings.warn("Buckets.all_reduce_blocking(comm) is deprecated: use "
+                      "pccl_aio.blocking.Buckets and its all_reduce(comm)", DeprecationWarning,
+                      stacklevel=2)
+        return self._reduce_blocking(comm, op, first_tag, max_in_flight, quantization, timeout)
+
+    def _reduce_blocking(self, comm: Any, op: ReduceOp, first_tag: int, max_in_flight: int,
+                         quantization: Quantization | None,
+                         timeout: float | None) -> list[ReduceInfo]:
         """``all_reduce`` on a ``pccl_aio.blocking.Communicator``, blocking this thread."""
         self._grads()
         self._pack()

@@ -138,6 +138,8 @@ class Communicator:
 
     @property
     def peer_group(self) -> int:
+        """The peer group this peer joined (its ``peer_group`` option); collectives and
+        shared-state syncs run within a group."""
         return self.config.peer_group
 
     @property
@@ -161,6 +163,7 @@ class Communicator:
 
     @property
     def largest_peer_group_world_size(self) -> int:
+        """Accepted peers of the largest peer group, as of the last membership update."""
         ms = self._control.membership
         return ms.largest_group_world_size if ms else 0
 

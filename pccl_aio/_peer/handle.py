@@ -30,6 +30,7 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
 
     @property
     def tag(self) -> int:
+        """The tag the all-reduce was launched with."""
         return self._coll.tag
 
     def done(self) -> bool:

@@ -116,6 +116,25 @@ def test_handles_wait_done_and_cancel(master: blocking.Master) -> None:
             c.close()
 
 
+def test_started_metrics_port_and_the_masters_addresses(master: blocking.Master) -> None:
+    """What the async classes offer besides the calls: ``handle.started()`` (blocking),
+    ``metrics_port``, ``config``, the master's ``status_address``/``metrics_address``."""
+    comms = _join(master, 2, metrics_port=0)
+    try:
+        xs = [np.ones(1 << 16, np.float32) for _ in comms]
+        hs = [c.all_reduce_async(x, tag=7) for c, x in zip(comms, xs)]
+        assert _in_threads([h.started for h in hs]) == [True, True]
+        assert [h.wait(timeout=10).world_size for h in hs] == [2, 2]
+        ports = [c.metrics_port for c in comms]
+        assert all(isinstance(p, int) and p > 0 for p in ports) and ports[0] != ports[1]
+        assert comms[0].config.heartbeat_interval == FAST["heartbeat_interval"]
+        assert master.status_address == master.metrics_address == ""
+        assert master.host == "127.0.0.1" and master.heartbeat_interval == 0.2
+    finally:
+        for c in comms:
+            c.close()
+
+
 def test_errors_are_the_async_apis_typed_errors(master: blocking.Master) -> None:
     a, _ = comms = _join(master, 2)
     try:

@@ -72,33 +72,72 @@ async def test_numpy_buckets_on_three_peers_and_a_quantized_exchange(peers):
     np.testing.assert_allclose(ys[0][1], 1.0, atol=3 * 2 / 15)
 
 
-def test_blocking_buckets_from_two_threads():
+def _two_blocking_peers(m: blocking.Master) -> tuple[blocking.Communicator, blocking.Communicator]:
+    a = blocking.Communicator(m.address, heartbeat_interval=0.2)
+    b = blocking.Communicator(m.address, heartbeat_interval=0.2)
+    a.connect()
+    joined = threading.Thread(target=b.connect)
+    joined.start()
+    while not a.are_peers_pending():
+        pass
+    a.update_topology()
+    joined.join()
+    return a, b
+
+
+def test_blocking_buckets_from_two_threads_and_the_deprecated_alias():
+    """``pccl_aio.blocking.Buckets.all_reduce`` blocks; ``pccl_aio.Buckets.all_reduce_blocking``
+    still works, with a ``DeprecationWarning``."""
     with blocking.Master("127.0.0.1", 0, admission_interval=0.0) as m:
-        a = blocking.Communicator(m.address, heartbeat_interval=0.2)
-        b = blocking.Communicator(m.address, heartbeat_interval=0.2)
+        a, b = _two_blocking_peers(m)
         try:
-            a.connect()
-            joined = threading.Thread(target=b.connect)
-            joined.start()
-            while not a.are_peers_pending():
-                pass
-            a.update_topology()
-            joined.join()
             ts = [[torch.full((1000,), float(p + 1)), torch.ones(10, dtype=torch.bfloat16)]
                   for p in range(2)]
-            bs = [pccl.Buckets(t) for t in ts]
-            threads = [threading.Thread(target=bk.all_reduce_blocking, args=(c,))
-                       for bk, c in zip(bs, (a, b))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            old, new = pccl.Buckets(ts[0]), blocking.Buckets(ts[1])
+            assert isinstance(new, pccl.Buckets)
+            results: list[list[pccl.ReduceInfo]] = []
+            other = threading.Thread(target=lambda: results.append(new.all_reduce(b)))
+            other.start()
+            with pytest.warns(DeprecationWarning, match=r"blocking\.Buckets.*all_reduce\(comm\)"):
+                infos = old.all_reduce_blocking(a)
+            other.join()
+            assert [i.world_size for i in infos] == [i.world_size for i in results[0]] == [2, 2]
             for t in ts:
                 assert torch.equal(t[0], torch.full((1000,), 3.0))
                 assert torch.equal(t[1], torch.full((10,), 2.0, dtype=torch.bfloat16))
         finally:
             a.close()
             b.close()
+
+
+def test_blocking_buckets_grads_of_as_the_readme_writes_it():
+    """``from pccl_aio.blocking import Buckets, Communicator``; ``Buckets.grads_of(model)``
+    is that class; ``grads.all_reduce(comm, op=pccl.ReduceOp.AVG)`` averages the gradients."""
+    from pccl_aio.blocking import Buckets, Communicator
+
+    with blocking.Master("127.0.0.1", 0, admission_interval=0.0) as m:
+        comms: tuple[Communicator, Communicator] = _two_blocking_peers(m)
+        try:
+            models = [torch.nn.Linear(4, 3) for _ in range(2)]
+            models[1].load_state_dict(models[0].state_dict())
+            grads = [Buckets.grads_of(model) for model in models]
+            assert all(type(g) is Buckets for g in grads)
+            for i, model in enumerate(models):
+                model(torch.full((2, 4), float(i + 1))).sum().backward()
+            want = [(p.grad + q.grad) / 2 for p, q in zip(*(mo.parameters() for mo in models))]
+            threads = [threading.Thread(target=g.all_reduce, args=(c,),
+                                        kwargs={"op": pccl.ReduceOp.AVG})
+                       for g, c in zip(grads, comms)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for model in models:
+                for p, w in zip(model.parameters(), want):
+                    assert torch.equal(p.grad, w)
+        finally:
+            for c in comms:
+                c.close()
 
 
 def test_bad_buckets_are_refused_at_once():

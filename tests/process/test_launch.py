@@ -12,13 +12,16 @@ import csv
 import json
 import math
 import os
+import re
 import struct
 import sys
 import time
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
 from pccl_aio._launch.record import Record, parse
+from pccl_aio._launch.report import group_event, plot, title
 from tests.process.procs import HERE
 
 ROOT = HERE.parent.parent
@@ -60,6 +63,24 @@ def _running(rows: list[dict[str, str]]) -> list[str]:
         if "pccl_aio.master" in cmd or "diloco.py" in cmd:
             alive.append(f"{pid}: {cmd}")
     return alive
+
+
+def _png_text(path: Path) -> dict[str, str]:
+    """The PNG's text chunks (tEXt, zTXt, iTXt), by keyword."""
+    data, pos, text = path.read_bytes(), 8, {}
+    while pos < len(data):
+        size, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + size]
+        key, _, value = body.partition(b"\0")
+        if kind == b"tEXt":
+            text[key.decode("latin-1")] = value.decode("latin-1")
+        elif kind == b"zTXt":
+            text[key.decode("latin-1")] = zlib.decompress(value[1:]).decode("latin-1")
+        elif kind == b"iTXt":
+            flag, rest = value[0], value[2:].split(b"\0", 2)[2]
+            text[key.decode()] = (zlib.decompress(rest) if flag else rest).decode()
+        pos += 12 + size
+    return text
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -112,6 +133,19 @@ async def test_launch_diloco_with_churn_writes_csv_png_and_json(tmp_path):
     assert round(series[-1][4]) == summary["bytes_sent_per_peer"] and series[-1][3] is not None
     assert summary["wall_seconds"] > 0
     assert _png_size(tmp_path / "diloco.png") == (1200, 460)
+    n = summary["kills"], summary["joins"]
+    assert _png_text(tmp_path / "diloco.png")["Title"] == (
+        f"diloco: 3 peers, SIGKILL every 1 s, {n[0]} kill{'s' * (n[0] != 1)} / "
+        f"{n[1]} join{'s' * (n[1] != 1)}")
+    # the launcher's lines name the lost peer (one it killed) and, apart, the peer reporting it
+    peer_of = {r["seed"]: r["peer"] for r in rows if r["kind"] == "joined"}
+    victims = {(r["peer"], r["seed"]) for r in kills}
+    lost = re.findall(r"\] lost peer (\d+) \(seed (\d+)\), SIGKILLed by the launcher \(.*\): "
+                      r"reported by peer (\d+) \(seed (\d+)\)$", err, re.M)
+    assert lost, err[-4000:]
+    for peer, seed, by_peer, by_seed in lost:
+        assert (peer, seed) in victims and peer_of[by_seed] == by_peer != peer, (lost, victims)
+    assert not re.search(r"\] seed \d+: (lost|left) peer=", err), err[-4000:]
     assert "digests agree" in out and "kills" in out  # the table
 
 
@@ -173,3 +207,30 @@ def test_bytes_per_peer_count_increments_not_cumulative_totals(tmp_path):
     assert parse("lost peer=3 error='peer 4 gone' retrying=1") == (
         "lost", {"peer": "3", "error": "'peer 4 gone'", "retrying": "1"})
     assert parse("running 300 outer steps") is None
+
+
+def test_group_event_lines_say_who_was_lost_and_who_reports_it():
+    assert group_event("lost", {"peer": "2", "outer": "5", "world": "3->2"}, "peer 2 (seed 0)",
+                       "peer 3 (seed 3)") == ("lost peer 3 (seed 3), SIGKILLed by the launcher "
+                                              "(world 3->2; outer step 5): reported by peer 2 "
+                                              "(seed 0)")
+    assert group_event("left", {"peer": "2", "world": "3->2"}, "peer 2 (seed 0)", None) == \
+        "lost a peer (world 3->2): reported by peer 2 (seed 0)"
+    assert group_event("admitted", {"peer": "1", "world": "2->3"}, "peer 1 (seed 1)", None) == \
+        "admitted newcomers (world 2->3): reported by peer 1 (seed 1)"
+    assert group_event("failed", {"peer": "1", "error": "'boom'"}, "peer 1 (seed 1)", None) == \
+        "peer 1 (seed 1) failed (error='boom')"
+
+
+def test_the_plot_title_counts_one_kill_and_one_join_in_the_singular(tmp_path):
+    rec = Record(tmp_path / "r.csv")
+    for outer in (1, 2, 3):
+        kind, fields = parse(f"step peer=1 outer={outer} inner={10 * outer} world=2 loss=1.0 "
+                             f"val=2.0 sent={100 * outer} digest=ab") or ("", {})
+        assert rec.line(0.0, 1, kind, fields) is not None
+    rec.marks += [("kill", 10), ("join", 20)]
+    rec.close()
+    assert plot(rec, tmp_path / "r.png", title("diloco", 3, 1.0, 1, 1))
+    assert _png_text(tmp_path / "r.png")["Title"] == \
+        "diloco: 3 peers, SIGKILL every 1 s, 1 kill / 1 join"
+    assert title("diloco", 1, None, 0, 0) == "diloco: 1 peer"

@@ -29,10 +29,12 @@ class PeerConfig:
 
     @property
     def master_host(self) -> str:
+        """The host of the first master address."""
         return self.masters[0][0]
 
     @property
     def master_port(self) -> int:
+        """The port of the first master address."""
         return self.masters[0][1]
 
     @classmethod

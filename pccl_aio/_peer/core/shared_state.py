@@ -105,6 +105,7 @@ class SharedState:
 
     @property
     def keys(self) -> list[str]:
+        """The entries' keys, in the order they are hashed and sent."""
         return [e.key for e in self._entries]
 
     @property
