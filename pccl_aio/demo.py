@@ -98,8 +98,8 @@ async def _peer(addr: str, steps: int, count: int, stop_file: str, die_at: int,
                 if await comm.are_peers_pending():  # a joint vote of every peer
                     await comm.update_topology()  # admit the newcomers
                     continue
-                if comm.peer_group_world_size < 2:
-                    await asyncio.sleep(0.05)  # alone: pacing only, wait for company
+                if comm.peer_group_world_size < 2:  # alone: asleep until a peer joins
+                    await comm.wait_for_peers(2)
                     continue
                 doing = "the shared-state sync"
                 sync = await comm.sync_shared_state(state, progress=bar)
