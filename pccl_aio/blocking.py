@@ -69,15 +69,27 @@ class _LoopThread:
 
     def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Run ``coro`` on the loop; blocks until it ends. An exception in the waiting thread
-        (``KeyboardInterrupt``) cancels it, and waits until the cancellation took effect."""
+        (``KeyboardInterrupt``) cancels it, and waits until the cancellation took effect.
+        The coroutine's exception is raised with a short traceback: the caller's frames,
+        then the library's (not the future's nor this module's wrappers)."""
         fut = self.submit(coro)
         try:
-            return fut.result()
+            exc = fut.exception()
         except BaseException:
             if fut.cancel():
                 with contextlib.suppress(BaseException):
                     concurrent.futures.wait([fut])
             raise
+        if exc is None:
+            return fut.result()
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next  # this module's coroutine wrappers
+        del fut
+        try:
+            raise exc.with_traceback(tb)
+        finally:
+            del exc, tb
 
     def stop(self, last: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Run ``last()`` (a close), then stop the loop and join the thread. Idempotent."""

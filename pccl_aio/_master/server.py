@@ -29,7 +29,7 @@ from .._wire import messages as m
 from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
 from .core.records import is_loopback
-from .status import Status
+from .status import Status, metrics_hint
 from .story import Story
 from .watch import watch
 
@@ -396,7 +396,8 @@ def _http_servers(status: Status, host: str, status_port: int | None,
     out = []
     if status_port is not None:
         out.append(HttpServer(status.routes(True, False), host, status_port,
-                              name="pccl_aio master status page"))
+                              name="pccl_aio master status page",
+                              missing=metrics_hint(metrics_port is not None)))
     if metrics_port is not None:
         out.append(HttpServer(status.routes(False, True), host, metrics_port,
                               name="pccl_aio master metrics"))

@@ -19,14 +19,36 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._net.http import Response, Route
+from .._net.http import Response, Route, request_host
 from .core.state import MasterState
 from .story import Story
 
-__all__ = ["Status"]
+__all__ = ["Status", "metrics_hint"]
 
 _WINDOW = 10.0  # seconds the rates average over
 _RUNNING = 100  # running collectives listed at most
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
+def metrics_hint(elsewhere: bool) -> dict[str, str]:
+    """The 404 of ``/metrics`` on a status port: where the metrics are (``elsewhere``: on
+    the master's metrics port), or how to serve them."""
+    if elsewhere:
+        where = ("they are served at /metrics on the master's metrics port (--metrics-port, "
+                 "Master(metrics_port=)), not here")
+    else:
+        where = ("this master serves none: start it with --metrics-port PORT (or "
+                 "Master(metrics_port=PORT)) and scrape /metrics on that port")
+    return {"/metrics": f"not found: this port serves the master's status page, not "
+                        f"Prometheus metrics; {where}"}
+
+
+def reachable(address: str) -> str:
+    """``address`` ("host:port") as the asker can reach it: a wildcard host (0.0.0.0, ::)
+    becomes the host the HTTP request was sent to (its Host header), if any."""
+    host, _, port = address.rpartition(":")
+    asked = request_host()
+    return f"{asked}:{port}" if asked and host.strip("[]") in _WILDCARDS else address
 
 
 class Status:
@@ -99,7 +121,7 @@ class Status:
         per_s, bytes_per_s = self.rates()
         c = story.counts
         return {
-            "run": st.run_id, "term": st.term, "epoch": st.epoch, "address": self._address(),
+            "run": st.run_id, "term": st.term, "epoch": st.epoch, "address": reachable(self._address()),
             "now": time.time(), "uptime_s": round(time.time() - self._started, 1),
             "world_size": len(st.accepted()), "pending": st.pending(),
             "recovering": None if recovery is None else {

@@ -24,6 +24,7 @@ log = logging.getLogger("pccl_aio.security")
 
 HANDSHAKE_TIMEOUT: Final = 5.0
 MAX_PENDING: Final = 64
+DOUBT_TIMEOUT: Final = 1.0  # a client's wait for the verdict on its doubt (``auth.doubt``)
 LOG_BURST, LOG_WINDOW = 10, 10.0  # refusals logged one by one per window; then a count
 
 #: The server's key for an ``OPEN``, or None to refuse it as not a member (may wait).
@@ -32,11 +33,13 @@ KeyFor = Callable[[auth.Opening], Awaitable[bytes | None]]
 
 class HandshakeError(ConnectionError):
     """The other side refused this connection's handshake (``status``, ``auth.STATUS``), or
-    could not complete it (status -1)."""
+    could not complete it (status -1). ``mismatch``: why the other side could not prove the
+    key (``auth.MISSING``, ``UNEXPECTED``, ``DIFFER``), else ""."""
 
-    def __init__(self, message: str, status: int = -1) -> None:
+    def __init__(self, message: str, status: int = -1, mismatch: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.mismatch = mismatch
 
 
 class Reader(Protocol):
@@ -135,21 +138,31 @@ async def greet(reader: Reader, writer: Writer, role: int,
     """
     opening = auth.open_message(role, me, them)
     writer.write(opening)
+    mismatch = ""
     try:
-        status, proof, nonce = auth.answer(
-            key, opening, await reader.readexactly(auth.CHALLENGE.size))
+        challenge = await reader.readexactly(auth.CHALLENGE.size)
+        status, proof, nonce = auth.answer(key, opening, challenge)
         if proof is not None:
             writer.write(proof)
             status = auth.parse_verdict(await reader.readexactly(auth.VERDICT.size))
+        elif status == auth.REFUSED:  # the server did not prove the key: doubt, then give up
+            mismatch = auth.client_mismatch(key, opening, challenge)
+            writer.write(auth.doubt(key, opening, nonce))
+            with contextlib.suppress(TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                async with asyncio.timeout(DOUBT_TIMEOUT):  # its verdict: it read the doubt
+                    await reader.readexactly(auth.VERDICT.size)
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         raise HandshakeError(
             "the other side closed the connection during the handshake (a wrong run secret, "
             "TLS on one side only, or another version of pccl_aio)") from exc
     if status != auth.OK:
         why = auth.STATUS.get(status, "not a pccl_aio handshake")
-        if proof is None and status == auth.REFUSED:
-            why = "the other side could not prove the run secret (the secrets differ)"
-        raise HandshakeError(f"handshake {why}", status)
+        if mismatch:
+            why = "the other side could not prove the run secret " + {
+                auth.MISSING: "(it has one, and this side has none)",
+                auth.UNEXPECTED: "(it has none, and this side has one)",
+            }.get(mismatch, "(the secrets differ)")
+        raise HandshakeError(f"handshake {why}", status, mismatch)
     return auth.session_key(key, opening, nonce)
 
 
@@ -248,11 +261,22 @@ class Gate:
                     f"which may not connect here"), None
         message, nonce = auth.challenge(key, opening)
         writer.write(message)
-        if not auth.verify(key, opening, nonce, await reader.readexactly(auth.PROOF.size)):
+        proof = await reader.readexactly(auth.PROOF.size)
+        if not auth.verify(key, opening, nonce, proof):
             writer.write(auth.verdict(auth.REFUSED))
-            return "wrong run secret (or a replayed handshake)", None
+            return _mismatch(auth.server_mismatch(key, opening, nonce, proof), opening.role), None
         writer.write(auth.verdict(auth.OK))
         return "", (opening, auth.session_key(key, opening.raw, nonce))
+
+
+def _mismatch(why: str, role: int) -> str:
+    """The log's words for a ``auth.server_mismatch``."""
+    key, here = ("run secret", "this master") if role == auth.ROLE_MASTER else ("pair key",
+                                                                               "this side")
+    return {auth.MISSING: f"the peer has no {key} ({here} requires one)",
+            auth.DIFFER: f"the peer's {key} differs from {here}'s",
+            auth.UNEXPECTED: f"the peer has a {key}, and {here} has none",
+            }.get(why, f"wrong {key} (or a replayed handshake)")
 
 
 def _address(writer: Writer) -> str:

@@ -6,13 +6,17 @@ It answers ``GET`` and ``HEAD`` of a fixed set of paths, one request per connect
 slower than ``timeout`` or beyond ``max_clients`` at once get the connection closed (or a
 4xx/5xx). A route is a plain function called on the event loop, so it must be quick (it
 reads in-memory state): serving never blocks the loop for longer than a route takes.
+A route may read the request's ``Host`` (``request_host``); a path in ``missing`` is a 404
+whose body says where to look instead.
 ``close`` stops listening and cancels the connections being served.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import re
 import ssl as _ssl
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -20,7 +24,7 @@ from http import HTTPStatus
 from .._errors import InvalidUsageError
 from .tasks import TaskSet
 
-__all__ = ["HttpServer", "Response", "Route", "check_port"]
+__all__ = ["HttpServer", "Response", "Route", "check_port", "request_host"]
 
 log = logging.getLogger("pccl_aio.http")
 
@@ -28,6 +32,14 @@ Response = tuple[str, bytes]  # content type, body
 Route = Callable[[], Response]
 
 _MAX_HEAD = 8192
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?")
+_request_host: contextvars.ContextVar[str] = contextvars.ContextVar("request_host", default="")
+
+
+def request_host() -> str:
+    """The host of the ``Host`` header of the request a route answers (``"[::1]"`` for IPv6),
+    "" outside a request or without a well-formed one."""
+    return _request_host.get()
 
 
 def check_port(name: str, port: object) -> int | None:
@@ -45,8 +57,10 @@ class HttpServer:
 
     def __init__(self, routes: Mapping[str, Route], host: str = "127.0.0.1", port: int = 0, *,
                  name: str = "pccl_aio http", timeout: float = 10.0, max_clients: int = 32,
-                 ssl: _ssl.SSLContext | None = None) -> None:
+                 ssl: _ssl.SSLContext | None = None,
+                 missing: Mapping[str, str] | None = None) -> None:
         self.routes = dict(routes)
+        self.missing = dict(missing or {})  # path -> the body of its 404 (a hint)
         self.host, self._port, self.name = host, port, name
         self._timeout, self._max, self._ssl = timeout, max_clients, ssl
         self._server: asyncio.Server | None = None
@@ -103,14 +117,28 @@ class HttpServer:
             return HTTPStatus.METHOD_NOT_ALLOWED, {"Allow": "GET, HEAD"}, b"GET only\n", False
         route = self.routes.get(target)
         if route is None:
-            return HTTPStatus.NOT_FOUND, {}, b"not found\n", method == "HEAD"
+            hint = self.missing.get(target, "not found")
+            return HTTPStatus.NOT_FOUND, {}, f"{hint}\n".encode(), method == "HEAD"
+        token = _request_host.set(_host(head))
         try:
             ctype, body = route()
         except Exception:  # a route bug must not end the server: 500 and a log line
             log.exception("%s: GET %s failed", self.name, target)
             return HTTPStatus.INTERNAL_SERVER_ERROR, {}, b"internal error\n", method == "HEAD"
+        finally:
+            _request_host.reset(token)
         return HTTPStatus.OK, {"Content-Type": ctype, "Cache-Control": "no-store"}, body, \
             method == "HEAD"
+
+
+def _host(head: bytes) -> str:
+    """The host of the head's ``Host`` header ("" if absent or not a host[:port])."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"host":
+            found = _HOST.fullmatch(value.strip().decode("latin-1"))
+            return found.group(1) if found else ""
+    return ""
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes:

@@ -74,11 +74,30 @@ async def _dial(cfg: PeerConfig, host: str, port: int
             await asyncio.wait_for(writer.wait_closed(), 1.0)
         if exc.status == auth.BAD_VERSION:
             raise VersionMismatchError(f"the master refused this peer: {exc}") from None
-        raise AuthenticationError(f"the master at {where} refused this peer: {exc}") from None
+        raise AuthenticationError(_refused(where, exc)) from None
     except BaseException:
         writer.close()
         raise
     return reader, writer, key
+
+
+_GIVE = ("give it the run's secret with Communicator(secret=...), $PCCL_AIO_SECRET_FILE or "
+         "$PCCL_AIO_SECRET")
+
+
+def _refused(where: str, exc: HandshakeError) -> str:
+    """What a failed handshake with the master means, and what to fix."""
+    if exc.mismatch == auth.MISSING:
+        return (f"the master at {where} refused this peer: the master requires a run secret "
+                f"and this peer has none; {_GIVE}")
+    if exc.mismatch == auth.DIFFER:
+        return (f"the master at {where} refused this peer: the run secrets differ (this "
+                f"peer's is not the master's; the master could not prove it); {_GIVE}")
+    if exc.mismatch == auth.UNEXPECTED:
+        return (f"the master at {where} could not prove the run secret: it runs without one "
+                f"and this peer has one (a master started without --secret-file, or not "
+                f"this run's master)")
+    return f"the master at {where} refused this peer: {exc}"
 
 
 async def _probe(cfg: PeerConfig, host: str, port: int

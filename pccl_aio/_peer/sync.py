@@ -100,6 +100,9 @@ class SharedStateSync:
             vote = m.VoteSync(state.revision, int(strategy), entries, state.fresh)
             plan = await deadline.within(control.vote("sync", vote), left(), what)
             assert isinstance(plan, m.SyncPlan)
+            for note in plan.kicked:  # the others' mistakes: this peer's sync goes on
+                log.warning("shared-state sync of revision %d: %s", plan.revision, note,
+                            extra=self.control.ids(revision=plan.revision))
             self.plan = plan
             self._planned.set()
             done = control.expect("sync_done")

@@ -7,6 +7,10 @@ A mutual challenge-response over HMAC-SHA256; the key never crosses the wire::
     client -> server  PROOF      HMAC(key, "client" | OPEN | server nonce)
     server -> client  VERDICT    magic, status
 
+A client that cannot verify the server's MAC never sends a proof of its key: its ``PROOF`` is
+then a *doubt* (``doubt``): the empty key's proof if it has no key, else zeros; neither
+reveals anything, and the server learns which side lacks the key (``server_mismatch``).
+
 Each side proves it knows the key over the other side's fresh nonce, so a recorded handshake
 replayed in either direction fails. The MACs cover the role and both peer ids, so a proof made
 for one connection is worth nothing on another. The key is the run secret for the master
@@ -37,6 +41,11 @@ OK, REFUSED, UNKNOWN_PEER, BAD_VERSION = 0, 1, 2, 3
 STATUS: Final = {OK: "accepted", REFUSED: "refused: wrong run secret",
                  UNKNOWN_PEER: "refused: not a member of this run (or not yet)",
                  BAD_VERSION: "refused: another handshake version"}
+
+#: Why a handshake's keys do not match (``client_mismatch``, ``server_mismatch``): the client
+#: has no key, the server has none, both have one and they differ, or none of these (a proof
+#: that fails: a replay or a forgery).
+MISSING, UNEXPECTED, DIFFER, WRONG = "missing", "unexpected", "differ", "wrong"
 
 OPEN: Final = struct.Struct("<IHBx32sQQ")  # magic, version, role, nonce, client id, server id
 CHALLENGE: Final = struct.Struct("<IB3x32s32s")  # magic, status, nonce, server MAC
@@ -104,6 +113,30 @@ def answer(key: bytes, opening: bytes, raw_challenge: bytes) -> tuple[int, bytes
     if not hmac.compare_digest(mac, _mac(key, b"server", opening, nonce)):
         return REFUSED, None, nonce
     return OK, PROOF.pack(_mac(key, b"client", opening, nonce)), nonce
+
+
+def client_mismatch(key: bytes, opening: bytes, raw_challenge: bytes) -> str:
+    """Why the server's MAC failed the client's check: ``MISSING`` (the client has no key),
+    ``UNEXPECTED`` (the server proved the empty key: it has none) or ``DIFFER``."""
+    if not key:
+        return MISSING
+    _, _, nonce, mac = CHALLENGE.unpack(raw_challenge)
+    return UNEXPECTED if hmac.compare_digest(mac, _mac(b"", b"server", opening, nonce)) else DIFFER
+
+
+def doubt(key: bytes, opening: bytes, nonce: bytes) -> bytes:
+    """The client's ``PROOF`` when the server failed to prove the key: the empty key's proof
+    without a key, else zeros (never a proof of a real key to an unproven server)."""
+    return PROOF.pack(bytes(32) if key else _mac(b"", b"client", opening, nonce))
+
+
+def server_mismatch(key: bytes, opening: Opening, nonce: bytes, proof: bytes) -> str:
+    """Why a ``PROOF`` failed ``verify``: ``MISSING`` (the empty key's proof), ``DIFFER``
+    or ``UNEXPECTED`` (a doubt: the client has another key, or one where the server has
+    none), else ``WRONG``."""
+    if proof == bytes(32):
+        return DIFFER if key else UNEXPECTED
+    return MISSING if key and verify(b"", opening, nonce, proof) else WRONG
 
 
 def verify(key: bytes, opening: Opening, nonce: bytes, proof: bytes) -> bool:

@@ -305,13 +305,15 @@ class MasterHeartbeat(_Msg, frozen=True, tag=74):
 
 class SyncPlan(_Msg, frozen=True, tag=76):
     """Result of the election: adopt ``revision``; fetch ``keys`` (verify ``hashes``, one per
-    key) from ``sources``. ``fetchers`` are the peers that fetch: a source serves them only."""
+    key) from ``sources``. ``fetchers`` are the peers that fetch: a source serves them only.
+    ``kicked``: "peer N was kicked: why" for each voter this election kicked."""
 
     revision: U64
     keys: list[str]
     hashes: list[Hash]
     sources: list[PeerAddr]
     fetchers: list[U64] = []
+    kicked: list[str] = []
 
 
 class SyncComplete(_Msg, frozen=True, tag=77):

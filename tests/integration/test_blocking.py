@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -241,3 +245,33 @@ def test_sync_shared_state_passes_progress_to_the_loop_thread(master: blocking.M
     finally:
         for c in comms:
             c.close()
+
+
+def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    return traceback.extract_tb(exc.__traceback__)
+
+
+def test_errors_carry_a_short_traceback_without_future_or_thread_frames() -> None:
+    """The caller's frame, then the library's own: no ``concurrent.futures`` / threading
+    internals (nor the facade's wrappers) between them; the message is the library's."""
+    with pytest.raises(pccl.InvalidUsageError) as bad:
+        blocking.Communicator("localhost:48148:1")
+    with socket.create_server(("127.0.0.1", 0)) as mute:  # accepts, never answers
+        c = blocking.Communicator(f"127.0.0.1:{mute.getsockname()[1]}",
+                                  heartbeat_interval=0.1, heartbeat_timeout=0.3)
+        try:
+            with pytest.raises(pccl.PcclTimeoutError) as late:
+                c.connect(attempts=1)
+        finally:
+            c.close()
+    for err, raiser in ((bad, "config.py"), (late, "session.py")):
+        frames = _frames(err.value)
+        text = "".join(traceback.format_exception(err.value))
+        assert frames[0].name == "test_errors_carry_a_short_traceback_without_future_or_thread_frames"
+        assert Path(frames[-1].filename).name == raiser, text
+        assert len(frames) <= 10, text
+        assert not any(f"{os.sep}concurrent{os.sep}" in f.filename or
+                       Path(f.filename).name == "threading.py" or f.name == "<lambda>"
+                       for f in frames), text
+        assert str(err.value) in text.splitlines()[-1]
+    assert "malformed" in str(bad.value) and "did not answer" in str(late.value)

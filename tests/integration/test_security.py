@@ -4,6 +4,7 @@ gate, each against a real master and real peers on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 
 import numpy as np
@@ -84,6 +85,38 @@ async def test_a_peer_without_the_secret_cannot_join(secret_master, secret):
         await _exact(comms)
     finally:
         await asyncio.gather(*(c.close() for c in comms))
+
+
+@pytest.mark.parametrize(("secret", "told", "logged"), [
+    (None, "the master requires a run secret and this peer has none",
+     "the peer has no run secret (this master requires one)"),
+    ("wrong secret", "the run secrets differ", "the peer's run secret differs from this master's"),
+])
+async def test_a_refused_peer_is_told_what_to_fix_and_the_master_logs_which(
+        secret_master, caplog, secret, told, logged):
+    caplog.set_level(logging.WARNING, "pccl_aio.security")
+    async with pccl.Communicator(secret_master.address, secret=secret or b"", **FAST) as rogue:
+        with pytest.raises(pccl.AuthenticationError) as err:
+            await rogue.connect(attempts=1)
+    text = str(err.value)
+    assert told in text, text
+    for how in ("Communicator(secret=...)", "$PCCL_AIO_SECRET_FILE", "$PCCL_AIO_SECRET"):
+        assert how in text, text
+    assert SECRET not in text and (secret is None or secret not in text)
+    refusals = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(refusals) == 1 and refusals[0].endswith(logged), refusals
+    assert SECRET not in caplog.text and (secret is None or secret not in caplog.text)
+    assert secret_master.gate.stats["refused"] == 1
+
+
+async def test_a_peer_with_a_secret_is_told_the_master_runs_without_one(master, caplog):
+    caplog.set_level(logging.WARNING, "pccl_aio.security")
+    async with pccl.Communicator(master.address, secret=SECRET, **FAST) as c:
+        with pytest.raises(pccl.AuthenticationError) as err:
+            await c.connect(attempts=1)
+    assert "could not prove the run secret: it runs without one and this peer has one" \
+        in str(err.value), err.value
+    assert "the peer has a run secret, and this master has none" in caplog.text
 
 
 async def test_a_master_without_the_secret_is_refused_by_the_peer(master):

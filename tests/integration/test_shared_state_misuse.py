@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from tests.integration.state_harness import Tally, first_of, sync, tx_rx, u8
+from tests.integration.state_harness import Tally, first_of, sync, sync_settled, tx_rx, u8
 
 # ---- misuse -----------------------------------------------------------------------------------
 
@@ -97,3 +98,30 @@ def test_a_key_longer_than_the_wire_allows_is_refused_at_once():
 def test_an_advertise_host_longer_than_an_address_is_refused_at_once():
     with pytest.raises(pccl.InvalidUsageError, match="advertise_host"):
         pccl.Communicator("127.0.0.1:1", advertise_host="h" * 254)
+
+
+async def test_a_layout_kick_names_the_first_differing_key_with_both_dtypes_and_sizes(
+        peers, caplog):
+    """The kicked peer's KickedError, the master's log and the survivors' log all name key
+    'w' with both sides' dtype, element count and bytes (not just "keys, dtypes or sizes
+    differ")."""
+    caplog.set_level(logging.INFO, "pccl_aio.master")
+    caplog.set_level(logging.INFO, "pccl_aio.state")
+    comms = await peers(3)
+    ids = [c.peer_id for c in comms]
+
+    def state(dtype):
+        return pccl.SharedState({"a": u8(0), "w": np.zeros(512, dtype), "z": u8(0)})
+
+    states = [state(np.float32), state(np.float16), state(np.float32)]
+    res = await sync_settled(comms, states)
+    assert isinstance(res[1], pccl.KickedError), res
+    assert isinstance(res[0], pccl.SyncInfo) and isinstance(res[2], pccl.SyncInfo), res
+    said = (f"key 'w' is float16, 512 elements (1024 B) on peer {ids[1]} but float32, "
+            f"512 elements (2048 B) on peers {ids[0]}, {ids[2]}")
+    assert said in str(res[1]), res[1]
+    master = [r.getMessage() for r in caplog.records if r.name == "pccl_aio.master"]
+    assert any(f"peer {ids[1]} kicked" in line and said in line for line in master), master
+    survivors = [r.getMessage() for r in caplog.records if r.name == "pccl_aio.state"]
+    assert len([s for s in survivors if f"peer {ids[1]} was kicked" in s and said in s]) == 2, \
+        survivors

@@ -80,6 +80,35 @@ async def test_status_and_metrics_can_share_one_port():
         assert json.loads((await get(m.status_address + "status.json"))[1])["world_size"] == 0
 
 
+async def test_metrics_asked_of_a_status_port_answer_where_they_are():
+    """Not a bare 404: the body says metrics are on the metrics port, or how to serve them."""
+    async with master(status_port=0) as m:
+        head, body = await get(m.status_address + "metrics")
+        assert head.startswith("HTTP/1.1 404"), head
+        assert "--metrics-port PORT" in body and "Master(metrics_port=PORT)" in body, body
+    async with master(status_port=0, metrics_port=0) as m:
+        head, body = await get(m.status_address + "metrics")
+        assert head.startswith("HTTP/1.1 404"), head
+        assert "on the master's metrics port (--metrics-port" in body, body
+
+
+async def test_a_master_on_every_interface_shows_the_address_the_page_was_reached_at():
+    """Listening on 0.0.0.0, the page shows the Host header's host with the master's port
+    (an address a peer can use), not 0.0.0.0; a master on one address shows that one."""
+    async with pccl.Master("0.0.0.0", 0, status_port=0, heartbeat_interval=0.2) as m:
+        assert m.address.startswith("0.0.0.0:")
+        reachable = f"127.0.0.1:{m.port}"
+        assert json.loads((await get(m.status_address + "status.json"))[1])["address"] \
+            == reachable
+        assert f'"address": "{reachable}"' in (await get(m.status_address))[1]
+        async with pccl.Communicator(reachable, heartbeat_interval=0.2) as c:
+            await c.connect(attempts=1)  # the address shown is one a peer can use
+        assert m.status.snapshot()["address"] == m.address  # in-process: no request
+    async with master(status_port=0) as m:
+        status = json.loads((await get(m.status_address + "status.json"))[1])
+        assert status["address"] == m.address
+
+
 @pytest.mark.parametrize("bad", [-1, 65536, "8080", 1.5, True])
 def test_bad_http_ports_are_typed_errors(bad):
     with pytest.raises(pccl.InvalidUsageError, match="status_port must be a port"):

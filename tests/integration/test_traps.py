@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer.core.config import PeerConfig
 from tests.helpers import record_sends
 
 pytestmark = pytest.mark.timeout(30)
@@ -25,6 +26,22 @@ def test_bad_master_addresses_are_refused_at_construction(addr):
     with pytest.raises(pccl.InvalidUsageError, match="master"):
         pccl.Communicator(addr)  # type: ignore[arg-type]
     assert time.monotonic() - t0 < 0.5  # refused, not retried
+
+
+@pytest.mark.parametrize("addr", ["localhost:48148:1", "10.0.0.1:48148:2", "[::1:48148"])
+def test_an_address_with_a_colon_too_many_is_malformed_and_names_the_form(addr):
+    """``MASTER=localhost:48148:1`` is not tried five times as host ``localhost:48148``."""
+    t0 = time.monotonic()
+    with pytest.raises(pccl.InvalidUsageError, match="malformed") as err:
+        pccl.Communicator(addr)
+    assert "'host:port'" in str(err.value) and "[::1]:48148" in str(err.value), err.value
+    assert time.monotonic() - t0 < 0.5
+
+
+@pytest.mark.parametrize("addr", ["[::1]:48148", "::1:48148", "localhost:48148"])
+def test_ipv6_in_brackets_and_plain_hosts_still_parse(addr):
+    config = PeerConfig.parse(addr)
+    assert config.masters == ((addr.rpartition(":")[0].strip("[]"), 48148),)
 
 
 @pytest.mark.parametrize("kw", [{"peer_group": -1}, {"p2p_connections": 0},

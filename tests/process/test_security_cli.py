@@ -59,8 +59,11 @@ async def test_cli_master_with_a_secret_file_admits_only_peers_with_the_secret(p
 
     code, out, err = await _rogue(addr)  # no secret at all
     assert code != 0 and "AuthenticationError" in err and "joined" not in out, err
+    assert "the master requires a run secret and this peer has none" in err, err
+    assert "$PCCL_AIO_SECRET_FILE or $PCCL_AIO_SECRET" in err, err
     code, out, err = await _rogue(addr, env={"PCCL_AIO_SECRET": "a guess"})
     assert code != 0 and "AuthenticationError" in err and "joined" not in out, err
+    assert "the run secrets differ" in err and "a guess" not in err, err
     code, out, _ = await _rogue(addr, env={"PCCL_AIO_SECRET_FILE": str(tmp_path / "secret")})
     assert code == 0 and out.startswith("joined"), out
 
@@ -69,6 +72,9 @@ async def test_cli_master_with_a_secret_file_admits_only_peers_with_the_secret(p
     assert m.proc.stderr is not None
     log = (await m.proc.stderr.read()).decode()
     assert log.count("refused a connection from 127.0.0.1") == 2, log
+    assert "the peer has no run secret (this master requires one)" in log, log
+    assert "the peer's run secret differs from this master's" in log, log
+    assert "s3cret-of-this-run" not in log and "a guess" not in log, log
 
 
 async def test_cli_master_over_mutual_tls(procs, tmp_path):

@@ -122,6 +122,23 @@ def test_the_odd_layout_is_kicked_and_the_others_go_on(odd: m.VoteSync) -> None:
         assert e.sources == sorted({1, 2, 3} - {pos})
 
 
+@pytest.mark.parametrize(("odd", "said"), [
+    (vote(0, ent("a", 1), ent("c", 2)),
+     "key 'b' is absent on peer 2 but uint8, 1024 elements (1024 B) on peers 1, 3"),
+    (vote(0, ent("a", 1), ent("b", 2), ent("c", 3)),
+     "key 'c' is uint8, 1024 elements (1024 B) on peer 2 but absent on peers 1, 3"),
+    (vote(0, ent("a", 1, dtype=DataType.BFLOAT16), ent("b", 2, nbytes=8)),
+     "key 'a' is bfloat16, 512 elements (1024 B) on peer 2 but uint8, 1024 elements (1024 B)"),
+    (vote(0, ent("a", 1), ent("b", 2, nbytes=1, loose=True)),
+     "key 'b' is uint8, 1 element (1 B, content may differ) on peer 2 but uint8, 1024"),
+])
+def test_a_layout_kick_names_the_first_differing_key_and_both_sides(
+        odd: m.VoteSync, said: str) -> None:
+    good = vote(0, *_two())
+    e = all_orders({1: good, 2: odd, 3: good}, None)
+    assert set(e.kicks) == {2} and said in e.kicks[2], e.kicks
+
+
 def test_float16_bfloat16_int16_are_different_layouts() -> None:
     votes = {1: vote(0, ent("a", 1, dtype=DataType.FLOAT16)),
              2: vote(0, ent("a", 1, dtype=DataType.BFLOAT16)),

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from pccl_aio._net.http import HttpServer
+from pccl_aio._net.http import HttpServer, request_host
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,3 +75,33 @@ async def test_close_cancels_requests_being_served():
     await asyncio.wait_for(s.close(), 5)  # does not wait out the slow client
     assert await asyncio.wait_for(r.read(), 5) == b""
     w.close()
+
+
+async def test_a_missing_path_with_a_hint_answers_404_with_the_hint():
+    s = HttpServer({"/": lambda: ("text/plain", b"x")}, missing={"/metrics": "look elsewhere"})
+    await s.start()
+    try:
+        hinted = await ask(s, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert hinted.startswith(b"HTTP/1.1 404") and hinted.endswith(b"\r\n\r\nlook elsewhere\n")
+        plain = await ask(s, b"GET /other HTTP/1.1\r\n\r\n")
+        assert plain.startswith(b"HTTP/1.1 404") and plain.endswith(b"\r\n\r\nnot found\n")
+    finally:
+        await s.close()
+
+
+@pytest.mark.parametrize(("header", "host"), [
+    (b"Host: example.org:8080\r\n", b"example.org"),
+    (b"host: 10.1.2.3\r\n", b"10.1.2.3"),
+    (b"Host: [::1]:8080\r\n", b"[::1]"),
+    (b"Host: <script>:80\r\n", b""),  # not a host: nothing
+    (b"", b""),
+])
+async def test_a_route_reads_the_host_its_request_was_sent_to(header, host):
+    s = HttpServer({"/": lambda: ("text/plain", request_host().encode() or b"-")})
+    await s.start()
+    try:
+        answer = await ask(s, b"GET / HTTP/1.1\r\n" + header + b"\r\n")
+        assert answer.endswith(b"\r\n\r\n" + (host or b"-")), answer
+        assert request_host() == ""  # outside a request
+    finally:
+        await s.close()

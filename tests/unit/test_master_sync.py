@@ -363,8 +363,10 @@ def test_barrier_runs_on_any_roster() -> None:
     assert out == [] and r.barrier.busy(1) and not r.barrier.busy(3)
     r.barrier.vote(3, 0, sync_vote(nbytes=1), out)
     srcs = [m.PeerAddr(c, "h", 1000 + c, 2000 + c) for c in (1, 2)]
-    assert out == [ms.Send(c, m.SyncPlan(0, [], [], srcs)) for c in (1, 2)]
     assert [c for c, _ in r.kicked] == [3] and not r.barrier.busy(3)
+    note = f"peer 3 was kicked: {r.kicked[0][1]}"  # the survivors are told why
+    assert "key 'w' is uint8, 1 element (1 B) on peer 3" in note
+    assert out == [ms.Send(c, m.SyncPlan(0, [], [], srcs, [], [note])) for c in (1, 2)]
     out.clear()
     r.barrier.done(1, 0, out)
     assert out == [] and r.barrier.busy(2)

@@ -123,6 +123,7 @@ class SyncBarrier:
         votes = {c: self._votes.pop(c) for c in members}
         e = elect(votes, self._revisions.get(group))
         alive = [c for c in members if c not in e.kicks]
+        kicked = [f"peer {c} was kicked: {why}" for c, why in sorted(e.kicks.items())]
         if e.failed:
             out.extend(Send(c, m.SyncFailed(e.failed)) for c in alive)
         else:
@@ -134,7 +135,8 @@ class SyncBarrier:
             for c in alive:
                 plan = e.plans.get(c)
                 keys, hashes = (plan.keys, plan.hashes) if plan else ([], [])
-                out.append(Send(c, m.SyncPlan(e.revision, keys, hashes, srcs, fetchers)))
+                out.append(Send(c, m.SyncPlan(e.revision, keys, hashes, srcs, fetchers,
+                                              kicked)))
         for c, reason in e.kicks.items():
             self._roster.kick(c, reason, out)
 

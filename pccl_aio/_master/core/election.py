@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from ..._types import SyncStrategy
+from ..._types import DTYPE_ITEMSIZE, SyncStrategy
 from ..._wire import messages as m
 
 
@@ -54,6 +54,39 @@ def _content(v: m.VoteSync) -> tuple[tuple[str, bytes], ...]:
     return tuple(sorted((e.key, e.hash) for e in v.entries if not e.allow_inequality))
 
 
+def layout_difference(p: int, vote: m.VoteSync, holders: list[int], won: m.VoteSync) -> str:
+    """Why voter ``p``'s layout lost to the one ``holders`` share (``won``): the first key
+    (in sorted order) whose entry differs, with both sides' dtype and size."""
+    mine, theirs = ({e.key: e for e in v.entries} for v in (vote, won))
+    key = next((k for k in sorted(mine.keys() | theirs.keys())
+                if _entry(mine.get(k)) != _entry(theirs.get(k))), "")
+    who = ", ".join(map(str, holders))
+    return (f"shared-state keys, dtypes or sizes differ from the other peers': key "
+            f"{_short(key)} is {_describe(mine.get(key))} on peer {p} but "
+            f"{_describe(theirs.get(key))} on peer{'s' * (len(holders) > 1)} {who}")
+
+
+def _entry(e: m.SyncEntry | None) -> tuple[int, int, bool] | None:
+    return None if e is None else (e.dtype, e.nbytes, e.allow_inequality)
+
+
+def _describe(e: m.SyncEntry | None) -> str:
+    if e is None:
+        return "absent"
+    dtype = _DTYPES.get(e.dtype)
+    label, size = (dtype.label, DTYPE_ITEMSIZE[dtype]) if dtype is not None else (f"dtype {e.dtype}", 1)
+    loose = ", content may differ" if e.allow_inequality else ""
+    n = e.nbytes // size
+    return f"{label}, {n} element{'s' * (n != 1)} ({e.nbytes} B{loose})"
+
+
+_DTYPES = {int(d): d for d in DTYPE_ITEMSIZE}
+
+
+def _short(key: str) -> str:
+    return repr(key if len(key) <= 64 else key[:61] + "...")
+
+
 def elect(votes: dict[int, m.VoteSync], last_revision: int | None) -> Election:
     """Decide one group's sync from the votes of all its accepted peers."""
     out = Election()
@@ -75,9 +108,10 @@ def elect(votes: dict[int, m.VoteSync], last_revision: int | None) -> Election:
         best = max(layouts.values())
         winner_layout = min((lay for lay, n in layouts.items() if n == best),
                             key=lambda lay: min(p for p, v in live.items() if _layout(v) == lay))
+        holders = sorted(p for p, v in live.items() if _layout(v) == winner_layout)
         for p, v in list(live.items()):
             if _layout(v) != winner_layout:
-                out.kicks[p] = "shared-state keys, dtypes or sizes differ from the other peers'"
+                out.kicks[p] = layout_difference(p, v, holders, live[holders[0]])
                 del live[p]
     # 4a. strategy mix
     if any(v.strategy == SyncStrategy.ENFORCE_POPULAR for v in live.values()):

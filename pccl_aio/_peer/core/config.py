@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import ssl as _ssl
 from collections.abc import Sequence
 
@@ -78,12 +79,28 @@ class PeerConfig:
 
 
 def _address(master: object) -> tuple[str, int]:
+    """``(host, port)`` of ``"host:port"``; IPv6 in brackets (``"[::1]:48148"``), or bare
+    when the host part is an IPv6 address as a whole (``"::1:48148"``)."""
+    form = ("'host:port' (e.g. 'localhost:48148', or '[::1]:48148' for IPv6; no scheme, "
+            "no path)")
     if not isinstance(master, str):
-        raise InvalidUsageError(f"master address must be a 'host:port' str, not {master!r}")
+        raise InvalidUsageError(f"master address must be {form}, not {master!r}")
     host, sep, port = master.rpartition(":")
     if not sep or not port.isdigit() or not host or "/" in host or " " in master:
+        raise InvalidUsageError(f"master address must be {form}, not {master!r}")
+    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+    if ":" in host and not bracketed and not _is_ipv6(host):
         raise InvalidUsageError(
-            f"master address must be 'host:port' (no scheme, no path), not {master!r}")
+            f"master address {master!r} is malformed: {host!r} is not a host (one colon, "
+            f"before the port); the form is {form}")
     if not 1 <= int(port) <= 65535:
         raise InvalidUsageError(f"master port must be in 1..65535, not {port}")
     return host.strip("[]"), int(port)
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
