@@ -14,48 +14,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
-
-import msgspec
 
 from .. import _log
 from .._errors import (
-    AuthenticationError,
     InvalidUsageError,
     KickedError,
     MasterConnectionError,
     MasterLostError,
     PcclError,
-    PcclTimeoutError,
     RemoteProtocolError,
-    VersionMismatchError,
 )
 from .._net.stream import read_frame
 from .._net.tasks import TaskSet
 from .._wire import messages as m
+from .._wire.fields import VoteKind
 from .._wire.framing import frame
 from .arrivals import Arrivals
 from .collective import Collective
 from .core.config import PeerConfig
 from .core.stash import Stash
 from .core.tickets import Tickets
+from .core.votes import Settle, VoteBook, Withdraw
 from .dispatch import dispatch
 from .failover import Outage
 from .receiver import Registry
-from .session import Session, close_quietly, open_session
+from .session import Session, close_quietly, heartbeat, open_retrying
 
 log = logging.getLogger("pccl_aio.communicator")
-
-_WITHDRAWABLE = ("topology", "pending", "sync", "optimize")  # votes a cancelled caller takes back
 
 
 class ControlPlane:
     """The master session of one communicator.
 
-    Owns the master connection, its two tasks, the votes waiting for an answer and the
-    collectives in flight by tag (whose verdicts it delivers in the master's order).
-    ``on_membership`` is called with each new ``Membership`` before anything that follows it.
+    Owns the master connection, its two tasks, the futures of the votes waiting for an
+    answer (their state is the ``VoteBook``'s, ``votes``) and the collectives in flight by tag
+    (whose verdicts it delivers in the master's order). ``on_membership`` is called with each
+    new ``Membership`` before anything that follows it.
     """
 
     def __init__(self, config: PeerConfig,
@@ -65,30 +61,38 @@ class ControlPlane:
         self.membership: m.Membership | None = None
         self.colls: dict[int, Collective] = {}  # tag -> collective in flight
         self.failure: PcclError | None = None  # why the session ended; raised by later calls
-        self.connected = False
         self._on_membership = on_membership
-        self._votes: dict[str, asyncio.Future[Any]] = {}
-        self._withdrawing: dict[str, int] = {}  # kind -> WithdrawVotes not yet acknowledged
-        self._carried: dict[str, Any] = {}  # kind -> answer of a round a withdrawn vote made
-        self._writer: asyncio.StreamWriter | None = None
-        self.session = b""  # the master session's key (unwraps pair keys)
+        self.votes: VoteBook[asyncio.Future[Any]] = VoteBook()
+        self._session: Session | None = None  # the last master session, until ``close``
         self._up: asyncio.Future[None] | None = None  # done: a member of a live session
-        self._hello: m.Hello | None = None  # this peer's registration, without rejoin data
         self._gen = 0  # the live session's number (a task of an older one stops)
         self._closing = False
-        self._last_master = 0.0
         self._tasks = TaskSet("pccl_aio control plane")
         self.tickets = Tickets(Stash())  # ``attach`` gives it the data plane's stash
         self.registry: Registry | None = None
         self.on_measure: Callable[[m.MeasurePlan], None] | None = None  # the master's plans
-        self.term, self.run_id, self.master = 0, "", ""  # the master's, as last heard
-        self.revision = -1  # the shared-state revision of the last completed sync
-        self.vote_seconds = 0.0  # spent waiting for the master's answers to votes (metrics)
-        self.sync: tuple[int, bool | None] | None = None  # a sync's revision, our SyncDone
-        self.rounds: dict[str, tuple[int, bool]] = {}  # kind -> last joint-vote round seen
-        self.heard: dict[str, int] = {}  # kind -> rounds the run had answered (Membership)
-        self.outage = Outage()
+        self.term, self.run_id = 0, ""  # the master's, as last heard
+        self.outage = Outage(self._tasks)
         self.arrivals = Arrivals()  # the master's word on joiners (``wait_for_peers``)
+
+    @property
+    def connected(self) -> bool:
+        """``connect`` registered a master session and ``close`` did not end it."""
+        return self._session is not None
+
+    @property
+    def session(self) -> bytes:
+        """The master session's key (unwraps pair keys); empty without one."""
+        return self._session.key if self._session is not None else b""
+
+    @property
+    def master(self) -> str:
+        """The address of the master of the last session."""
+        return self._session.where if self._session is not None else ""
+
+    @property
+    def _writer(self) -> asyncio.StreamWriter | None:
+        return self._session.writer if self._session is not None else None
 
     @property
     def peer_group_world_size(self) -> int:
@@ -118,53 +122,25 @@ class ControlPlane:
         """
         self.failure = None
         self._closing = False
-        self._withdrawing.clear()
-        self._carried.clear()
-        self._hello = hello
+        self.votes.restart()
+        self.outage.hello = hello
         self._up = asyncio.get_running_loop().create_future()
-        last: Exception | None = None
-        for i in range(attempts):
-            try:
-                session = await open_session(self.config, self._hello_now(), self.term)
-                break
-            except (OSError, TimeoutError) as exc:
-                if isinstance(exc, (AuthenticationError, VersionMismatchError)) or (
-                        isinstance(exc, PcclTimeoutError) and i + 1 == attempts):
-                    raise
-                last = exc
-                if i + 1 < attempts:
-                    await asyncio.sleep(min(backoff * 2**i, 2.0))  # back-off, not a sync
-        else:
-            where = ", ".join(f"{h}:{p}" for h, p in self.config.masters)
-            raise MasterConnectionError(
-                f"no master at {where} after {attempts} attempt(s): {last!r}") from last
-        self._begin(session)
-        self.connected = True
+        self.begin(await open_retrying(self.config, self.outage.hello_now(self), self.term,
+                                       attempts, backoff))
         await self.wait_up()  # first Membership: accepted into the run
 
-    def _hello_now(self) -> m.Hello:
-        """This peer's ``Hello`` as of now: with its ``Rejoin`` once it had a master."""
-        hello = self._hello
-        assert hello is not None
-        # a peer whose master stepped down joins afresh: its id may be another's there
-        rejoin = self.outage.rejoin(self) if self.peer_id and not self.outage.demoted else None
-        run_id = self.config.run_id or self.run_id
-        return msgspec.structs.replace(hello, run_id=run_id, term=self.term, rejoin=rejoin)
-
-    def _begin(self, session: Session) -> None:
+    def begin(self, session: Session) -> None:
         """A registered session: its reader and heartbeat tasks (the first ``Membership``
         completes ``wait_up``)."""
         w = session.welcome
-        self.peer_id, self.session, self._writer = w.peer_id, session.key, session.writer
+        self.peer_id, self._session = w.peer_id, session
         self.term = max(self.term, w.term)
         self.run_id = w.run_id or self.run_id
-        self.master = session.where
         self.outage.as_joiner = self.outage.since is not None and not (w.accepted or w.rebuild)
         self._gen += 1
-        self._last_master = asyncio.get_running_loop().time()
-        self._tasks.spawn(self._read_loop(session.reader, self._gen),
-                          name="pccl_aio master reader")
-        self._tasks.spawn(self._heartbeat_loop(self._gen), name="pccl_aio heartbeat")
+        session.heard = asyncio.get_running_loop().time()
+        self._tasks.spawn(self._read_loop(session, self._gen), name="pccl_aio master reader")
+        self._tasks.spawn(self._heartbeat_loop(session, self._gen), name="pccl_aio heartbeat")
 
     async def wait_up(self) -> None:
         """Until this peer is a member (or waits as one) of a live master session; raises
@@ -197,12 +173,12 @@ class ControlPlane:
         """Stop every task and close the master connection. Idempotent."""
         self._closing = True
         await self._tasks.close()
-        close_quietly(self._writer)
-        if self._writer is not None:
+        writer = self._writer
+        close_quietly(writer)
+        if writer is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._writer.wait_closed(), 1.0)
-            self._writer = None
-        self.connected = False
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            self._session = None
 
     def check_usable(self) -> None:
         """Raise why the session ended, or InvalidUsageError before ``connect``."""
@@ -226,10 +202,7 @@ class ControlPlane:
         launch waiting for a master) fails with ``exc``."""
         if self.failure is None:
             self.failure = exc
-        for fut in list(self._votes.values()):
-            if not fut.done():
-                fut.set_exception(exc)
-        self._votes.clear()
+        self.settle(self.votes.fail(exc))
         self.arrivals.wake()
         if self._up is not None and not self._up.done():
             self._up.set_exception(exc)
@@ -248,62 +221,95 @@ class ControlPlane:
         self.arrivals.lost()
         close_quietly(self._writer)
         if (self._closing or isinstance(exc, KickedError) or self.config.master_timeout <= 0
-                or self._hello is None):
+                or self.outage.hello is None):
             self.fail_all(exc)
             return
+        if self._up is None or self._up.done():  # calls wait for the next master
+            self._up = asyncio.get_running_loop().create_future()
         self.outage.begin(self, exc)
 
+    def admitted(self, msg: m.Membership) -> None:
+        """A ``Membership`` (``dispatch``): the communicator's turn, then the first one of
+        a session completes ``wait_up`` and ends the outage."""
+        self._on_membership(msg)
+        if self._up is not None and not self._up.done():
+            self._up.set_result(None)
+            self.outage.end(self)
+        self.arrivals.wake()
+
     # ---- votes and collectives ------------------------------------------------------------
-    async def vote(self, kind: str, msg: m.PeerToMaster) -> Any:
-        """Send a vote and wait for its answer. Cancelling a vote takes it back
-        (``WithdrawVote``), so the master no longer counts it.
+    async def vote(self, kind: VoteKind, msg: m.PeerToMaster) -> Any:
+        """Send a vote and wait for its answer (a master lost meanwhile: first for the run
+        rejoined). Cancelling a vote takes it back (``WithdrawVote``), so the master no
+        longer counts it.
 
         A withdrawal can lose the race against the other peers' votes: the round then
         completed with the withdrawn vote, and the others went on. Its answer (arriving before
         the master's ``VoteWithdrawn``) is carried to this peer's next vote of that kind
         (topology, pending, optimize: the group's calls stay in step), which then returns it
-        without a new round; a sync that counted a withdrawn vote fails for the group instead.
+        without a new round; a sync that counted a withdrawn vote fails for the group instead
+        (``core/votes.py``).
         """
-        if kind in self._votes:
-            raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
-        if kind in self._carried:
-            return self._carried.pop(kind)
+        carried = self.votes.open(kind)
+        if carried is not None:
+            return carried.value
         if not self.up:
             joined = self.outage.joined
             await self.wait_up()  # a master is being found: the vote goes to the next one
             if self.outage.joined != joined:
-                raise MasterLostError(f"{m.VOTE_CALLS.get(kind, kind)} was made before this "
+                raise MasterLostError(f"{m.VOTE_CALLS[kind]} was made before this "
                                       "peer rejoined the run as a new member: call again")
-        if kind in self._votes:
-            raise InvalidUsageError(f"a {kind} vote is already waiting on this peer")
         fut = self.expect(kind)
         try:
             self.send(msg)
         except BaseException:
-            self._votes.pop(kind, None)
+            self.votes.abandon(kind, fut)
             raise
-        t0 = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         try:
             return await fut
         except asyncio.CancelledError:
-            if self._votes.get(kind) is fut and kind in _WITHDRAWABLE:
-                del self._votes[kind]
+            if self.votes.abandon(kind, fut):
                 self._withdraw(kind)
             raise
         finally:
-            self.vote_seconds += asyncio.get_running_loop().time() - t0
+            self.votes.waited(loop.time() - t0)
 
-    def _withdraw(self, kind: str) -> None:
+    def _withdraw(self, kind: VoteKind) -> None:
         with contextlib.suppress(PcclError):
-            self.send(m.WithdrawVote(kind))  # type: ignore[arg-type]
-            # answers of this kind until the master's VoteWithdrawn belong to the old vote
-            self._withdrawing[kind] = self._withdrawing.get(kind, 0) + 1
+            self.send(m.WithdrawVote(kind))
+            self.votes.withdraw(kind)
 
-    def expect(self, kind: str) -> asyncio.Future[Any]:
-        """A future for the next master answer of ``kind``."""
+    def expect(self, kind: VoteKind) -> asyncio.Future[Any]:
+        """A future for the master's answer to the vote of ``kind`` about to be sent. Raises
+        ``InvalidUsageError`` while one waits."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._votes[kind] = fut
+        self.votes.cast(kind, fut)
         return fut
+
+    def verdict(self) -> asyncio.Future[Any]:
+        """A future for the group's verdict on the sync whose plan came (its second stage:
+        ``SyncComplete``, or ``SharedStateError`` from ``SyncFailed``)."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.votes.await_verdict(fut)
+        return fut
+
+    def settle(self, actions: Iterable[Settle[asyncio.Future[Any]] | Withdraw],
+               retrieve: bool = False) -> None:
+        """Do what the vote book answered: complete futures, take votes back.
+        ``retrieve``: mark the errors retrieved (their callers may be gone)."""
+        for act in actions:
+            if isinstance(act, Withdraw):
+                self._withdraw(act.kind)
+            elif act.waiter.done():
+                continue
+            elif act.error is None:
+                act.waiter.set_result(act.value)
+            else:
+                act.waiter.set_exception(act.error)
+                if retrieve:
+                    act.waiter.exception()
 
     def launch(self, coll: Collective, awaited: bool = False) -> None:
         """Send the collective's vote (``CollectiveInit``) and track it until its verdict;
@@ -319,24 +325,12 @@ class ControlPlane:
             coll.save_input()
             self.outage.deferred.append(coll)
             return
-        self._send_launch(coll)
-        coll.save_input()  # after the vote left: the copy overlaps the master's round trip
-        self._early(coll)
+        self.send_launch(coll, save=True)
 
-    def relaunch(self) -> None:
-        """The run is rejoined: the votes of the collectives launched meanwhile go out."""
-        deferred, self.outage.deferred = self.outage.deferred, []
-        for coll in deferred:
-            if coll.future.done():
-                continue
-            try:
-                self._send_launch(coll)
-            except PcclError as exc:
-                coll.on_lost(exc)
-                continue
-            self._early(coll)
-
-    def _send_launch(self, coll: Collective) -> None:
+    def send_launch(self, coll: Collective, save: bool = False) -> None:
+        """Send the vote of ``coll`` (tracked in ``colls``; ``save``: then back its input
+        up, overlapping the master's round trip) and start it early on its ticket. Raises
+        why it cannot be sent (``coll`` is dropped from ``colls`` then)."""
         d, q = coll.dst, coll.quant
         seq, spoiled = self.tickets.use(coll.tag, self.membership)
         init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
@@ -347,10 +341,9 @@ class ControlPlane:
         except BaseException:
             self.colls.pop(coll.tag, None)
             raise
-        coll.ticket = seq if not spoiled else 0
-
-    def _early(self, coll: Collective) -> None:
-        seq = coll.ticket
+        coll.ticket = seq = seq if not spoiled else 0
+        if save:
+            coll.save_input()
         if seq and self.membership is not None:
             coll.on_start(seq, [p.peer_id for p in self.membership.ring], self.peer_id,
                           early=True)
@@ -375,8 +368,7 @@ class ControlPlane:
     def report_sync(self, ok: bool, reason: str) -> None:
         """``SyncDone``: this peer's part of the sync finished (``ok``) or failed. Raises
         why it cannot be sent (``MasterLostError`` while the master is being replaced)."""
-        if self.sync is not None:
-            self.sync = (self.sync[0], ok)
+        self.votes.reported(ok)
         self.send(m.SyncDone(ok, reason))
 
     def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
@@ -385,44 +377,24 @@ class ControlPlane:
             self.send(m.CollectiveDone(tag, seq, ok, reason[:200], suspect))
 
     # ---- tasks ----------------------------------------------------------------------------
-    async def _heartbeat_loop(self, gen: int) -> None:
-        loop = asyncio.get_running_loop()
-        while gen == self._gen:
-            await asyncio.sleep(self.config.heartbeat_interval)  # the beacon's period
-            if gen != self._gen:
-                return
-            if loop.time() - self._last_master > self.config.heartbeat_timeout:
-                if self._writer is not None:
-                    self._writer.transport.abort()
-                self._lost(MasterConnectionError(
-                    f"master silent for more than {self.config.heartbeat_timeout:.1f} s"), gen)
-                return
-            if self._writer is not None and not self._writer.is_closing():
-                self._writer.write(frame(m.encode(m.Heartbeat())))
+    async def _heartbeat_loop(self, session: Session, gen: int) -> None:
+        if await heartbeat(session, self.config, lambda: gen == self._gen):
+            self._lost(MasterConnectionError(
+                f"master silent for more than {self.config.heartbeat_timeout:.1f} s"), gen)
 
-    async def _read_loop(self, reader: asyncio.StreamReader, gen: int) -> None:
+    async def _read_loop(self, session: Session, gen: int) -> None:
         loop = asyncio.get_running_loop()
         exc: PcclError = MasterConnectionError("master closed the connection")
         try:
             while gen == self._gen:
-                msg = m.decode_master_to_peer(await read_frame(reader))
-                self._last_master = loop.time()
-                if isinstance(msg, m.Kicked):
-                    exc = KickedError(f"kicked by the master: {msg.reason}")
+                msg = m.decode_master_to_peer(await read_frame(session.reader))
+                session.heard = loop.time()
+                if (end := dispatch(self, msg)) is not None:  # kicked, or superseded
+                    exc = end
                     break
-                if isinstance(msg, m.Superseded):  # rejoin the run where it is, as a joiner
-                    self.term = max(self.term, msg.term)
-                    self.outage.demoted = True
-                    self.run_id = self.config.run_id
-                    exc = MasterConnectionError(f"the master stepped down: {msg.reason}")
-                    break
-                self._dispatch(msg)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         except RemoteProtocolError as e:
             exc = MasterConnectionError(f"master broke the protocol: {e}")
         log.info("peer %d: %s", self.peer_id, exc, extra=self.ids(cause=str(exc)))
         self._lost(exc, gen)
-
-    def _dispatch(self, msg: m.MasterToPeer) -> None:
-        dispatch(self, msg)

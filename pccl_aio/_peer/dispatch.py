@@ -1,108 +1,127 @@
-"""The master's messages as they change a ``ControlPlane`` (its reader calls ``dispatch``
-for each, synchronously and in order)."""
+"""The master's messages as they change the control plane (its reader calls ``dispatch``
+for each, synchronously and in order). Votes' answers go through the vote book
+(``core/votes.py``), whose answers the plane turns into completed futures."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .._errors import DeadlockError, InvalidUsageError, PcclError, SharedStateError
+from .._errors import (
+    DeadlockError,
+    InvalidUsageError,
+    KickedError,
+    MasterConnectionError,
+    PcclError,
+    SharedStateError,
+)
 from .._wire import messages as m
+from .arrivals import Arrivals
+from .core.config import PeerConfig
+from .core.tickets import Tickets
+from .core.votes import Settle, VoteBook, Withdraw
 
 if TYPE_CHECKING:
-    from .control import ControlPlane
+    from .collective import Collective
+    from .failover import Outage
 
-__all__ = ["dispatch"]
+__all__ = ["Plane", "dispatch"]
 
 
-def dispatch(self: ControlPlane, msg: m.MasterToPeer) -> None:
-    """Apply one master message, synchronously and in the master's order."""
+class Plane(Protocol):
+    """The control plane as the master's messages change it (``control.ControlPlane``)."""
+
+    membership: m.Membership | None
+    term: int
+    run_id: str
+
+    @property
+    def config(self) -> PeerConfig: ...
+
+    @property
+    def peer_id(self) -> int: ...
+
+    @property
+    def colls(self) -> Mapping[int, Collective]: ...
+
+    @property
+    def tickets(self) -> Tickets: ...
+
+    @property
+    def arrivals(self) -> Arrivals: ...
+
+    @property
+    def outage(self) -> Outage: ...
+
+    @property
+    def votes(self) -> VoteBook[Any]: ...
+
+    @property
+    def on_measure(self) -> Callable[[m.MeasurePlan], None] | None: ...
+
+    def settle(self, actions: Iterable[Settle[Any] | Withdraw]) -> None:
+        """Do what the vote book answered (complete futures, take votes back)."""
+
+    def admitted(self, msg: m.Membership) -> None:
+        """After a ``Membership``: the communicator's turn, the end of an outage."""
+
+
+def dispatch(cp: Plane, msg: m.MasterToPeer) -> PcclError | None:
+    """Apply one master message, synchronously and in the master's order. Returns why the
+    session ends (kicked, or the master stepped down), else None."""
+    votes = cp.votes
     match msg:
         case m.Membership():
-            self.membership = msg
-            self.term = max(self.term, msg.term)
-            for kind, n in (("pending", msg.pending_round), ("topology", msg.topology_round)):
-                self.heard[kind] = max(self.heard.get(kind, 0), n)
-            if (msg.topology_round > self.rounds.get("topology", (0, True))[0]
-                    and "topology" not in self._withdrawing and "topology" in self._votes):
-                # the round that admits the joiners counted our vote: done (its answer,
-                # which follows, may have been lost with the master)
-                self.rounds["topology"] = (msg.topology_round, True)
-                _resolve(self, "topology", None)
-            self.tickets.void()
-            self._on_membership(msg)
-            if self._up is not None and not self._up.done():
-                self._up.set_result(None)
-                self.outage.end(self)
-            self.arrivals.wake()
+            cp.membership = msg
+            cp.term = max(cp.term, msg.term)
+            cp.settle(votes.membership(msg.pending_round, msg.topology_round))
+            cp.tickets.void()
+            cp.admitted(msg)
         case m.PeersWaiting(waiting=waiting):
-            self.arrivals.told(waiting)
+            cp.arrivals.told(waiting)
         case m.CollectiveStart(tag=tag, seq=seq):
-            coll = self.colls.get(tag)
-            if coll is not None and self.membership is not None:
-                coll.on_start(seq, [p.peer_id for p in self.membership.ring], self.peer_id)
+            coll = cp.colls.get(tag)
+            if coll is not None and cp.membership is not None:
+                coll.on_start(seq, [p.peer_id for p in cp.membership.ring], cp.peer_id)
         case m.CollectiveComplete(tag=tag):
-            self.tickets.issued(msg)
-            if (coll := self.colls.get(tag)) is not None:
+            cp.tickets.issued(msg)
+            if (coll := cp.colls.get(tag)) is not None:
                 coll.on_complete()
         case m.CollectiveAbort(tag=tag, seq=seq, reason=reason):
-            coll = self.colls.get(tag)
+            coll = cp.colls.get(tag)
             if coll is not None and not (seq and coll.seq and seq != coll.seq):
                 coll.on_abort(reason)
         case m.CollectiveRejected(tag=tag, reason=reason, deadlock=deadlock):
-            if (coll := self.colls.get(tag)) is not None:
+            if (coll := cp.colls.get(tag)) is not None:
                 coll.on_rejected(reason, deadlock)
         case m.TopologyUpdated(round=n):
-            if n and n <= self.rounds.get("topology", (0, True))[0]:
-                return  # its Membership resolved the vote already (a new one may wait now)
-            self.rounds["topology"] = (n, True)
-            _resolve(self, "topology", None)
+            cp.settle(votes.topology_updated(n))
         case m.SyncPlan():
-            self.sync = (msg.revision, None)
-            _resolve(self, "sync", msg)
+            cp.settle(votes.planned(msg))
         case m.SyncFailed(reason=reason, completed=completed):
-            self.sync = None
             exc = SharedStateError(f"shared-state sync failed: {reason}")
-            _reject(self, "sync_done" if completed else "sync", exc)
+            cp.settle(votes.sync_failed(completed, exc))
         case m.VoteWithdrawn(kind=kind):
-            if (n := self._withdrawing.get(kind, 0)) > 1:
-                self._withdrawing[kind] = n - 1
-            else:
-                self._withdrawing.pop(kind, None)
+            votes.withdrawn(kind)
         case m.SyncComplete():
-            self.sync = None
-            self.revision = msg.revision
-            _resolve(self, "sync_done", msg)
+            cp.settle(votes.sync_completed(msg))
         case m.VoteRejected(kind=kind, reason=reason, deadlock=deadlock):
             cls = DeadlockError if deadlock else InvalidUsageError
-            _reject(self, kind, cls(f"{m.VOTE_CALLS.get(kind, kind)} failed: {reason}"))
+            cp.settle(votes.reject(kind, cls(f"{m.VOTE_CALLS[kind]} failed: {reason}")))
         case m.PeersPendingAnswer(pending=pending, round=n):
-            self.rounds["pending"] = (n, pending)
-            _resolve(self, "pending", pending)
+            cp.settle(votes.peers_pending(n, pending))
         case m.TopologyOptimized():
-            _resolve(self, "optimize", msg)
+            cp.settle(votes.answer("optimize", msg))
         case m.MeasurePlan():
-            if self.on_measure is not None:
-                self.on_measure(msg)
+            if cp.on_measure is not None:
+                cp.on_measure(msg)
+        case m.Kicked(reason=reason):
+            return KickedError(f"kicked by the master: {reason}")
+        case m.Superseded(term=term, reason=reason):  # rejoin the run where it is, as a joiner
+            cp.term = max(cp.term, term)
+            cp.outage.demoted = True
+            cp.run_id = cp.config.run_id
+            return MasterConnectionError(f"the master stepped down: {reason}")
         case _:
             pass  # MasterHeartbeat: liveness only
-
-def _resolve(self: ControlPlane, kind: str, value: Any) -> None:
-    if kind in self._withdrawing:  # a round that counted a vote taken back
-        if kind in ("topology", "pending", "optimize"):
-            fut = self._votes.pop(kind, None)
-            if fut is not None and not fut.done():  # the next vote is out: it is this
-                fut.set_result(value)               # round's, and its copy goes back
-                self._withdraw(kind)
-            else:
-                self._carried[kind] = value
-        return
-    fut = self._votes.pop(kind, None)
-    if fut is not None and not fut.done():
-        fut.set_result(value)
-
-def _reject(self: ControlPlane, kind: str, exc: PcclError) -> None:
-    if kind in self._withdrawing:
-        return
-    fut = self._votes.pop(kind, None)
-    if fut is not None and not fut.done():
-        fut.set_exception(exc)
+    return None

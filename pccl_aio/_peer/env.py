@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._net.tasks import TaskSet
 from .._wire import messages as m
+from .._wire.fields import VoteKind
 from .core.slots import Pool
 from .link import Link
 from .receiver import Sink
@@ -73,9 +74,10 @@ class SyncControl(Protocol):
 
     def report_sync(self, ok: bool, reason: str) -> None: ...
 
-    async def vote(self, kind: str, msg: m.PeerToMaster) -> Any: ...
+    async def vote(self, kind: VoteKind, msg: m.PeerToMaster) -> Any: ...
 
-    def expect(self, kind: str) -> asyncio.Future[Any]: ...
+    def verdict(self) -> asyncio.Future[Any]:
+        """A future for the group's verdict on the sync whose plan came."""
 
 
 class Launcher(Protocol):

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import msgspec
 
 from .._errors import (
     MasterConnectionError,
@@ -26,27 +29,79 @@ from .._errors import (
     PcclError,
     VersionMismatchError,
 )
+from .._net.tasks import TaskSet
 from .._wire import messages as m
-from .._wire.recovery import DOUBT_COLLECTIVE, DOUBT_SYNC
+from .._wire.recovery import DOUBT_COLLECTIVE
 from .collective import Collective
-from .session import open_session
+from .core.config import PeerConfig
+from .core.votes import Settle, VoteBook, Withdraw
+from .receiver import Registry
+from .session import Session, open_session
 
-if TYPE_CHECKING:
-    from .control import ControlPlane
-
-__all__ = ["Outage"]
+__all__ = ["Outage", "Plane"]
 
 log = logging.getLogger("pccl_aio.communicator")
 
 _FIRST_DELAY, _MAX_DELAY = 0.05, 0.5  # s between reconnection attempts: back-off, not a sync
-_ROUNDS = ("pending", "topology")  # joint votes kept in doubt through an outage
+
+
+class Plane(Protocol):
+    """The control plane as an outage sees it (``control.ControlPlane``)."""
+
+    @property
+    def config(self) -> PeerConfig: ...
+
+    @property
+    def peer_id(self) -> int: ...
+
+    @property
+    def term(self) -> int: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def master(self) -> str: ...
+
+    @property
+    def membership(self) -> m.Membership | None: ...
+
+    @property
+    def registry(self) -> Registry | None: ...
+
+    @property
+    def colls(self) -> Mapping[int, Collective]: ...
+
+    @property
+    def votes(self) -> VoteBook[Any]: ...
+
+    @property
+    def failure(self) -> PcclError | None: ...
+
+    def ids(self, **fields: Any) -> dict[str, dict[str, Any]]: ...
+
+    def settle(self, actions: Iterable[Settle[Any] | Withdraw], retrieve: bool = False
+               ) -> None:
+        """Do what the vote book answered (complete futures, take votes back)."""
+
+    def send_launch(self, coll: Collective) -> None:
+        """Send a collective's vote and start it early on its ticket (raises if it cannot)."""
+
+    def fail_all(self, exc: PcclError) -> None:
+        """The session ended for good: everything waiting fails with ``exc``."""
+
+    def begin(self, session: Session) -> None:
+        """A registered session: its reader and heartbeat tasks."""
 
 
 class Outage:
     """One communicator's master outages: the collectives launched meanwhile (``deferred``),
-    the ones failed at the loss (reported to the next master) and the reconnection task."""
+    the ones failed at the loss (reported to the next master), this peer's registration
+    (``hello``, sent to every master with its ``Rejoin``) and the reconnection task (one of
+    ``tasks``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tasks: TaskSet) -> None:
+        self.hello: m.Hello | None = None  # this peer's registration, without rejoin data
         self.deferred: list[Collective] = []
         self.failed: list[m.Doubt] = []
         self.since: float | None = None  # loop time of the loss; None: not in an outage
@@ -55,10 +110,20 @@ class Outage:
         self.demoted = False  # the master stepped down: rejoin as a joiner, not a member
         self.as_joiner = False  # this rejoin is as a joiner: calls made meanwhile are void
         self.joined = 0  # rejoins as a joiner so far (a vote waiting across one fails)
+        self._tasks = tasks
         self._task: asyncio.Task[None] | None = None
 
-    def begin(self, cp: ControlPlane, why: PcclError) -> None:
-        """The session ended: fail what cannot be finished, start reconnecting."""
+    def hello_now(self, cp: Plane) -> m.Hello:
+        """This peer's ``Hello`` as of now: with its ``Rejoin`` once it had a master."""
+        assert self.hello is not None
+        # a peer whose master stepped down joins afresh: its id may be another's there
+        rejoin = self.rejoin(cp) if cp.peer_id and not self.demoted else None
+        run_id = cp.config.run_id or cp.run_id
+        return msgspec.structs.replace(self.hello, run_id=run_id, term=cp.term, rejoin=rejoin)
+
+    def begin(self, cp: Plane, why: PcclError) -> None:
+        """The session ended: fail what cannot be finished, start reconnecting (calls now
+        wait for the run rejoined)."""
         loop = asyncio.get_running_loop()
         if self.since is None:
             self.since = loop.time()
@@ -66,25 +131,11 @@ class Outage:
             log.warning("peer %d: master %s lost (%s); rejoining the run for up to %g s",
                         cp.peer_id, cp.master, why, cp.config.master_timeout,
                         extra=cp.ids(master=cp.master, term=cp.term, cause=str(why)))
-        if cp._up is None or cp._up.done():
-            cp._up = loop.create_future()
         lost = MasterLostError(f"the master was lost ({why}); retry: this peer rejoins the run")
         keep = not self.demoted  # (a superseded peer's run gave way: nothing of it is in doubt)
-        reported = keep and cp.sync is not None and cp.sync[1] is True
-        if "sync" in cp._votes:  # voted, no plan yet: the group's sync cannot complete
-            self.failed.append(m.Doubt(DOUBT_SYNC, 0, 0, False))
-        for kind, fut in list(cp._votes.items()):
-            if keep and ((kind == "sync_done" and reported)  # the next master decides
-                         or (kind in _ROUNDS and kind not in cp._withdrawing)):
-                continue  # in doubt: answered by the next master if a member had the answer
-            del cp._votes[kind]
-            if not fut.done():
-                fut.set_exception(lost)
-                fut.exception()  # retrieved: a sync mid-fetch raises from its SyncDone
-        cp._withdrawing.clear()
-        if cp.sync is not None and not reported:
-            self.failed.append(m.Doubt(DOUBT_SYNC, 0, cp.sync[0], False))
-            cp.sync = None
+        settled, doubts = cp.votes.in_doubt(keep, lost)
+        self.failed += doubts
+        cp.settle(settled, retrieve=True)  # retrieved: a sync mid-fetch raises from SyncDone
         for coll in list(cp.colls.values()):
             if keep and coll.seq and coll.data_ok and not coll.cancelled:
                 continue  # in doubt
@@ -94,9 +145,9 @@ class Outage:
                 self.failed.append(m.Doubt(DOUBT_COLLECTIVE, coll.tag, coll.seq, False))
             coll.on_lost(lost)
         if self._task is None or self._task.done():
-            self._task = cp._tasks.spawn(self._ride(cp), name="pccl_aio master failover")
+            self._task = self._tasks.spawn(self._ride(cp), name="pccl_aio master failover")
 
-    def rejoin(self, cp: ControlPlane) -> m.Rejoin:
+    def rejoin(self, cp: Plane) -> m.Rejoin:
         """Who this peer was, for the next master's ``Hello``."""
         doubts = list(self.failed)
         for coll in list(cp.colls.values()):
@@ -107,18 +158,16 @@ class Outage:
             else:  # given up meanwhile: it fails here, and for the group
                 doubts.append(m.Doubt(DOUBT_COLLECTIVE, coll.tag, coll.seq, False))
                 coll.on_lost(MasterLostError("cancelled while the master was lost"))
-        if cp.sync is not None:
-            doubts.append(m.Doubt(DOUBT_SYNC, 0, cp.sync[0], bool(cp.sync[1])))
+        doubts += cp.votes.sync_doubt()
         ms = cp.membership
         ring = [p.peer_id for p in ms.ring] if ms is not None else []
         member = cp.peer_id in ring
         return m.Rejoin(cp.peer_id, member, ms.term if ms else cp.term,
                         ms.epoch if ms else 0, ring,
                         cp.registry.max_seq if cp.registry is not None else 0,
-                        cp.revision, doubts,
-                        _rounds(cp))
+                        cp.votes.revision, doubts, cp.votes.rounds())
 
-    def end(self, cp: ControlPlane) -> None:
+    def end(self, cp: Plane) -> None:
         """The run is rejoined (a ``Membership`` came): send what was launched meanwhile."""
         if self.since is not None:
             took = asyncio.get_running_loop().time() - self.since
@@ -130,10 +179,7 @@ class Outage:
         self.failed = []
         self.demoted = False
         lost = MasterLostError("the master was lost before this vote was answered: call again")
-        for kind in _ROUNDS:  # votes in doubt that the next master did not answer
-            fut = cp._votes.pop(kind, None)
-            if fut is not None and not fut.done():
-                fut.set_exception(lost)
+        cp.settle(cp.votes.rejoined(lost))  # votes in doubt that the next master did not answer
         if self.as_joiner:  # admitted anew: what was launched meanwhile belongs to before
             self.joined += 1
             void = MasterLostError("launched before this peer rejoined the run as a new "
@@ -141,16 +187,23 @@ class Outage:
             for coll in self.deferred:
                 coll.on_lost(void)
             self.deferred = []
-        cp.relaunch()
+        deferred, self.deferred = self.deferred, []
+        for coll in deferred:  # their votes go out now
+            if coll.future.done():
+                continue
+            try:
+                cp.send_launch(coll)
+            except PcclError as exc:
+                coll.on_lost(exc)
 
-    async def _ride(self, cp: ControlPlane) -> None:
+    async def _ride(self, cp: Plane) -> None:
         loop = asyncio.get_running_loop()
         assert self.since is not None
         end = self.since + cp.config.master_timeout
         delay = _FIRST_DELAY
         while cp.failure is None:
             try:
-                session = await open_session(cp.config, cp._hello_now(), cp.term)
+                session = await open_session(cp.config, self.hello_now(cp), cp.term)
             except VersionMismatchError as exc:
                 cp.fail_all(exc)
                 return
@@ -166,19 +219,5 @@ class Outage:
                 await asyncio.sleep(min(delay, left))  # back-off, not a synchronisation
                 delay = min(delay * 2, _MAX_DELAY)
                 continue
-            cp._begin(session)
+            cp.begin(session)
             return
-
-
-def _rounds(cp: ControlPlane) -> list[m.Round]:
-    """The last joint-vote round of each kind this peer saw answered, or heard of in a
-    ``Membership`` (then ``known`` False: it had joined after that round)."""
-    out = []
-    for kind in _ROUNDS:
-        n, answer = cp.rounds.get(kind, (0, False))
-        heard, waiting = cp.heard.get(kind, 0), kind in cp._votes
-        if heard > n:
-            out.append(m.Round(kind, heard, False, False, waiting))
-        elif n or waiting:
-            out.append(m.Round(kind, n, answer, True, waiting))
-    return out

@@ -130,7 +130,7 @@ class _PeerCollector(Collector):
                                 and cp.failure is None else 0.0)
         yield _counter("master_wait_seconds", "Seconds blocked waiting for the master: for "
                        "vote answers, and without a master (outages).", "reason",
-                       (("vote", cp.vote_seconds), ("outage", outage)))
+                       (("vote", cp.votes.seconds), ("outage", outage)))
         yield CounterMetricFamily(f"{_P}master_outages", "Master connections lost and "
                                   "ridden out.", value=out.count)
         ms = cp.membership

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import ssl
+from collections.abc import Callable
 
 from .. import _log
 from .._errors import (
@@ -28,7 +29,7 @@ from .._wire import messages as m
 from .._wire.framing import frame
 from .core.config import PeerConfig
 
-__all__ = ["Session", "open_session"]
+__all__ = ["Session", "heartbeat", "open_retrying", "open_session"]
 
 log = logging.getLogger("pccl_aio.communicator")
 
@@ -42,6 +43,7 @@ class Session:
     key: bytes
     welcome: m.Welcome
     where: str
+    heard: float = 0.0  # loop time the master last spoke on it (its liveness)
 
 
 async def _dial(cfg: PeerConfig, host: str, port: int
@@ -202,6 +204,46 @@ async def open_session(cfg: PeerConfig, hello: m.Hello, term: int) -> Session:
         raise MasterConnectionError(
             f"the master at {where} serves term {reply.term}, older than this peer's {term}")
     raise MasterConnectionError(f"unexpected first message {reply!r}")
+
+
+async def open_retrying(cfg: PeerConfig, hello: m.Hello, term: int, attempts: int,
+                        backoff: float) -> Session:
+    """``open_session``, tried ``attempts`` times with exponential back-off while no master
+    answers. Raises ``MasterConnectionError`` after the last, ``AuthenticationError`` and
+    ``VersionMismatchError`` at once, ``PcclTimeoutError`` (a master that accepts and never
+    answers) on the last attempt. Cancelling stops the attempt in progress."""
+    last: Exception | None = None
+    for i in range(attempts):
+        try:
+            return await open_session(cfg, hello, term)
+        except (OSError, TimeoutError) as exc:
+            if isinstance(exc, (AuthenticationError, VersionMismatchError)) or (
+                    isinstance(exc, PcclTimeoutError) and i + 1 == attempts):
+                raise
+            last = exc
+            if i + 1 < attempts:
+                await asyncio.sleep(min(backoff * 2**i, 2.0))  # back-off, not a sync
+    where = ", ".join(f"{h}:{p}" for h, p in cfg.masters)
+    raise MasterConnectionError(
+        f"no master at {where} after {attempts} attempt(s): {last!r}") from last
+
+
+async def heartbeat(session: Session, cfg: PeerConfig, live: Callable[[], bool]) -> bool:
+    """A ``Heartbeat`` on ``session`` every ``heartbeat_interval`` while ``live()``. Returns
+    True once the master was silent (``session.heard``) for more than ``heartbeat_timeout``:
+    the connection is aborted; False once not live. Cancelling stops it."""
+    loop = asyncio.get_running_loop()
+    writer = session.writer
+    while live():
+        await asyncio.sleep(cfg.heartbeat_interval)  # the beacon's period
+        if not live():
+            return False
+        if loop.time() - session.heard > cfg.heartbeat_timeout:
+            writer.transport.abort()
+            return True
+        if not writer.is_closing():
+            writer.write(frame(m.encode(m.Heartbeat())))
+    return False
 
 
 def close_quietly(writer: asyncio.StreamWriter | None) -> None:

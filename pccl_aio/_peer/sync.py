@@ -105,7 +105,7 @@ class SharedStateSync:
                             extra=self.control.ids(revision=plan.revision))
             self.plan = plan
             self._planned.set()
-            done = control.expect("sync_done")
+            done = control.verdict()
             rx, error, served = 0, None, collections.Counter[int]()
             t0 = loop.time()
             if plan.keys:

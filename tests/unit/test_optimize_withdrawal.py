@@ -1,42 +1,71 @@
-"""The peer's side of a withdrawn ``optimize_topology`` vote (no master: the control plane's
-dispatch is fed the master's answers by hand, as in ``test_vote_withdrawal.py``)."""
+"""The peer's side of a withdrawn or rejected ``optimize_topology`` vote: the master's
+messages go through ``dispatch`` into the vote book of a stand-in control plane (the
+``dispatch.Plane`` interface; no master, no socket), as in ``test_vote_withdrawal.py``."""
 
 from __future__ import annotations
 
-import asyncio
+from typing import Any
 
 import pytest
 
 from pccl_aio._errors import DeadlockError, InvalidUsageError
+from pccl_aio._net.tasks import TaskSet
+from pccl_aio._peer.arrivals import Arrivals
+from pccl_aio._peer.core.config import PeerConfig
+from pccl_aio._peer.core.stash import Stash
+from pccl_aio._peer.core.tickets import Tickets
+from pccl_aio._peer.core.votes import Carried, Settle, VoteBook, Withdraw
+from pccl_aio._peer.dispatch import dispatch
+from pccl_aio._peer.failover import Outage
 from pccl_aio._wire import messages as m
 
-from .test_vote_withdrawal import plane
+from .test_vote_withdrawal import Caller, cancelled, play
 
 pytestmark = pytest.mark.timeout(10)
 DONE = m.TopologyOptimized(5, [1, 2], 2, 1e9)
 
 
-async def test_a_cancelled_optimize_vote_is_taken_back_and_its_round_carried():
-    cp, wire = plane()
-    task = asyncio.ensure_future(cp.vote("optimize", m.VoteOptimize()))
-    await wire.until(1)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert wire.sent == [m.VoteOptimize(), m.WithdrawVote("optimize")]
-    cp._dispatch(DONE)  # the others' votes came first: the round counted this one
-    cp._dispatch(m.VoteWithdrawn("optimize"))
-    assert await cp.vote("optimize", m.VoteOptimize()) == DONE  # no new round: in step
-    assert wire.sent == [m.VoteOptimize(), m.WithdrawVote("optimize")]
+class Plane:
+    """What ``dispatch`` reads and changes of a control plane; records what it settles."""
+
+    def __init__(self) -> None:
+        self.membership: m.Membership | None = None
+        self.term, self.run_id, self.peer_id = 0, "", 1
+        self.config = PeerConfig(masters=(("127.0.0.1", 1),))
+        self.colls: dict[int, Any] = {}
+        self.tickets = Tickets(Stash())
+        self.arrivals = Arrivals()
+        self.outage = Outage(TaskSet("test"))
+        self.votes: VoteBook[Caller] = VoteBook()
+        self.on_measure = None
+        self.settled: list[Settle[Any] | Withdraw] = []
+
+    def settle(self, actions: list[Settle[Any] | Withdraw]) -> None:
+        self.settled += actions
+
+    def admitted(self, msg: m.Membership) -> None:
+        pass
+
+
+def test_a_cancelled_optimize_vote_is_taken_back_and_its_round_carried():
+    plane = Plane()
+    play(cancelled("optimize", Caller("a")), plane.votes)  # WithdrawVote("optimize") sent
+    assert dispatch(plane, DONE) is None  # the others' votes came first: it counted this one
+    assert dispatch(plane, m.VoteWithdrawn("optimize")) is None
+    assert plane.settled == []
+    assert plane.votes.open("optimize") == Carried(DONE)  # no new round: in step
 
 
 @pytest.mark.parametrize("deadlock", [False, True])
-async def test_a_rejected_optimize_vote_raises_a_typed_error(deadlock: bool):
-    cp, wire = plane()
-    task = asyncio.ensure_future(cp.vote("optimize", m.VoteOptimize()))
-    await wire.until(1)
-    cp._dispatch(m.MeasurePlan(1, m.PeerAddr(2, "127.0.0.1", 1), 0.5, 4))  # no hook: ignored
-    cp._dispatch(m.VoteRejected("optimize", "no ring avoids 1->2", deadlock))
+def test_a_rejected_optimize_vote_raises_a_typed_error(deadlock: bool):
+    plane, a = Plane(), Caller("a")
+    plane.votes.cast("optimize", a)
+    dispatch(plane, m.MeasurePlan(1, m.PeerAddr(2, "127.0.0.1", 1), 0.5, 4))  # no hook: ignored
+    assert plane.settled == []
+    dispatch(plane, m.VoteRejected("optimize", "no ring avoids 1->2", deadlock))
+    [act] = plane.settled
+    assert isinstance(act, Settle) and act.waiter is a and act.error is not None
+    assert type(act.error) is (DeadlockError if deadlock else InvalidUsageError)
     with pytest.raises(DeadlockError if deadlock else InvalidUsageError,
                        match=r"optimize_topology\(\) failed: no ring"):
-        await task
+        raise act.error
