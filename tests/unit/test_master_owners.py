@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 CORE = Path(__file__).resolve().parents[2] / "pccl_aio" / "_master" / "core"
-COMPONENTS = ["failover.py", "recovery.py", "collectives.py", "barrier.py", "topology.py"]
+COMPONENTS = ["failover.py", "recovery.py", "joint.py", "collectives.py", "barrier.py",
+              "topology.py"]
 
 
 def foreign_privates(source: str) -> list[str]:

@@ -123,11 +123,12 @@ class Failover:
         fresh = self._fresh_run
         return fresh is not None and self._master.now - fresh < self.grace and same
 
-    def joined(self, conn: int, group: int, msg: m.Hello, out: list[Action]) -> tuple[bool, bool]:
-        """A peer registered: (does it take part in a rebuild, answered at its end; does it
-        start the run, as its first member)."""
-        rebuilding = msg.rejoin is not None and self._rejoined(
-            conn, group, msg.rejoin, msg.run_id, out)
+    def joined(self, conn: int, group: int, msg: m.Hello,
+               out: list[Action]) -> tuple[bool, bool, bool]:
+        """A peer registered: (does it start the run, as its first member; is it a joiner,
+        neither the first nor in a rebuild; is it a member of the run being rebuilt)."""
+        rejoin = msg.rejoin
+        rebuilding = rejoin is not None and self._rejoined(conn, group, rejoin, msg.run_id, out)
         first = not rebuilding and not self.rebuilding and not self._master.accepted()
         if first:  # term 1 (unless a later one), the peer's run id or a fresh one
             self.term = max(self.term, 1)
@@ -135,7 +136,8 @@ class Failover:
                 self.run_id = msg.run_id or secrets.token_hex(8)
                 self._random_run = not msg.run_id
             self._fresh_run = self._master.now  # provisional for ``grace`` seconds
-        return rebuilding, first
+        member = rebuilding and rejoin is not None and rejoin.accepted and rejoin.peer_id == conn
+        return first, not (first or rebuilding), member
 
     def _rejoined(self, conn: int, group: int, rejoin: m.Rejoin, run_id: str,
                   out: list[Action]) -> bool:

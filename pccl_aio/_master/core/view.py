@@ -1,5 +1,6 @@
-"""How the sync barrier (``barrier.Roster``), the optimizer (``topology.Roster``) and deadlock
-detection (``deadlock.Board``) see a ``MasterState`` (sans-IO)."""
+"""How the sync barrier (``barrier.Roster``), the optimizer (``topology.Roster``), the joint
+votes (``joint.Roster``) and deadlock detection (``deadlock.Board``) see a ``MasterState``
+(sans-IO)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ class View:
 
     def publish(self, out: list[Action]) -> int:
         return self._state.publish(out)
+
+    def admit(self) -> list[int]:
+        return self._state.admit()
+
+    def batch_due(self) -> bool:
+        return self._state._gate.batch_due(self._state.now)
 
     def peers(self) -> list[Peer]:
         """Every connection's record (registered or not), by id."""
