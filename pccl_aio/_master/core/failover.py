@@ -42,7 +42,8 @@ class Master(Protocol):
         """Accept ``conns`` (default: every joiner) as members; returns them."""
 
     def close(self, conns: list[int], reason: str, out: list[Action]) -> None:
-        """End these sessions; a departure that says goodbye: no rebuild waits for it."""
+        """End these sessions (``Close``, departure), the first as one that said goodbye
+        (``Leave``: no rebuild waits for it; a master that steps down drops any rebuild)."""
 
     def restore(self, outcome: Outcome) -> None:
         """Take a rebuilt run's rings, revisions and floors; the registered peers that are

@@ -146,7 +146,8 @@ class MasterState:
         return self.epoch
 
     def close(self, conns: list[int], reason: str, out: list[Action]) -> None:
-        """End these sessions; a departure that says goodbye: no rebuild waits for it."""
+        """End these sessions (``Close``, departure), the first as one that said goodbye
+        (``Leave``: no rebuild waits for it; a master that steps down drops any rebuild)."""
         self._left = True
         for c in conns:
             self._close(c, reason, out)
