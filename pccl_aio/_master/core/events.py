@@ -48,7 +48,7 @@ class Tick:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rejoining:
     """A connection's first message is this rejoining ``Hello``, before it is named (so a
-    run it takes over frees its id first: ``failover.provisional``)."""
+    run it takes over frees its id first: ``Failover.provisional``)."""
 
     msg: m.Hello
     now: float

@@ -8,8 +8,10 @@ from enum import IntEnum
 
 from ..._types import DataType, QuantAlgo, ReduceOp
 from ..._wire import messages as m
+from .limits import advertise_error
 
-__all__ = ["Op", "Peer", "describe", "is_loopback", "membership", "version_reason"]
+__all__ = ["Op", "Peer", "describe", "is_loopback", "membership", "registration_error",
+           "version_reason"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -71,6 +73,22 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def registration_error(hello: m.Hello, host: str, other: Peer | None,
+                       any_host: bool = False) -> str | None:
+    """Why a ``Hello`` from ``host`` may not register next to ``other``, any registered peer
+    (None: it may): a foreign ``advertise_host`` (unless ``any_host``), loopback and not
+    mixed, TLS and not mixed. (The registered peers agree on both, so one stands for all: a
+    ``Hello`` costs O(1) address parses, not one per registered peer.)"""
+    why = None if any_host else advertise_error(hello.advertise_host, host)
+    if why is None and other and is_loopback(other.host) != is_loopback(
+            hello.advertise_host or host):
+        why = "loopback and non-loopback peers cannot be mixed in one run"
+    if why is None and other and other.tls != hello.tls:
+        why = (f"this run's peers {'' if other.tls else 'do not '}use TLS between them "
+               f"(Communicator(ssl_server=)); this peer does{'' if hello.tls else ' not'}")
+    return why
 
 
 def _name(cls: type[IntEnum], code: int, lower: bool = False) -> str:

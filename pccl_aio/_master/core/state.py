@@ -1,33 +1,34 @@
 """The master's whole logic, sans-IO: events in, actions out.
 
-Rule 1: every membership transition lives here; the collectives, the sync barrier and the
-topology votes are the ``Collectives``, ``SyncBarrier`` and ``Topology`` objects it holds;
-``deadlock.py`` finds the calls that wait forever, this fails them.
+Rule 1: every membership transition lives here (``admit``, ``close``, ``publish``,
+``restore``). The collectives, the sync barrier, the optimizer, the joint votes and fail-over
+are the ``Collectives``, ``SyncBarrier``, ``Topology``, ``JointVotes`` and ``Failover`` it
+holds, each reaching it through a narrow Protocol; ``deadlock.py`` finds the calls that wait
+forever, this fails them.
 Rule 2: time arrives only through ``Event.now`` (sans-IO: ``test_layering.py`` checks it).
 
 Theory of operation. A connection becomes a peer with ``Hello``. The first peer is accepted
 at once; later ones stay *pending* until every accepted peer (all groups) votes
-``VoteUpdateTopology``. ``VotePeersPending`` is a joint vote of the same scope. A collective
-``tag`` of a peer group starts when every accepted member of the group voted for it with one
-descriptor, completes when every participant succeeded, and is aborted for everyone when one
-fails or disappears (``collectives.py``; every voter gets exactly one terminal message).
-``WithdrawVote`` takes back a counted vote (acknowledged); ``CollectiveWait`` marks a voted
-collective as awaited. ``VoteOptimize`` is a joint vote of a group that measures its links and
-reorders its ring (``topology.py``). After every event, calls that can never complete fail at
-once. A peer silent for ``heartbeat_timeout`` is treated as dead. Anything illegal gets
-``Kicked`` and a ``Close``; it never raises out of ``handle``. What a hostile client or member
-can make the master hold is bounded (``limits.py``): joiners count as pending once heard from
-after ``Hello`` and are admitted in batches.
+``VoteUpdateTopology`` (``joint.py``). A collective ``tag`` of a group starts when every
+accepted member of the group voted for it with one descriptor, and every voter gets exactly
+one terminal message (``collectives.py``); ``VoteSync`` and ``VoteOptimize`` are votes of a
+group (``barrier.py``, ``topology.py``). ``WithdrawVote`` takes back a counted vote
+(acknowledged). After every event, calls that can never complete fail at once. A peer silent
+for ``heartbeat_timeout`` is treated as dead. Anything illegal gets ``Kicked`` and a
+``Close``; it never raises out of ``handle``. What a hostile client or member can make the
+master hold is bounded (``limits.py``): joiners count as pending once heard from after
+``Hello`` and are admitted in batches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
-from . import failover as fo
 from .barrier import SyncBarrier
 from .collectives import Collectives
-from .deadlock import conflict, find
+from .deadlock import find
 from .events import (
     Action,
     Close,
@@ -41,14 +42,19 @@ from .events import (
     Send,
     Tick,
 )
-from .limits import Gate, Limits, advertise_error
-from .records import Peer, is_loopback, membership, version_reason
-from .recovery import Recovery
+from .failover import Failover
+from .joint import JointVotes
+from .limits import Gate, Limits
+from .records import Peer, membership, registration_error, version_reason
+from .recovery import Outcome
 from .topology import Topology
 from .view import View
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Heard", "Malformed",
            "MasterState", "Received", "Rejoining", "Send", "Tick"]
+
+_MEMBERS_ONLY = (m.VoteUpdateTopology, m.VoteOptimize, m.MeasureReport, m.VotePeersPending,
+                 m.CollectiveInit, m.CollectiveWait, m.VoteSync, m.CollectiveDone)
 
 
 class MasterState:
@@ -59,33 +65,25 @@ class MasterState:
                  admission_interval: float = 1.0, allow_any_advertise_host: bool = False,
                  run_id: str = "", recovery_grace: float | None = None) -> None:
         """The keyword options after ``heartbeat_timeout`` bound what hostile clients and
-        members can make the master hold or do (``limits.Limits``). ``run_id``: only peers
-        of this run are adopted ("": the run of the first peer); ``recovery_grace``: how long
-        a rebuilt run waits for the members that have not rejoined (default
-        ``heartbeat_timeout``)."""
+        members can make the master hold or do (``limits.Limits``); ``run_id`` and
+        ``recovery_grace`` (default ``heartbeat_timeout``): ``failover.Failover``."""
         self.heartbeat_timeout = heartbeat_timeout
         self.limits = Limits(max_collectives_per_peer=max_collectives_per_peer,
                              max_pending_peers=max_pending_peers, hello_timeout=hello_timeout,
                              admission_interval=admission_interval,
                              allow_any_advertise_host=allow_any_advertise_host)
         self._gate = Gate(self.limits)
-        self._now = 0.0  # of the event being handled
+        self.now = 0.0  # of the event being handled
         self.epoch = 0
         self._peers: dict[int, Peer] = {}
-        self._view = View(self)
-        self._colls = Collectives(self._view, max_collectives_per_peer)
-        self._sync = SyncBarrier(self._view)
-        self._topo = Topology(self._view)
-        self.run_id, self._fixed_run = run_id, bool(run_id)
-        self.term = 0  # 0: no run yet; a rebuilt run's is above every term its peers followed
-        self.grace = heartbeat_timeout if recovery_grace is None else recovery_grace
-        self._recovery: Recovery | None = None
-        self._max_id = 0  # the highest peer id used or reported (fresh ids go above it)
-        self._rounds = {"pending": 0, "topology": 0}  # joint-vote rounds answered so far
-        self._owed: dict[int, dict[str, m.MasterToPeer]] = {}  # answers a rebuild owes
+        self.view = View(self)  # read access for the status page, metrics and log lines
+        self._colls = Collectives(self.view, max_collectives_per_peer)
+        self._sync = SyncBarrier(self.view)
+        self._topo = Topology(self.view)
+        self._fo = Failover(self, run_id, heartbeat_timeout if recovery_grace is None
+                            else recovery_grace)
+        self._votes = JointVotes(self.view)
         self._left = False  # the departure being handled said goodbye
-        self._fresh_run: float | None = None  # when a new peer started the run here
-        self._random_run = False  # ... and its run id is one this master made up
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
@@ -97,11 +95,6 @@ class MasterState:
         """The group's accepted peers in ring order (join order until optimized)."""
         return self._topo.order(group, self.accepted(group))
 
-    @property
-    def view(self) -> View:
-        """Read access for the status page, metrics and log lines (``view.View``)."""
-        return self._view
-
     def links(self) -> dict[tuple[int, int], tuple[float, float]]:
         """The measured links (``optimize_topology``): (src, dst) peer ids -> (bits/s, one-way
         latency in seconds); 0 bits/s: unreachable. For logs and metrics."""
@@ -112,27 +105,72 @@ class MasterState:
         return sorted(self._gate.joiners)
 
     def allocate(self, wanted: int = 0) -> int:
-        """The peer id of a new connection: ``wanted`` (a rejoining peer's own) if free,
-        else one above every id used or reported."""
-        if not (0 < wanted < 2**63) or wanted in self._peers:
-            wanted = self._max_id + 1
-        self._max_id = max(self._max_id, wanted)
-        return wanted
+        """The peer id of a new connection (``Failover.allocate``)."""
+        return self._fo.allocate(wanted, self._peers)
 
     def probe(self) -> m.ProbeAnswer:
         """What this master tells a ``Probe``: its term, run and member count."""
-        members = len(self.accepted()) + (len(self._recovery.members()) if self._recovery else 0)
-        return m.ProbeAnswer(self.term, self.run_id, members)
+        return self._fo.probe()
+
+    @property
+    def term(self) -> int:
+        """0 until this master serves a run; then the run's term (``failover.py``)."""
+        return self._fo.term
+
+    @property
+    def run_id(self) -> str:
+        """The run this master serves ("": none yet)."""
+        return self._fo.run_id
 
     def running(self, group: int) -> dict[int, int]:
         """tag -> seq of the group's collectives that started (for tests)."""
         return self._colls.running(group)
 
+    # ---- membership transitions (``failover.Master`` too) ------------------------------------
+    def registered(self) -> list[int]:
+        """Every peer that said ``Hello`` (members and joiners)."""
+        return [c for c, p in self._peers.items() if p.registered]
+
+    def admit(self, conns: Iterable[int] | None = None) -> list[int]:
+        """Accept ``conns`` (default: every joiner) as members; returns them."""
+        conns = self.pending() if conns is None else list(conns)
+        for c in conns:
+            self._peers[c].accepted = True
+            self._gate.admitted(c)
+        return conns
+
+    def publish(self, out: list[Action]) -> int:
+        """A new epoch, its ``Membership`` to every member; returns the epoch."""
+        self.epoch += 1
+        out.extend(self._membership(self.accepted()))
+        return self.epoch
+
+    def close(self, conns: list[int], reason: str, out: list[Action]) -> None:
+        """End these sessions (``Close``, departure), the first as one that said goodbye
+        (``Leave``: no rebuild waits for it; a master that steps down drops any rebuild)."""
+        self._left = True
+        for c in conns:
+            self._close(c, reason, out)
+
+    def restore(self, outcome: Outcome) -> None:
+        """Take a rebuilt run's rings, revisions and floors; the registered peers that are
+        not members wait for admission."""
+        self.epoch = max(self.epoch, outcome.epoch)
+        self._colls.floor(outcome.max_seq)
+        for c in self.registered():
+            if not self._peers[c].accepted:
+                self._gate.registered(c, joiner=True)
+        for g, ring in outcome.rings.items():
+            self._topo.restore(g, ring)
+        for g, rev in outcome.revisions.items():
+            self._sync.resume(g, rev)
+        self._votes.floor(outcome.rounds)
+
     # ---- entry point ----------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
         """Apply one event; return the actions the transport must perform, in order."""
         out: list[Action] = []
-        self._now = event.now
+        self.now = event.now
         match event:
             case Connected(conn=conn, host=host, now=now):
                 self._peers[conn] = Peer(conn=conn, host=host, last_seen=now)
@@ -169,9 +207,9 @@ class MasterState:
                 self._settle(out)
                 self._announce(out)
             case Rejoining(msg=msg):
-                fo.take_over(self, msg, out)
+                self._fo.take_over(msg, out)
             case Heard(answer=answer, where=where):
-                fo.heard(self, answer, where, out)
+                self._fo.heard(answer, where, out)
             case Tick(now=now):
                 for c in self._gate.expired(now):
                     self._close(c, f"no Hello within {self.limits.hello_timeout:g} s", out)
@@ -179,7 +217,7 @@ class MasterState:
                     if now - peer.last_seen > self.heartbeat_timeout:
                         self._close(peer.conn, "heartbeat timeout", out)
                 self._topo.tick(now, out)
-                fo.check_recovery(self, out)
+                self._fo.check(out)
                 self._settle(out)
                 self._announce(out)
                 out.extend(Send(c, m.MasterHeartbeat()) for c in self._peers)
@@ -195,74 +233,55 @@ class MasterState:
             return
         if not peer.registered:
             raise RemoteProtocolError(f"{type(msg).__name__} before Hello")
+        if isinstance(msg, _MEMBERS_ONLY) and not peer.accepted:
+            raise RemoteProtocolError(f"{type(msg).__name__} from a peer not yet accepted")
         match msg:
             case m.Leave():
-                self._left = True
-                self._close(peer.conn, "left", out)
+                self.close([peer.conn], "left", out)
             case m.VoteUpdateTopology():
-                self._require_accepted(peer, msg)
                 if peer.voted_topology or peer.tags or self._topo.busy(peer.conn):
                     raise RemoteProtocolError(
                         "update_topology vote while already voting or with collectives running")
-                if fo.owed(self, peer.conn, "topology", out):
-                    return
-                peer.voted_topology = True
-                self._check_conflict(out)
-                self._check_topology(out)
+                if not self._fo.owed(peer.conn, "topology", out):
+                    self._votes.vote(peer, "topology", out)
             case m.VoteOptimize():
-                self._require_accepted(peer, msg)
                 if peer.voted_topology or peer.tags or self._sync.busy(peer.conn):
                     raise RemoteProtocolError(
                         "optimize_topology vote while another operation is running")
-                self._topo.vote(peer.conn, peer.group, self._now, out)
+                self._topo.vote(peer.conn, peer.group, self.now, out)
             case m.MeasureReport():
-                self._require_accepted(peer, msg)
-                self._topo.report(peer.conn, peer.group, msg, self._now, out)
+                self._topo.report(peer.conn, peer.group, msg, self.now, out)
             case m.VotePeersPending():
-                self._require_accepted(peer, msg)
                 if peer.voted_pending:
                     raise RemoteProtocolError("duplicate peers-pending vote")
-                if fo.owed(self, peer.conn, "pending", out):
-                    return
-                peer.voted_pending = True
-                self._check_conflict(out)
-                self._check_pending(out)
+                if not self._fo.owed(peer.conn, "pending", out):
+                    self._votes.vote(peer, "pending", out)
             case m.CollectiveInit():
-                self._require_accepted(peer, msg)
                 self._colls.vote(peer, msg)
-                self._check_conflict(out)
+                self._votes.conflict(out)
                 self._colls.check_start(peer.group, msg.tag, out)
             case m.CollectiveWait():
-                self._require_accepted(peer, msg)
                 self._colls.wait(peer, msg.tag)
             case m.VoteSync():
-                self._require_accepted(peer, msg)
                 if peer.tags or peer.voted_topology:
                     raise RemoteProtocolError("sync vote while another operation is running")
                 self._sync.vote(peer.conn, peer.group, msg, out)
             case m.SyncDone():
                 self._sync.done(peer.conn, peer.group, out, msg.ok, msg.reason)
             case m.CollectiveDone():
-                self._require_accepted(peer, msg)
                 self._colls.done(peer, msg, out)
 
-    def _require_accepted(self, peer: Peer, msg: m.PeerToMaster) -> None:
-        if not peer.accepted:
-            raise RemoteProtocolError(f"{type(msg).__name__} from a peer not yet accepted")
-
-    def _withdraw(self, peer: Peer, kind: str, out: list[Action]) -> None:
+    def _withdraw(self, peer: Peer, kind: m.VoteKind, out: list[Action]) -> None:
         """Take back a counted vote (no error if it already ended or never was); ack it."""
-        if kind == "topology":
-            peer.voted_topology = False
-        elif kind == "pending":
-            peer.voted_pending = False
+        if kind == "topology" or kind == "pending":
+            self._votes.withdraw(peer, kind)
         elif kind == "optimize":
             if peer.accepted:
                 self._topo.withdraw(peer.conn, peer.group, out)
         elif peer.accepted:
             self._sync.withdraw(peer.conn, peer.group, out)
         if peer.registered:  # the answers of the withdrawn vote came before this one
-            out.append(Send(peer.conn, m.VoteWithdrawn(kind)))  # type: ignore[arg-type]
+            out.append(Send(peer.conn, m.VoteWithdrawn(kind)))
 
     def _on_hello(self, peer: Peer, msg: m.Hello, out: list[Action]) -> None:
         if peer.registered:
@@ -274,78 +293,49 @@ class MasterState:
                 and 0 <= msg.state_port < 65536):  # (decoding checks it: for direct callers)
             raise RemoteProtocolError("Hello with an invalid peer group or port")
         host = msg.advertise_host or peer.host
-        # Registered peers are all loopback or all not (this rule): one stands for all, so a
-        # Hello costs O(1) address parses, not one per registered peer.
         other = next((p for p in self._peers.values() if p.registered), None)
-        first = not self.accepted()
-        why = None if self.limits.allow_any_advertise_host else advertise_error(
-            msg.advertise_host, peer.host)
-        if why is None and other and is_loopback(other.host) != is_loopback(host):
-            why = "loopback and non-loopback peers cannot be mixed in one run"
-        if why is None and other and other.tls != msg.tls:
-            why = (f"this run's peers {'' if other.tls else 'do not '}use TLS between them "
-                   f"(Communicator(ssl_server=)); this peer does{'' if msg.tls else ' not'}")
-        if why is None and not first and self._gate.full():
+        why = registration_error(msg, peer.host, other, self.limits.allow_any_advertise_host)
+        if why is None and self.accepted() and self._gate.full():
             why = "too many peers waiting to join"
-        if why is None:
-            fo.take_over(self, msg, out)
-        why = why or fo.run_error(self, msg)
+        why = why or self._fo.screen(msg, out)
         if why is not None:
             self._reject(peer.conn, why, out)
             return
-        if msg.term > self.term and (self.accepted() or self._recovery is not None):
-            fo.step_down(self, msg.term, out)  # this master is stale: the run is elsewhere
         peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
         peer.state_port, peer.tls = msg.state_port, msg.tls
-        rebuilding = msg.rejoin is not None and fo.on_rejoin(
-            self, peer.conn, peer.group, msg.rejoin, msg.run_id, out)
-        first = not rebuilding and self._recovery is None and not self.accepted()
-        if first:
-            fo.start_run(self, msg.run_id)
+        first, joiner, member = self._fo.joined(peer.conn, peer.group, msg, out)
         peer.accepted = first
-        self._gate.registered(peer.conn, joiner=not (first or rebuilding))
-        member = (rebuilding and msg.rejoin is not None and msg.rejoin.accepted
-                  and msg.rejoin.peer_id == peer.conn)
+        self._gate.registered(peer.conn, joiner=joiner)
         out.append(Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
                                              run_id=self.run_id, rebuild=member)))
         if first:
-            self.epoch += 1
-            out.extend(self._membership([peer.conn]))
-        fo.check_recovery(self, out)
+            self.publish(out)  # (to it alone: the only member)
+        self._fo.check(out)
 
     # ---- consensus ----------------------------------------------------------------------------
     def _membership(self, conns: list[int]) -> list[Action]:
         self._colls.void_tickets()  # a new epoch: every ticket of the old ring is void
         groups = sorted({p.group for p in self._peers.values() if p.accepted})
         accepted = [self._peers[c] for g in groups for c in self.ring(g)]
-        rounds = (self._rounds["pending"], self._rounds["topology"])
+        rounds = (self._votes.rounds["pending"], self._votes.rounds["topology"])
         out: list[Action] = [Send(c, msg) for c, msg in membership(
             self.epoch, accepted, conns, self.term, rounds)]
-        if self._gate.announced and self._gate.due(self._now):  # a new member learns it
+        if self._gate.announced and self._gate.due(self.now):  # a new member learns it
             out.extend(Send(c, m.PeersWaiting(True)) for c in conns)
         return out
 
     def _announce(self, out: list[Action]) -> None:
         """After an event: tell every member when a batch of joiners becomes due, or stops
         being due (``PeersWaiting``), so that ``wait_for_peers`` waits instead of polling."""
-        due = self._gate.due(self._now)
+        due = self._gate.due(self.now)
         if due != self._gate.announced:
             self._gate.announced = due
             out.extend(Send(c, m.PeersWaiting(due)) for c in self.accepted())
 
-    def _check_conflict(self, out: list[Action]) -> None:
-        """Withdraw the topology votes next to another phase (``deadlock.conflict``)."""
-        clash = conflict(self._view)
-        if clash is not None:
-            voters, reason = clash
-            for c in voters:
-                self._peers[c].voted_topology = False
-                out.append(Send(c, m.VoteRejected("topology", reason)))
-
     def _settle(self, out: list[Action]) -> None:
         """After an event: fail every call of the peers that wait forever (``deadlock.find``):
         withdraw their votes, reject the collectives they await for all who launched them."""
-        found = find(self._view)
+        found = find(self.view)
         if found is None:
             return
         reason = found.reason()
@@ -353,49 +343,19 @@ class MasterState:
         for c, items in found.waits.items():
             peer = self._peers[c]
             for kind, group, tag in items:
-                if kind == "topology":
-                    peer.voted_topology = False
-                    out.append(Send(c, m.VoteRejected("topology", reason, True)))
-                elif kind == "pending":
-                    peer.voted_pending = False
-                    out.append(Send(c, m.VoteRejected("pending", reason, True)))
+                if kind == "collective":
+                    if (group, tag) not in ops:
+                        ops.append((group, tag))
+                    continue
+                if kind == "topology" or kind == "pending":
+                    self._votes.withdraw(peer, kind)
                 elif kind == "sync":
                     self._sync.withdraw(c)
-                    out.append(Send(c, m.VoteRejected("sync", reason, True)))
-                elif kind == "optimize":
+                else:
                     self._topo.reject(c)
-                    out.append(Send(c, m.VoteRejected("optimize", reason, True)))
-                elif (group, tag) not in ops:
-                    ops.append((group, tag))
+                out.append(Send(c, m.VoteRejected(kind, reason, True)))
         for group, tag in ops:
             self._colls.end_vote(group, tag, reason, out, deadlock=True)
-
-    def _check_topology(self, out: list[Action]) -> None:
-        voters = self.accepted()
-        if not voters or not all(self._peers[c].voted_topology for c in voters):
-            return
-        joiners = self.pending()
-        for c in joiners:
-            self._peers[c].accepted = True
-            self._gate.admitted(c)
-        for c in voters:
-            self._peers[c].voted_topology = False
-        self._rounds["topology"] += 1  # (before the Membership, which tells it: a voter
-        if joiners:                    # that gets it and not the answer knows it is done)
-            self.epoch += 1  # an epoch is a ring change: a round that admits nobody is none
-            out.extend(self._membership(self.accepted()))
-        done = m.TopologyUpdated(self.epoch, self._rounds["topology"])
-        out.extend(Send(c, done) for c in voters)
-
-    def _check_pending(self, out: list[Action]) -> None:
-        voters = self.accepted()
-        if not voters or not all(self._peers[c].voted_pending for c in voters):
-            return
-        self._rounds["pending"] += 1
-        answer = m.PeersPendingAnswer(self._gate.batch_due(self._now), self._rounds["pending"])
-        for c in voters:
-            self._peers[c].voted_pending = False
-            out.append(Send(c, answer))
 
     # ---- departures -----------------------------------------------------------------------------
     def _kick(self, conn: int, reason: str, out: list[Action]) -> None:
@@ -421,31 +381,19 @@ class MasterState:
     def _depart(self, conn: int, out: list[Action]) -> None:
         peer = self._peers.pop(conn, None)
         self._gate.forget(conn)
-        self._owed.pop(conn, None)
-        if self._recovery is not None:
-            self._recovery.forget(conn)
-            fo.check_recovery(self, out)
+        self._fo.forget(conn, out)
         if peer is None or not peer.accepted:
             return
         self._sync.drop(conn, peer.group)
         self._topo.drop(conn, peer.group)
-        self.epoch += 1
-        # Membership first: when a survivor sees the abort, its world size is already fresh.
-        out.extend(self._membership(self.accepted()))
+        self.publish(out)  # first: when a survivor sees the abort, its world size is fresh
         self._colls.depart(conn, peer.group, out)
-        if not self.accepted() and not self._left:
-            # The last member vanished (it did not say goodbye): the members may be about to
-            # rejoin (the master was frozen, or cut off); waiting peers wait for them first.
-            fo.await_members(self, conn)
+        if not self.accepted() and not self._left:  # the last member vanished, no goodbye
+            self._fo.await_members(conn)  # (it and the others may be about to rejoin)
         elif not self.accepted() and self.pending():
-            # Nobody is left to vote the waiting peers in: admit them now.
-            for c in self.pending():
-                self._peers[c].accepted = True
-                self._gate.admitted(c)
-            self.epoch += 1
-            out.extend(self._membership(self.accepted()))
+            self.admit()  # nobody is left to vote the waiting peers in: admit them now
+            self.publish(out)
             return
-        self._check_topology(out)
-        self._check_pending(out)
+        self._votes.check(out)
         self._sync.check(peer.group, out)
-        self._topo.check(peer.group, self._now, out)
+        self._topo.check(peer.group, self.now, out)

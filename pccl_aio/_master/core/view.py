@@ -1,5 +1,6 @@
-"""How the sync barrier (``barrier.Roster``), the optimizer (``topology.Roster``) and deadlock
-detection (``deadlock.Board``) see a ``MasterState`` (sans-IO)."""
+"""How the sync barrier (``barrier.Roster``), the optimizer (``topology.Roster``), the joint
+votes (``joint.Roster``) and deadlock detection (``deadlock.Board``) see a ``MasterState``
+(sans-IO)."""
 
 from __future__ import annotations
 
@@ -43,10 +44,13 @@ class View:
         self._state._kick(conn, reason, out)
 
     def publish(self, out: list[Action]) -> int:
-        st = self._state
-        st.epoch += 1
-        out.extend(st._membership(st.accepted()))
-        return st.epoch
+        return self._state.publish(out)
+
+    def admit(self) -> list[int]:
+        return self._state.admit()
+
+    def batch_due(self) -> bool:
+        return self._state._gate.batch_due(self._state.now)
 
     def peers(self) -> list[Peer]:
         """Every connection's record (registered or not), by id."""
@@ -78,8 +82,7 @@ class View:
     def recovery(self) -> tuple[list[int], list[int]] | None:
         """A run being rebuilt (after a master restart): the peers that rejoined so far and
         the members still awaited; None otherwise."""
-        rec = self._state._recovery
-        return None if rec is None else (sorted(rec.members()), sorted(rec.missing()))
+        return self._state._fo.rebuild()
 
     def members(self) -> dict[int, int]:
         return {p.conn: p.group for p in self._state._peers.values() if p.accepted}
