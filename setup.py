@@ -19,10 +19,10 @@ def ext_modules() -> list[Extension]:
 
     # -ffp-contract=off: no fused multiply-add, so results match the numpy reference bit for bit.
     flags = ["-O0", "-g"] if DEBUG else ["-O3", "-ffp-contract=off", "-fno-math-errno"]
-    ext = Extension("pccl_aio._compute._kernels", ["pccl_aio/_compute/_kernels.pyx"], extra_compile_args=flags,
-                    include_dirs=["pccl_aio/_compute"],
-                    depends=["pccl_aio/_compute/_kernels_simd.h", "pccl_aio/_compute/_kernels_quant.pxi",
-                             "pccl_aio/_compute/_kernels_reduce.pxi"])
+    ext = Extension("pccl_aio._kernels", ["pccl_aio/_kernels.pyx"], extra_compile_args=flags,
+                    include_dirs=["pccl_aio"],
+                    depends=["pccl_aio/_kernels_simd.h", "pccl_aio/_kernels_quant.pxi",
+                             "pccl_aio/_kernels_reduce.pxi"])
     directives = {
         "language_level": 3,
         "boundscheck": DEBUG,

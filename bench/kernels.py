@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pccl_aio._compute import front as _ops
+from pccl_aio._compute import ops as _ops
 from pccl_aio._types import DataType, QuantAlgo, ReduceOp
 
 SUM, MIN_MAX = int(ReduceOp.SUM), int(QuantAlgo.MIN_MAX)
@@ -85,7 +85,7 @@ def main() -> None:
                     help="switch the Cython kernels' AVX2 loops off (portable loops only)")
     args = ap.parse_args()
     if args.portable and _ops.IMPLEMENTATION == "cython":
-        from pccl_aio._compute import _kernels
+        from pccl_aio import _kernels
 
         _kernels._set_simd(0)
 

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, TooFewPeersError, run
-from ._compute import front
+from ._compute import ops as _ops
 from ._net.credentials import SECRET_ENV
 from ._peer.core.gather import GATHER_MAX
 from ._peer.core.shared_state import hash_bytes
@@ -41,12 +41,13 @@ from ._peer.progress import progress_bar
 
 def kernel_warning() -> str:
     """A loud warning when the numpy reference kernels run instead of the compiled ones, else ""."""
-    if front.IMPLEMENTATION != "numpy":
+    if _ops.IMPLEMENTATION != "numpy":
         return ""
-    if front.NO_EXTENSIONS:
+    if _ops.NO_EXTENSIONS:
         why = "PCCL_AIO_NO_EXTENSIONS is set in the environment: unset it."
     else:
-        where = os.path.dirname(os.path.abspath(front.__file__))
+        # the package folder, where the compiled pccl_aio._kernels belongs
+        where = os.path.dirname(os.path.dirname(os.path.abspath(_ops.__file__)))
         why = (f"No compiled extension in {where}. Running from the repository root imports "
                "the source tree, which has none unless it was built there: run "
                "`python -m pip install -e '.[numpy]'` or `python setup.py build_ext --inplace` "

@@ -1,7 +1,7 @@
 """Numpy reference kernels: the specification of pccl_aio's element-wise arithmetic.
 
-``_kernels.pyx`` implements the same functions and must produce byte-identical results;
-``front.py`` validates arguments and then calls one of the two. These functions do not check
+``pccl_aio/_kernels.pyx`` implements the same functions and must produce byte-identical results;
+``ops.py`` validates arguments and then calls one of the two. These functions do not check
 their arguments. Buffers are C-contiguous byte buffers that hold elements of ``dtype`` (an
 int ``DataType`` value); bfloat16 elements are raw ``uint16`` words. A ``dst`` may be the
 same buffer as its ``src`` but must not partially overlap it.
@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 
 from .._types import NUMPY_STORAGE, DataType, QuantAlgo, ReduceOp
 
-#: What the kernels accept: C-contiguous buffers (``front`` passes byte memoryviews).
+#: What the kernels accept: C-contiguous buffers (``ops`` passes byte memoryviews).
 Buffer: TypeAlias = "bytes | bytearray | memoryview | NDArray[Any]"
 
 __all__ = [

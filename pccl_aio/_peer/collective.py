@@ -21,7 +21,7 @@ import collections
 import logging
 from collections.abc import Callable
 
-from .._compute import front as _ops
+from .._compute import ops as _ops
 from .._errors import DeadlockError, InvalidUsageError, PcclTimeoutError, PeerLostError
 from .._types import QUANT_BITS, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 from .._wire.data import MAGIC, pack_header

@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 
-from pccl_aio._compute import front
+from pccl_aio._compute import ops as _ops
 from tests.process.procs import HERE
 from tests.process.test_observability import http_get
 
@@ -83,7 +83,7 @@ async def test_demo_passes_and_shows_the_lost_peer_on_every_survivor():
     assert re.fullmatch(r"\d+ peer_(failed|left)(, \d+ peer_(failed|left))?", saw.group(3)), \
         saw.group(0)
     assert int(saw.group(2)) >= 24 and int(saw.group(4)) > 0 and float(saw.group(5)) > 0
-    if front.IMPLEMENTATION == "cython":  # no warning when the compiled kernels run
+    if _ops.IMPLEMENTATION == "cython":  # no warning when the compiled kernels run
         assert WARNING not in err, err[:2000]
     else:
         assert err.startswith(WARNING), err[:2000]

@@ -24,7 +24,7 @@ NO_EXT = os.environ.get("PCCL_AIO_NO_EXTENSIONS", "") not in ("", "0")
 cy: ModuleType | None = None
 if not NO_EXT:
     try:
-        from pccl_aio._compute import _kernels as cy
+        from pccl_aio import _kernels as cy
     except ImportError:  # pragma: no cover - build-dependent
         cy = None
 

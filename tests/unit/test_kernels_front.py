@@ -1,4 +1,4 @@
-"""Kernel tests, the front door (``_compute/front.py``): which implementation runs, argument
+"""Kernel tests, the front door (``_compute/ops.py``): which implementation runs, argument
 checks, and large jobs split over two threads. Harness: ``kernel_harness``."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pccl_aio._compute import front as _ops
+from pccl_aio._compute import ops as _ops
 from pccl_aio._compute import reference as ref
 from pccl_aio._errors import InvalidUsageError
 from pccl_aio._types import TENSOR_DTYPES
@@ -50,7 +50,7 @@ def test_implementation_follows_import() -> None:
 @pytest.mark.parametrize(("value", "forced"), [("1", True), ("0", False), ("", False)])
 def test_environment_variable(value: str, forced: bool) -> None:
     env = {**os.environ, "PCCL_AIO_NO_EXTENSIONS": value}
-    out = subprocess.run([sys.executable, "-c", "from pccl_aio._compute import front; print(front.IMPLEMENTATION)"],
+    out = subprocess.run([sys.executable, "-c", "from pccl_aio._compute import ops; print(ops.IMPLEMENTATION)"],
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     if forced or not _cython_builds():
         assert out == "numpy"
@@ -60,7 +60,7 @@ def test_environment_variable(value: str, forced: bool) -> None:
 
 def _cython_builds() -> bool:
     try:
-        import pccl_aio._compute._kernels  # noqa: F401
+        import pccl_aio._kernels  # noqa: F401
     except ImportError:
         return False
     return True

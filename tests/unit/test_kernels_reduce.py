@@ -253,7 +253,7 @@ def test_copies_copy_every_byte(impl: str, n: int, seed: int, doff: int,
     src, dst, plain = placed(data, soff), placed(bytes(n), doff), placed(bytes(n), doff)
     with kernels(impl) as k:
         k.stream_copy(dst, src)
-        k.copy(plain, src.toreadonly())  # front.copy's large halves (a memmove)
+        k.copy(plain, src.toreadonly())  # ops.copy's large halves (a memmove)
         if impl != "numpy" and n:  # the entry point keeps a short src in bounds
             with pytest.raises(ValueError):
                 k.copy(plain, src[:-1])

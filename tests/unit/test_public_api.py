@@ -208,14 +208,14 @@ def test_dtype_parse_takes_torch_dtypes_by_name() -> None:
 def test_reduce_op_check_is_one_definition(bad: object) -> None:
     """The communicator's op check and the kernels' front raise the same error, naming the
     ops by name."""
-    from pccl_aio._compute import front
+    from pccl_aio._compute import ops as _ops
     from pccl_aio._peer.core import args
 
     assert args.op(pccl.ReduceOp.MAX) is pccl.ReduceOp.MAX and args.op(2) is pccl.ReduceOp.PROD
     with pytest.raises(pccl.InvalidUsageError, match="SUM, AVG, PROD, MAX, MIN") as mine:
         args.op(bad)
     with pytest.raises(pccl.InvalidUsageError) as theirs:
-        front.reduce_into(bytearray(4), bytes(4), bad, pccl.DataType.FLOAT32)  # type: ignore[arg-type]
+        _ops.reduce_into(bytearray(4), bytes(4), bad, pccl.DataType.FLOAT32)  # type: ignore[arg-type]
     assert str(mine.value) == str(theirs.value)
 
 

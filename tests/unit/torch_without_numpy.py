@@ -39,7 +39,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch
 import torch  # noqa: E402
 
 import pccl_aio as pccl  # noqa: E402
-from pccl_aio._compute import front  # noqa: E402
+from pccl_aio._compute import ops as _ops  # noqa: E402
 
 FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
 
@@ -88,7 +88,7 @@ async def shared_state(a: pccl.Communicator, b: pccl.Communicator) -> None:
 
 
 async def main() -> None:
-    assert front.IMPLEMENTATION == "cython", front.IMPLEMENTATION
+    assert _ops.IMPLEMENTATION == "cython", _ops.IMPLEMENTATION
     async with pccl.Master("127.0.0.1", 0, **FAST) as master:
         a, b = await join(master)
         async with a, b:

@@ -31,7 +31,7 @@ def buffers(src: Any, dst: Any) -> tuple[Buffer, Buffer, bool]:
     return s, d, False
 
 
-#: The reduce-op check, shared with the kernels' front (``_compute/front.py``).
+#: The reduce-op check, shared with the kernels' front (``_compute/ops.py``).
 op = ReduceOp.parse
 
 

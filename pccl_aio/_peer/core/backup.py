@@ -10,7 +10,7 @@ beyond the copies themselves.
 
 from __future__ import annotations
 
-from ..._compute import front
+from ..._compute import ops as _ops
 from .slots import Pool
 
 
@@ -23,10 +23,10 @@ class InputBackup:
         self._owner: bytearray | None
         self._owner, self._copy = pool.take(dst.nbytes)
         self._dst = dst
-        self._stream_copy = front.kernels().stream_copy
+        self._stream_copy = _ops.kernels().stream_copy
         self._saved: dict[int, int] | None = None if whole else {}  # offset -> length saved
         if whole:
-            front.copy(self._copy, dst)
+            _ops.copy(self._copy, dst)
 
     def into(self, off: int, n: int) -> memoryview | None:
         """Segment-wise: where the kernel about to read ``dst[off:off+n]`` for the first time
@@ -48,10 +48,10 @@ class InputBackup:
         if self._owner is None:
             return
         if self._saved is None:
-            front.copy(self._dst, self._copy)
+            _ops.copy(self._dst, self._copy)
             return
         for off, n in self._saved.items():
-            front.copy(self._dst[off : off + n], self._copy[off : off + n])
+            _ops.copy(self._dst[off : off + n], self._copy[off : off + n])
 
     def release(self, pool: Pool) -> None:
         """Give the buffer back (idempotent); ``restore`` does nothing afterwards."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..._compute import front as _ops
+from ..._compute import ops as _ops
 from ..._types import ReduceOp
 
 GATHER: Final = 2  # the frames' phase

@@ -1,6 +1,6 @@
 """Front door of the kernels: checks arguments, then calls the Cython or numpy implementation.
 
-The kernels themselves (``_kernels.pyx``, and ``reference.py`` which is the specification)
+The kernels themselves (``pccl_aio/_kernels.pyx``, and ``reference.py`` which is the specification)
 trust their arguments; every check lives here and raises ``InvalidUsageError`` before any
 byte is touched. The checks are O(1) because they run once per segment on the hot path.
 Dtypes, ops and algorithms are the int values of ``_types``' enums; messages name them.
@@ -71,7 +71,7 @@ elif NO_EXTENSIONS:
         raise ImportError(f"PCCL_AIO_NO_EXTENSIONS is set: {_NEEDS_NUMPY}") from exc
 else:
     try:
-        from . import _kernels as _impl
+        from .. import _kernels as _impl
     except ImportError as exc:  # pragma: no cover - depends on the build
         try:
             from . import reference as _impl

@@ -1,7 +1,7 @@
-"""Type stub of the Cython kernels (``_kernels.pyx``); the contract is in ``reference.py``.
+"""Type stub of the Cython kernels (``_kernels.pyx``); the contract is in ``_compute/reference.py``.
 
 Buffers are 1-D C-contiguous byte buffers (``memoryview(x).cast("B")``, bytearray, uint8
-arrays); the kernels do not check lengths, dtypes or ops (``front`` does).
+arrays); the kernels do not check lengths, dtypes or ops (``_compute/ops.py`` does).
 """
 
 from typing_extensions import Buffer

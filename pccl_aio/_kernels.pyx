@@ -1,12 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Cython kernels, byte-identical to the numpy reference ``reference.py`` (the specification).
+"""Cython kernels, byte-identical to the numpy reference ``_compute/reference.py`` (the specification).
 
 Seams, in file order: the AVX2+F16C loops of the hot paths (C, chosen at run time, in
 ``_kernels_simd.h``); 16-bit float conversions; reduce loops (integers, f32/f64,
 f16/bf16) and divide (``_kernels_reduce.pxi``); minmax, quantize and dequantize
 (``_kernels_quant.pxi``); the Python entry points.
 The portable Cython loops do everything the AVX2 loops do not (tails, other dtypes and
-ops, CPUs without AVX2, non-x86 builds). Arguments are validated by ``front``; the entry
+ops, CPUs without AVX2, non-x86 builds). Arguments are validated by ``_compute/ops.py``; the entry
 points only keep wrong direct calls in bounds. The loops run without the GIL and never
 allocate (``dequantize_accumulate`` goes through a 16 KiB stack block when it is not
 fused). All arithmetic is IEEE in the reference's order: setup.py disables FMA
@@ -68,7 +68,7 @@ def _load_table():
     theirs = (*ReduceOp, QuantAlgo.MIN_MAX, QuantAlgo.ZERO_POINT_SCALE, DataType.FLOAT16,
               DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64, DataType.UINT4)
     if len(DTYPE_ITEMSIZE) != 12 or mine != tuple(int(v) for v in theirs):
-        raise ImportError("pccl_aio._compute._kernels disagrees with pccl_aio._types; rebuild")
+        raise ImportError("pccl_aio._kernels disagrees with pccl_aio._types; rebuild")
 
 
 _load_table()
@@ -163,7 +163,7 @@ include "_kernels_quant.pxi"
 
 
 # ---- Python entry points (see reference.py for the contract) --------------------------
-# front validates arguments with proper messages; the O(1) checks here only keep a wrong
+# ops validates arguments with proper messages; the O(1) checks here only keep a wrong
 # direct call from reading or writing out of bounds (bounds checking is off).
 
 cdef Py_ssize_t _count(Py_ssize_t nbytes, int dtype, bint floats) except -1:
