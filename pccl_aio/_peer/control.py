@@ -3,10 +3,9 @@
 One reader task per session dispatches master messages *synchronously and in order*
 (votes' answers, membership, collective verdicts); one heartbeat task keeps both sides'
 liveness. When the master session ends without a goodbye, ``failover.Outage`` rides it out
-(``MasterLostError`` for what was waiting, a new session with a rejoin, for up to
-``master_timeout``); when it ends for good (kicked, closed, ``master_timeout`` passed) every
-waiting call fails with ``MasterConnectionError`` (or ``KickedError``) and every later call
-raises the same.
+(``MasterLostError`` for what was waiting, a rejoin for up to ``master_timeout``); when it
+ends for good (kicked, closed, ``master_timeout`` passed) every waiting call, and every later
+one, fails with ``MasterConnectionError`` (or ``KickedError``).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from .core.votes import Settle, VoteBook, Withdraw
 from .dispatch import dispatch
 from .failover import Outage
 from .receiver import Registry
-from .session import Session, close_quietly, heartbeat, open_retrying
+from .session import Session, close_quietly, goodbye, heartbeat, open_retrying
 
 log = logging.getLogger("pccl_aio.communicator")
 
@@ -158,23 +157,24 @@ class ControlPlane:
     def leave(self) -> None:
         """Say goodbye to the master (best effort) and fail everything still waiting."""
         self._closing = True
-        if self._writer is not None and not self._writer.is_closing():
+        if (session := self._session) is not None and not session.writer.is_closing():
             with contextlib.suppress(Exception):
-                self._writer.write(frame(m.encode(m.Leave())))
+                session.writer.write(frame(m.encode(m.Leave())))
+                session.left = True
         self.fail_all(MasterConnectionError("communicator closed"))
 
     def abort(self) -> None:
         """Drop the master connection at once (no goodbye), as a killed process would."""
         self._closing = True
-        if self._writer is not None:
-            self._writer.transport.abort()
+        if (writer := self._writer) is not None:
+            writer.transport.abort()
 
     async def close(self) -> None:
-        """Stop every task and close the master connection. Idempotent."""
+        """Stop the tasks; close the master connection (after ``goodbye``). Idempotent."""
         self._closing = True
         await self._tasks.close()
-        writer = self._writer
-        close_quietly(writer)
+        await goodbye(self._session)
+        close_quietly(writer := self._writer)
         if writer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)

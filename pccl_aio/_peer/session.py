@@ -44,6 +44,20 @@ class Session:
     welcome: m.Welcome
     where: str
     heard: float = 0.0  # loop time the master last spoke on it (its liveness)
+    left: bool = False  # this peer said goodbye (``Leave``) on it
+
+
+async def goodbye(session: Session | None, timeout: float = 1.0) -> None:
+    """After a ``Leave`` and with the session's reader task stopped: read what the master
+    still sends until it closes (it does once it read the goodbye), for at most ``timeout``.
+    Closing with unread bytes would reset the connection, and a reset may reach the master
+    before the goodbye does (it would count a departure as a dead connection)."""
+    if session is None or not session.left or session.writer.is_closing():
+        return
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(timeout):
+            while await session.reader.read(1 << 16):
+                pass
 
 
 async def _dial(cfg: PeerConfig, host: str, port: int

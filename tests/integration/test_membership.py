@@ -141,3 +141,4 @@ async def test_phase_disagreement_gives_a_clear_error_not_a_hang(master, peers):
     with pytest.raises(pccl.InvalidUsageError, match="same calls"):
         await b.update_topology()
     assert await asyncio.gather(pa, b.are_peers_pending()) == [False, False]
+
