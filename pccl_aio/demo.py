@@ -118,8 +118,9 @@ async def _peer(addr: str, steps: int, count: int, stop_file: str, die_at: int,
                         break
                 x = pattern.copy()
                 t0 = time.perf_counter()
-                # A tag per step (2 + step: tag 1 is the stop vote): a reused tag would start early on its ticket, and a small
-                # all-reduce could then finish before the master's start reaches the victim.
+                # A tag per step (2 + step: tag 1 is the stop vote): a reused tag would start
+                # early on its ticket, and a small all-reduce could then finish before the
+                # master's start reaches the victim.
                 handle = comm.all_reduce_async(x, tag=2 + state.revision)
                 doing = f"its all-reduce, tag {handle.tag}"
                 if die_at and was_full and state.revision >= die_at and await handle.started():

@@ -134,7 +134,8 @@ class Master:
         return f"{self.host}:{self._port}"
 
     async def start(self) -> None:
-        """Bind and start serving; returns once the socket listens. Raises OSError on bind failure."""
+        """Bind and start serving; returns once the socket listens. Raises OSError on bind
+        failure."""
         self._server = await asyncio.start_server(
             self._on_client, self.host, self._port, ssl=self._ssl,
             ssl_handshake_timeout=self.gate.timeout if self._ssl else None)

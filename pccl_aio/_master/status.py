@@ -121,7 +121,8 @@ class Status:
         per_s, bytes_per_s = self.rates()
         c = story.counts
         return {
-            "run": st.run_id, "term": st.term, "epoch": st.epoch, "address": reachable(self._address()),
+            "run": st.run_id, "term": st.term, "epoch": st.epoch,
+            "address": reachable(self._address()),
             "now": time.time(), "uptime_s": round(time.time() - self._started, 1),
             "world_size": len(st.accepted()), "pending": st.pending(),
             "recovering": None if recovery is None else {

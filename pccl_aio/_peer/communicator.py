@@ -384,8 +384,9 @@ class Communicator:
         Blocks until the whole group finished. Returns ``SyncInfo(tx_bytes, rx_bytes,
         revision)`` and sets ``state.revision``. Raises ``InvalidUsageError`` (bad argument,
         collectives in flight; nothing is sent), ``SharedStateError`` (no up-to-date source,
-        fetch failed or a hash mismatch; retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
-        rules), ``DeadlockError`` if the peers wait on each other. ``timeout`` expiring
+        fetch failed or a hash mismatch; retry), ``KickedError`` (this peer's
+        keys/dtypes/sizes, revision or strategy broke the rules), ``DeadlockError`` if the
+        peers wait on each other. ``timeout`` expiring
         raises ``PcclTimeoutError``: this peer's vote is taken back, or its fetch ends as a
         failed one for the group; the communicator stays usable. Cancelling leaves the peer
         in the sync; close the communicator then. ``progress(done_bytes, total_bytes)`` is

@@ -98,7 +98,8 @@ class Registry:
             _replay(sink, seq, *frame)
 
     def skip(self, seq: int) -> None:
-        """``seq`` is known now: re-route parked connections (its frames are stale unless ``add``ed)."""
+        """``seq`` is known now: re-route parked connections (its frames are stale unless
+        ``add``ed)."""
         self.max_seq = max(self.max_seq, seq)
         parked, self._parked = self._parked, {}
         for r in parked:

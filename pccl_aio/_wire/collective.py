@@ -59,7 +59,8 @@ class CollectiveWait(Msg, frozen=True, tag=11):
 
 # ---- master -> peer ------------------------------------------------------------------------
 class CollectiveStart(Msg, frozen=True, tag=69):
-    """All group peers voted for ``tag`` with one descriptor: run it as ``seq`` on ring ``epoch``."""
+    """All group peers voted for ``tag`` with one descriptor: run it as ``seq`` on ring
+    ``epoch``."""
 
     tag: U64
     seq: U64

@@ -333,7 +333,8 @@ def decode_peer_to_master(buf: bytes | memoryview) -> PeerToMaster:
     try:
         msg: PeerToMaster = _P2M.decode(buf)
     except DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"bad peer->master message: {explain(buf, exc, _BY_TAG)}") from exc
+        why = explain(buf, exc, _BY_TAG)
+        raise RemoteProtocolError(f"bad peer->master message: {why}") from exc
     if type(msg) in _CHECKED:
         _check(msg, "peer->master")
     return msg
@@ -345,7 +346,8 @@ def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
     try:
         reply: MasterToPeer = _M2P.decode(buf)
     except DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"bad master->peer message: {explain(buf, exc, _BY_TAG)}") from exc
+        why = explain(buf, exc, _BY_TAG)
+        raise RemoteProtocolError(f"bad master->peer message: {why}") from exc
     if type(reply) in _CHECKED:
         _check(reply, "master->peer")
     return reply

@@ -195,7 +195,7 @@ class MasterState:
             case Malformed(conn=conn, reason=reason, body=body):
                 version = m.peek_hello_version(body) if body else None
                 peer = self._peers.get(conn)
-                if version is not None and version != m.PROTOCOL_VERSION and peer and not peer.registered:
+                if version not in (None, m.PROTOCOL_VERSION) and peer and not peer.registered:
                     self._reject(conn, version_reason(version), out)
                 elif conn in self._peers:
                     self._kick(conn, reason, out)
