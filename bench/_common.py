@@ -148,7 +148,8 @@ def input_pattern(n: int) -> np.ndarray:
 
 
 def check_result(x: np.ndarray, expected: np.ndarray, what: str) -> str | None:
-    """``None`` when ``x`` equals ``expected`` exactly, else a message naming the first bad element."""
+    """``None`` when ``x`` equals ``expected`` exactly, else a message naming the first bad
+    element."""
     if np.array_equal(x, expected):
         return None
     bad = np.flatnonzero(x != expected)

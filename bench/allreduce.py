@@ -1,4 +1,5 @@
-"""All-reduce bus bandwidth of pccl_aio on loopback, against TCP (and gloo) measured in the same run.
+"""All-reduce bus bandwidth of pccl_aio on loopback, against TCP (and gloo) measured in the same
+run.
 
     python bench/allreduce.py [--peers 2 3 4] [--mib 1 16 64] [--conns 1 4] [--iters 10]
     python bench/allreduce.py --compare gloo [--peers 2 3 4] [--sizes 4KiB 1MiB 16MiB 64MiB]
@@ -89,7 +90,8 @@ async def _peer(addr: str, world: int, conns: int, warmup: int, plan: Plan,
                 info = await comm.all_reduce(x, y, tag=0,
                                              restore_on_abort=placement != "norestore")
                 dt = time.perf_counter() - t0
-                err = check_result(y, expected, f"pccl_aio peer of {world}, {nbytes} B, iteration {i}")
+                err = check_result(y, expected,
+                                   f"pccl_aio peer of {world}, {nbytes} B, iteration {i}")
                 if err:
                     print(err, file=sys.stderr, flush=True)
                     raise SystemExit(3)
@@ -204,7 +206,8 @@ def _acceptance(rows: list[dict[str, Any]], peers: list[int], conns: list[int]
             for world in peers:
                 r = find(world, label, k)
                 if r:
-                    checks.append({"impl": impl, "what": f"busbw {impl}/gloo P={world} {label} K={k}",
+                    checks.append({"impl": impl,
+                                   "what": f"busbw {impl}/gloo P={world} {label} K={k}",
                                    "value": r["vs_gloo"], "target": f">= {target}",
                                    "ok": r["vs_gloo"] >= target})
         r = find(2, "64MiB", k)
@@ -233,8 +236,8 @@ def _compare_gloo(args: argparse.Namespace) -> None:
           f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}, "
           f"pccl_aio {pccl.__version__} (uvloop), OMP_NUM_THREADS=1 in every rank")
     tcp_start = (tcp_loopback_gbps(1, args.tcp_seconds), tcp_loopback_gbps(4, args.tcp_seconds))
-    print(f"loopback TCP before: 1 stream {tcp_start[0]:.3f} GB/s, 4 streams {tcp_start[1]:.3f} GB/s",
-          flush=True)
+    print(f"loopback TCP before: 1 stream {tcp_start[0]:.3f} GB/s, "
+          f"4 streams {tcp_start[1]:.3f} GB/s", flush=True)
     # P -> (impl, K) -> size -> one list of per-iteration times per round
     all_runs: dict[int, dict[tuple[str, int | None], dict[int, list[list[float]]]]] = {}
     for idx, world in enumerate(args.peers):

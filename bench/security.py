@@ -21,8 +21,9 @@ the same run, interleaved:
 2. **Emulated WAN** (needs root; skipped otherwise or with ``--no-wan``): brings up
    ``../shared/tools/wan-link up 50 1000`` (100 ms RTT, 1 Gbit/s each way) unless it is up,
    as ``bench/wan.py`` does (masters and peer A in namespace A, peer B in B,
-   ``tcp_slow_start_after_idle=0``; heartbeat timeout 30 s, see ``HB_WAN``), and runs a ``--wan-mib`` MiB all-reduce at K = 8
-   connections per neighbour, plain and TLS (+ secret), interleaved the same way.
+   ``tcp_slow_start_after_idle=0``; heartbeat timeout 30 s, see ``HB_WAN``), and runs a
+   ``--wan-mib`` MiB all-reduce at K = 8 connections per neighbour, plain and TLS (+ secret),
+   interleaved the same way.
 3. **Where TLS's time goes on loopback**: one core encrypting and decrypting through a pair of
    ``ssl.SSLObject`` over ``MemoryBIO`` (the cipher the contexts negotiate; the same OpenSSL
    calls asyncio's TLS transport makes, without the sockets), next to one plain loopback TCP
@@ -297,8 +298,9 @@ def tls_core_rates(d: Path, total: int, chunk: int = 1 << 20) -> dict[str, Any]:
     assert buf == data
     e, d_ = statistics.median(enc), statistics.median(dec)  # robust to a preempted chunk
     cipher = cli.cipher()
-    return {"cipher": cipher[0] if cipher else "?", "version": cli.version(), "encrypt_GBps": chunk / e / 1e9,
-            "decrypt_GBps": chunk / d_ / 1e9, "enc_dec_GBps": chunk / (e + d_) / 1e9}
+    return {"cipher": cipher[0] if cipher else "?", "version": cli.version(),
+            "encrypt_GBps": chunk / e / 1e9, "decrypt_GBps": chunk / d_ / 1e9,
+            "enc_dec_GBps": chunk / (e + d_) / 1e9}
 
 
 class _Count(asyncio.BufferedProtocol):
@@ -412,7 +414,8 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=int, default=50)
     ap.add_argument("--rate-mbit", type=int, default=1000)
     ap.add_argument("--no-wan", action="store_true")
-    ap.add_argument("--wan-link", default=str(WAN), help="the wan-link script (default: %(default)s)")
+    ap.add_argument("--wan-link", default=str(WAN),
+                    help="the wan-link script (default: %(default)s)")
     ap.add_argument("--json", metavar="PATH", help="also write the JSON line here")
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--wan-masters", nargs=2, help=argparse.SUPPRESS)
@@ -518,7 +521,8 @@ def main() -> None:
           f"the asyncio TLS stream's extra CPU per GB")
     load = (load0, os.getloadavg()[0])
     print(f"({elapsed:.0f} s; load average {load[0]:.2f} at start, {load[1]:.2f} at end; "
-          f"P = 2; busbw = 2(P-1)/P x bytes / time of the slower peer; vs_plain = median over cycles of busbw / plain busbw in the same cycle)")
+          f"P = 2; busbw = 2(P-1)/P x bytes / time of the slower peer; vs_plain = median over "
+          f"cycles of busbw / plain busbw in the same cycle)")
     line = json.dumps({"bench": "security", "rows": rows, "tls_core": tls,
                        "tcp1_loopback_GBps": tcp1, "where_tls_time_goes": where,
                        "elapsed_s": elapsed, "loadavg_start_end": load, "quick": a.quick,

@@ -1,4 +1,5 @@
-"""DiLoCo with pccl_aio on numpy: local training, an averaged pseudo-gradient, an outer Nesterov step.
+"""DiLoCo with pccl_aio on numpy: local training, an averaged pseudo-gradient, an outer Nesterov
+step.
 
 No torch needed; ``examples/diloco.py`` is the same algorithm on a small torch GPT.
 

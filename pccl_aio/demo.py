@@ -27,12 +27,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
 from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, TooFewPeersError, run
 from ._compute import ops as _ops
+from ._launch.hold import hold
 from ._net.credentials import SECRET_ENV
 from ._peer.core.gather import GATHER_MAX
 from ._peer.core.shared_state import hash_bytes
@@ -117,8 +118,9 @@ async def _peer(addr: str, steps: int, count: int, stop_file: str, die_at: int,
                         break
                 x = pattern.copy()
                 t0 = time.perf_counter()
-                # A tag per step (2 + step: tag 1 is the stop vote): a reused tag would start early on its ticket, and a small
-                # all-reduce could then finish before the master's start reaches the victim.
+                # A tag per step (2 + step: tag 1 is the stop vote): a reused tag would start
+                # early on its ticket, and a small all-reduce could then finish before the
+                # master's start reaches the victim.
                 handle = comm.all_reduce_async(x, tag=2 + state.revision)
                 doing = f"its all-reduce, tag {handle.tag}"
                 if die_at and was_full and state.revision >= die_at and await handle.started():
@@ -168,45 +170,6 @@ def _ids(peers: Iterable[int]) -> str:
     return ", ".join(str(p) for p in sorted(peers))
 
 
-async def _hold(seconds: float, notice: str, file: TextIO, enter: bool = False) -> bool:
-    """Wait ``seconds`` (the master and its status page stay up); False if Ctrl-C (SIGINT)
-    ended the wait. With ``enter``, a line on stdin (Enter) ends it early too."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[bool] = loop.create_future()
-
-    def finish(ok: bool) -> None:
-        if not done.done():
-            done.set_result(ok)
-
-    fd, watching = -1, False
-
-    def read() -> None:
-        try:
-            data = os.read(fd, 4096)
-        except OSError:
-            data = b""
-        if b"\n" in data:
-            finish(True)
-        elif not data:  # no stdin (closed, /dev/null): only the time ends the wait
-            loop.remove_reader(fd)
-
-    loop.add_signal_handler(signal.SIGINT, finish, False)
-    if enter:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            fd = sys.stdin.fileno()
-            loop.add_reader(fd, read)  # a regular file cannot be watched: no Enter then
-            watching = True
-    try:
-        print(notice, file=file, flush=True)
-        with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(done), seconds)
-        return True
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-        if watching:
-            loop.remove_reader(fd)
-
-
 async def _control(args: argparse.Namespace, stop_file: str) -> int:
     secret = secrets.token_hex(16)  # a fresh run secret, handed to the peers' environment
     async with Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0,
@@ -217,7 +180,7 @@ async def _control(args: argparse.Namespace, stop_file: str) -> int:
         if master.status_address:
             print(f"status page: {master.status_address} (live while the demo runs)",
                   flush=True)
-        if args.hold and not await _hold(
+        if args.hold and not await hold(
                 args.hold, f"holding {args.hold:g} s before starting the peers: open the status "
                 "page, then press Enter to start now (Ctrl-C ends the demo)", sys.stdout,
                 enter=True):
@@ -225,7 +188,7 @@ async def _control(args: argparse.Namespace, stop_file: str) -> int:
             return 130
         code = await _demo(master, args, stop_file, secret)
         if args.hold:
-            await _hold(args.hold, f"the status page stays up for {args.hold:g} s "
+            await hold(args.hold, f"the status page stays up for {args.hold:g} s "
                         f"(Ctrl-C ends the demo now): {master.status_address}", sys.stderr)
         return code
 

@@ -16,11 +16,13 @@ and once a peer printed ``done``; a replacement that could not join before the e
 
 A progress bar on stderr shows the outer step, world size, latest validation loss, kills and
 joins, and whether the peers' digests agree; a second one, while a peer fetches more than 4 MiB
-of shared state (its ``fetch done= total=`` lines), the bytes it received. DIR (default ``runs/<example stem>``) gets
+of shared state (its ``fetch done= total=`` lines), the bytes it received. DIR (default
+``runs/<example stem>``) gets
 ``<stem>.csv`` (every protocol line of every peer and the launcher's start/kill/exit events;
 ``time`` is seconds since the launch, ``seed`` names the process, ``peer`` its peer id),
 ``<stem>.png`` (validation loss against inner steps and against bytes sent per peer),
-``<stem>.json`` (the summary, also printed as a table, and the plotted series) and ``logs/`` (each process's output).
+``<stem>.json`` (the summary, also printed as a table, and the plotted series) and ``logs/``
+(each process's output).
 
 The exit status is 0 when the run finished, every peer that was not killed exited 0 and every
 outer step had one digest across the peers; 1 otherwise (a peer failed, digests differ,

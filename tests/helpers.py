@@ -49,7 +49,8 @@ async def join_peers(master: pccl.Master, n: int, *, groups: list[int] | None = 
 
 
 @pytest.fixture
-async def peers(master: pccl.Master) -> AsyncIterator[Callable[..., Awaitable[list[pccl.Communicator]]]]:
+async def peers(
+        master: pccl.Master) -> AsyncIterator[Callable[..., Awaitable[list[pccl.Communicator]]]]:
     made: list[pccl.Communicator] = []
 
     async def make(n: int, **kw: Any) -> list[pccl.Communicator]:
@@ -102,7 +103,8 @@ async def raw_master(port: int, secret: str | bytes | None = None
     from pccl_aio._wire import auth
 
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    await asyncio.wait_for(greet(reader, writer, auth.ROLE_MASTER, auth.secret_key(secret), 0, 0), 5)
+    await asyncio.wait_for(
+        greet(reader, writer, auth.ROLE_MASTER, auth.secret_key(secret), 0, 0), 5)
     return reader, writer
 
 

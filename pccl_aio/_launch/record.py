@@ -85,7 +85,8 @@ class Record:
         own = {k: v for k, v in fields.items()
                if k in COLUMNS and k not in ("time", "kind", "seed", "detail")
                and (k != "world" or v.isdigit())}
-        extra = [f"{k}={v}" for k, v in fields.items() if k not in own] + ([detail] if detail else [])
+        extra = ([f"{k}={v}" for k, v in fields.items() if k not in own]
+                 + ([detail] if detail else []))
         cells = {"time": f"{time:.3f}", "kind": kind, "seed": "" if seed is None else str(seed),
                  **own, "detail": " ".join(extra)}
         self._csv.writerow([cells.get(c, "") for c in COLUMNS])

@@ -1,11 +1,10 @@
-"""The processes of a launched run: a master, the peers, churn, progress and the verdict."""
+"""A launched run: its master, the peers, churn, progress and the verdict (each process is a
+``procs.Child``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import math
 import os
 import random
@@ -14,20 +13,20 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from .._net.credentials import SECRET_ENV, SECRET_FILE_ENV
 from .._peer.progress import ProgressFn, progress_bar
+from .procs import Child as Child
+from .procs import die_with_parent, open_log
 from .record import Record, parse
 from .report import group_event
 
 _LISTENING = re.compile(r"listening on \S+:(\d+)")
 _END_OF_CHURN = 0.75  # no kill after this fraction of the run's outer steps (when known)
 _GRACE = 5.0  # s a stopped process has between SIGTERM and SIGKILL
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -41,53 +40,6 @@ class Config:
     seed: int
     timeout: float | None
     peer_args: list[str]
-
-
-@dataclass(eq=False)
-class Child:
-    """One process of the run; its group id is its pid (a new session), so that a signal
-    reaches whatever it started too."""
-
-    name: str
-    seed: int | None  # None: the master
-    proc: asyncio.subprocess.Process
-    out: IO[str] | None = None  # copy of its stdout
-    err_path: Path | None = None
-    replacement: bool = False
-    peer: str = ""  # its peer id, once it joined
-    stepped: bool = False  # printed a step line: it holds the run's state
-    done: bool = False
-    killed: bool = False  # SIGKILLed by churn
-    stopped: bool = False  # stopped by the launcher (a replacement that came too late)
-    code: int | None = None  # exit status once its exit was handled
-
-    def signal(self, sig: int) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, sig)
-
-    def stderr_tail(self, lines: int = 15) -> str:
-        if self.err_path is None or not self.err_path.exists():
-            return ""
-        text = self.err_path.read_text(encoding="utf-8", errors="replace").splitlines()
-        return "\n".join("    " + t for t in text[-lines:])
-
-
-def _log(path: Path) -> IO[str]:
-    """A log file of this machine, opened for writing (quick enough for the event loop)."""
-    return open(path, "w", encoding="utf-8")
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec function that has Linux SIGKILL the child when the launcher dies, even by
-    SIGKILL (no orphans); None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    return preexec
 
 
 def _inner_steps(peer_args: list[str]) -> int | None:
@@ -126,7 +78,7 @@ class Launcher:
         self.said: tuple[str, str, int] = ("", "", 0)  # the last group event shown
         self.victim: Child | None = None  # the last peer killed, until its replacement joined
         self.fetching: dict[Child, ProgressFn] = {}  # a bar per joiner fetching the state
-        self.preexec = _die_with_parent()
+        self.preexec = die_with_parent()
         root = str(Path(__file__).resolve().parents[2])  # the pccl_aio the launcher runs
         path = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)
         self.env = {k: v for k, v in os.environ.items() if k != SECRET_FILE_ENV}
@@ -160,7 +112,7 @@ class Launcher:
                                  stderr=asyncio.subprocess.PIPE)
         self.master = Child("master", None, proc, err_path=log_path)
         self.record.row(self.now(), "start", None, {}, f"master pid={proc.pid}")
-        log = _log(log_path)  # closed by its pump
+        log = open_log(log_path)  # closed by its pump
         assert proc.stderr is not None
         while not self.address:
             try:
@@ -182,12 +134,12 @@ class Launcher:
         seed, self.next_seed = self.next_seed, self.next_seed + 1
         logs = self.cfg.out / "logs"
         err_path = logs / f"seed{seed}.err"
-        with _log(err_path) as err:
+        with open_log(err_path) as err:
             proc = await self._spawn(
                 str(self.cfg.example), "--master", self.address, "--seed", str(seed),
                 "--min-peers", str(2 if replacement else self.cfg.peers), *self.cfg.peer_args,
                 stdout=asyncio.subprocess.PIPE, stderr=err)
-        out = _log(logs / f"seed{seed}.out")  # closed by its pump
+        out = open_log(logs / f"seed{seed}.out")  # closed by its pump
         child = Child(f"seed {seed}", seed, proc, out, err_path, replacement)
         self.children.append(child)
         self.record.row(self.now(), "start", seed, {"outer": str(self.outer),

@@ -108,8 +108,10 @@ def _parser() -> argparse.ArgumentParser:
 async def _run_cli(args: argparse.Namespace) -> int:
     try:
         if (args.tls_cert is None) != (args.tls_key is None) or (args.tls_ca and not args.tls_cert):
-            raise InvalidUsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
-        context = tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)[0] if args.tls_cert else None
+            raise InvalidUsageError(
+                "--tls-cert and --tls-key go together (and --tls-ca needs them)")
+        context = (tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)[0] if args.tls_cert
+                   else None)
         secret = load_secret(args.secret_file)
     except InvalidUsageError as exc:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)

@@ -11,25 +11,23 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import socket
 import ssl as _ssl
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
 
 import msgspec
 
 from .._errors import InvalidUsageError, RemoteProtocolError
 from .._net.credentials import load_secret
 from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
-from .._net.http import HttpServer, check_port
-from .._net.stream import FrameBudget, own_socket, read_frame, set_nodelay
+from .._net.stream import FrameBudget, at_eof, own_socket, read_frame, set_nodelay
+from .._net.tasks import TaskSet
 from .._wire import auth
 from .._wire import messages as m
 from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
 from .core.records import is_loopback
-from .status import Status, metrics_hint
+from .status import Status, http_servers
 from .story import Story
 from .watch import watch
 
@@ -119,11 +117,11 @@ class Master:
         self._server: asyncio.Server | None = None
         self._writers: dict[int, asyncio.StreamWriter] = {}  # open and not closed by the state
         self._owners: dict[int, asyncio.StreamWriter] = {}  # conn -> the connection named so
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("pccl_aio master")
         self._closed = asyncio.Event()
         self.story = Story(self.state)
         self.status = Status(self.state, self.story, _clock, lambda: self.address)
-        self._http = _http_servers(self.status, http_host, status_port, metrics_port)
+        self._http = http_servers(self.status, http_host, status_port, metrics_port)
 
     @property
     def port(self) -> int:
@@ -136,12 +134,13 @@ class Master:
         return f"{self.host}:{self._port}"
 
     async def start(self) -> None:
-        """Bind and start serving; returns once the socket listens. Raises OSError on bind failure."""
+        """Bind and start serving; returns once the socket listens. Raises OSError on bind
+        failure."""
         self._server = await asyncio.start_server(
             self._on_client, self.host, self._port, ssl=self._ssl,
             ssl_handshake_timeout=self.gate.timeout if self._ssl else None)
         self._port = self._server.sockets[0].getsockname()[1]
-        self._spawn(self._ticker())
+        self._tasks.spawn(self._ticker())
         for server in self._http:
             try:
                 await server.start()
@@ -149,7 +148,7 @@ class Master:
                 await self.close()
                 raise OSError(exc.errno, exc.strerror, f"{server.host}:{server.port}") from exc
         if self._others:
-            self._spawn(watch(self._others, self._key, _client_context(self._ssl),
+            self._tasks.spawn(watch(self._others, self._key, _client_context(self._ssl),
                               self.state.heartbeat_timeout, self._heard))
         log.info("pccl_aio master listening on %s:%d (%s, %s)", self.host, self._port,
                  "run secret" if self._key else "no run secret",
@@ -178,10 +177,7 @@ class Master:
             await server.close()
         for w in list(self._writers.values()):
             w.close()
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -200,11 +196,6 @@ class Master:
         await self.close()
 
     # ---- internals --------------------------------------------------------------------------
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def _apply(self, actions: list[ms.Action]) -> None:
         for act in actions:
             writer = self._writers.get(act.conn)
@@ -255,7 +246,7 @@ class Master:
                         "steps down", where, answer.term, before)
 
     def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._spawn(self._serve_client(reader, writer))
+        self._tasks.spawn(self._serve_client(reader, writer))
 
     async def _key_for(self, opening: auth.Opening) -> bytes | None:
         return self._key if opening.role == auth.ROLE_MASTER else None
@@ -366,7 +357,7 @@ class Master:
             if own is None:
                 continue  # not a socket we can peek at
             with own:
-                gone = _at_eof(own)
+                gone = at_eof(own)
             if gone:
                 log.debug("connection %d closed before a failure report: removing it first", conn)
                 self._writers.pop(conn, None)
@@ -378,46 +369,10 @@ SUSPECT_GRACE = 0.1  # s a failure report waits for the suspect's control connec
 _BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its Hello
 _LARGE_FRAMES = 32 << 20  # bytes of frames above 64 KiB being received at once, all peers
 _BACKLOG = 1 << 20  # bytes waiting to be sent to one connection: more, and it is closed
-_TCP_CLOSED_BY_PEER = (7, 8)  # Linux tcp_info states TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN)
 
 
 def _clock() -> float:
     return asyncio.get_running_loop().time()
-
-
-def _http_servers(status: Status, host: str, status_port: int | None,
-                  metrics_port: int | None) -> list[HttpServer]:
-    """One HTTP server per distinct port asked for (status and metrics may share one)."""
-    check_port("status_port", status_port)
-    check_port("metrics_port", metrics_port)
-    if status_port is not None and status_port == metrics_port and status_port != 0:
-        return [HttpServer(status.routes(True, True), host, status_port,
-                           name="pccl_aio master status and metrics")]
-    out = []
-    if status_port is not None:
-        out.append(HttpServer(status.routes(True, False), host, status_port,
-                              name="pccl_aio master status page",
-                              missing=metrics_hint(metrics_port is not None)))
-    if metrics_port is not None:
-        out.append(HttpServer(status.routes(False, True), host, metrics_port,
-                              name="pccl_aio master metrics"))
-    return out
-
-
-def _at_eof(sock: socket.socket) -> bool:
-    """The peer closed or reset ``sock``, even if unread bytes still precede the EOF (a
-    peek alone would see those bytes and miss it). Never blocks."""
-    try:
-        if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _TCP_CLOSED_BY_PEER:
-            return True
-    except (OSError, AttributeError):
-        pass  # no TCP_INFO here: the peek decides
-    try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except (BlockingIOError, InterruptedError):
-        return False  # alive: nothing to read
-    except OSError:
-        return True  # reset
 
 
 def _address(text: str) -> tuple[str, int]:

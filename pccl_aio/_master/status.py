@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._net.http import Response, Route, request_host
+from .._net.http import HttpServer, Response, Route, check_port, request_host
 from .core.state import MasterState
 from .story import Story
 
-__all__ = ["Status", "metrics_hint"]
+__all__ = ["Status", "http_servers", "metrics_hint"]
 
 _WINDOW = 10.0  # seconds the rates average over
 _RUNNING = 100  # running collectives listed at most
@@ -121,7 +121,8 @@ class Status:
         per_s, bytes_per_s = self.rates()
         c = story.counts
         return {
-            "run": st.run_id, "term": st.term, "epoch": st.epoch, "address": reachable(self._address()),
+            "run": st.run_id, "term": st.term, "epoch": st.epoch,
+            "address": reachable(self._address()),
             "now": time.time(), "uptime_s": round(time.time() - self._started, 1),
             "world_size": len(st.accepted()), "pending": st.pending(),
             "recovering": None if recovery is None else {
@@ -224,3 +225,22 @@ def _family(family: GaugeMetricFamily | CounterMetricFamily,
     for key, v in values.items():
         family.add_metric(list(key), v)
     return family
+
+
+def http_servers(status: Status, host: str, status_port: int | None,
+                 metrics_port: int | None) -> list[HttpServer]:
+    """One HTTP server per distinct port asked for (status and metrics may share one)."""
+    check_port("status_port", status_port)
+    check_port("metrics_port", metrics_port)
+    if status_port is not None and status_port == metrics_port and status_port != 0:
+        return [HttpServer(status.routes(True, True), host, status_port,
+                           name="pccl_aio master status and metrics")]
+    out = []
+    if status_port is not None:
+        out.append(HttpServer(status.routes(True, False), host, status_port,
+                              name="pccl_aio master status page",
+                              missing=metrics_hint(metrics_port is not None)))
+    if metrics_port is not None:
+        out.append(HttpServer(status.routes(False, True), host, metrics_port,
+                              name="pccl_aio master metrics"))
+    return out

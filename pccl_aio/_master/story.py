@@ -272,7 +272,8 @@ class Story:
                        "slowest %.3g Gbit/s)", list(msg.ring), msg.measured,
                        msg.bottleneck_bps / 1e9, ring=list(msg.ring))
 
-    def _sync(self, conn: int, msg: m.SyncPlan | m.SyncComplete | m.SyncFailed, actions: list[ms.Action]) -> None:
+    def _sync(self, conn: int, msg: m.SyncPlan | m.SyncComplete | m.SyncFailed,
+              actions: list[ms.Action]) -> None:
         group = self.members[conn].group if conn in self.members else 0
         view = self.syncs.setdefault(group, SyncView())
         if isinstance(msg, m.SyncComplete):

@@ -24,7 +24,8 @@ def load_secret(path: str | None = None) -> bytes | None:
             with open(path, "rb") as f:
                 secret = f.read().strip()
         except OSError as exc:
-            raise InvalidUsageError(f"cannot read the secret file {path!r}: {exc.strerror}") from exc
+            raise InvalidUsageError(
+                f"cannot read the secret file {path!r}: {exc.strerror}") from exc
         if not secret:
             raise InvalidUsageError(f"the secret file {path!r} is empty")
         return secret

@@ -9,6 +9,8 @@ import socket
 from .._errors import RemoteProtocolError
 from .._wire import framing as _framing
 
+_TCP_CLOSED_BY_PEER = (7, 8)  # Linux tcp_info states TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN)
+
 
 def set_nodelay(transport: asyncio.BaseTransport) -> None:
     """Disable Nagle's algorithm: small control frames must not wait for an ACK."""
@@ -25,6 +27,22 @@ def own_socket(transport: asyncio.BaseTransport) -> socket.socket | None:
         return socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
     except (OSError, AttributeError, ValueError):
         return None
+
+
+def at_eof(sock: socket.socket) -> bool:
+    """The peer closed or reset ``sock``, even if unread bytes still precede the EOF (a
+    peek alone would see those bytes and miss it). Never blocks."""
+    try:
+        if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _TCP_CLOSED_BY_PEER:
+            return True
+    except (OSError, AttributeError):
+        pass  # no TCP_INFO here: the peek decides
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False  # alive: nothing to read
+    except OSError:
+        return True  # reset
 
 
 class FrameBudget:

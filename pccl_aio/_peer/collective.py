@@ -11,7 +11,7 @@ quantized path: a scratch) or ``dst`` (all-gather); the receive callback reduces
 and forwards it at once when the link has room (else the run task does), so receive, reduce
 and send overlap. Small buffers take ``core/gather.py``'s path instead. In place,
 ``core.backup.InputBackup`` keeps what an abort must put back. The collective sees its
-communicator only as a ``CollectiveEnv``.
+communicator only as a ``CollectiveEnv``; the ring's per-segment work is ``core/steps.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .core import gather, ring
 from .core.backup import InputBackup
 from .core.buffers import Buffer
 from .core.slots import SLOTS_BASE, Slots
-from .core.steps import Arrival, Forward, Step, cut, wire_lengths
+from .core.steps import Arrival, Forward, Step, landing, start, wire_bytes, work
 from .env import CollectiveEnv
 from .link import Link
 
@@ -75,7 +75,8 @@ class Collective:
         self._local_failure: Exception | None = None  # raised while processing inline
         self._stream_error: str | None = None  # the predecessor's frames broke the protocol
         self._suspect = 0  # the peer whose data connection broke, if that failed it
-        self._qdt, self._algo = (int(self.quant.dtype), int(self.quant.algo)) if self.quant else (0, 0)
+        self._qdt, self._algo = ((int(self.quant.dtype), int(self.quant.algo)) if self.quant
+                                 else (0, 0))
         self.plan: ring.RingPlan | None = None  # set at the start (the ring's)
         self._small: gather.GatherPlan | None = None  # ... or the small path's
         self._own_first = False  # forwards wait until our own first sends are out
@@ -106,7 +107,7 @@ class Collective:
                                        whole=self.quant is not None)
 
     def cancel(self) -> None:
-        """The caller stopped waiting: fail it for the group (the tag is taken until the verdict)."""
+        """The caller stopped waiting: fail it for the group (its tag is held till the verdict)."""
         self.cancelled = True
         if not self.seq:  # still voting: withdraw, the master aborts it for the group
             self.env.report(self.tag, 0, False, "cancelled by the caller")
@@ -154,27 +155,15 @@ class Collective:
 
     def _start_ring(self, rank: int) -> None:
         """The ring's plan, receive slots (or quantized scratch) and each segment's work."""
-        b, cb = self._b, self._wire_bytes
-        # segments are sized on the wire: a quantized one covers more elements; 4-bit codes
-        # need chunks and segments of an even count of elements (whole bytes)
-        self.plan = plan = ring.RingPlan(rank, self.world, self.dst.count, b,
-                                         max(1, SEGMENT_BYTES * 8 // self._bits),
-                                         2 if self._bits < 8 else 1)
+        laid = start(rank, self.world, self.dst.view, self.src.view, self.dst.count, self._b,
+                     self._bits, self.quant is not None, self.env.scratch, SEGMENT_BYTES,
+                     SLOTS_BASE + 2 * self.env.p2p_connections)
+        self.plan, self._expected, self._steps, self._slots = laid[:4]
+        self._scratch_owner, self._scratch = laid.scratch or (None, None)
         # P = 2: our chunk goes out before the forwards (final values in dst, no slot held),
         # so the last forward never waits a hop at the end for the other's last segment
         self._own_first = self.world == 2
-        lens = plan.expected()  # (phase, byte offset in dst) -> bytes in dst
-        self._expected = wire_lengths(lens, b, cb)
         self._remaining = len(self._expected)  # frames may arrive before the run task starts
-        if self.quant is not None:  # codes are received and sent from their place in it
-            self._scratch_owner, self._scratch = self.env.scratch.take(cb(self.dst.count))
-        else:
-            rs = [n for (phase, _), n in self._expected.items() if phase == ring.RS]
-            if rs:
-                self._slots = Slots(self.env.scratch, max(rs), min(
-                    len(rs), SLOTS_BASE + 2 * self.env.p2p_connections))
-        self._steps = cut(plan, lens, self._expected, self.dst.view, self.src.view,
-                          self._scratch, b, cb)
 
     def _confirm(self) -> None:
         self.confirmed = True
@@ -255,15 +244,8 @@ class Collective:
         if self._small is not None:  # an input, into its slot of the scratch
             assert self._scratch is not None
             return self._scratch[offset : offset + length]
-        _, _, seg, qs, _ = self._steps[(phase, offset)]
-        if self.quant is not None:
-            return qs
-        if phase == ring.AG:
-            if self._backup is not None:
-                self._backup.save(offset, length)
-            return seg  # the final bytes land in place
-        assert self._slots is not None
-        return self._slots.land(offset, length)
+        return landing(self._steps[(phase, offset)], phase, offset, length,
+                       self.quant is not None, self._slots, self._backup)
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         """A segment arrived (in the receive callback). When the link to the successor has
@@ -333,7 +315,7 @@ class Collective:
         return self._data_done and self._stream_error is None and self.active
 
     async def _pipeline(self, link: Link) -> None:
-        plan, dst, b, cb = self.plan, self.dst.view, self._b, self._wire_bytes
+        plan, dst, b, bits = self.plan, self.dst.view, self._b, self._bits
         scratch, quant, small = self._scratch, self.quant, self._small
         # Received segments are forwarded as the link has room, between our own chunk's sends
         # (a backlog would hold receive slots); at P = 2 only once our chunk is out.
@@ -348,7 +330,7 @@ class Collective:
                 await self._drain(link)
             if quant:  # the sender quantizes what it sends; the scratch of our own chunk is free
                 assert scratch is not None
-                qs = scratch[cb(off // b) : cb((off + n) // b)]
+                qs = scratch[wire_bytes(off // b, bits) : wire_bytes((off + n) // b, bits)]
                 p0, p1 = _ops.quantize(qs, dst[off : off + n], self._dt, self._qdt, self._algo)
                 await self._send(link, ring.RS, off, qs, p0, p1)
             else:  # our own chunk: read from the input (dst itself when in place)
@@ -388,8 +370,8 @@ class Collective:
                 await self._send(link, *out)
 
     def _process(self, phase: int, off: int, p0: float, p1: float) -> Forward | None:
-        """Reduce (or decode) one received segment; what to forward, if anything (and the
-        slot to free once it is sent). Blocks for the kernels only (1 MiB at most)."""
+        """Reduce (or decode) one received segment (the ring's: ``core/steps.work``); what to
+        forward, if anything (and the slot to free once it is sent)."""
         self._remaining -= 1
         if self._small is not None:  # an input: forwarded as it came, reduced at the end
             if not self._small.forwarded(off):
@@ -397,38 +379,9 @@ class Collective:
             assert self._scratch is not None
             return Forward(phase, off, self._scratch[off : off + self._small.nbytes], p0, p1,
                            None)
-        op, dt, quant, qdt, algo = self._op, self._dt, self.quant, self._qdt, self._algo
-        owned, fwd, seg, qs, src = self._steps[(phase, off)]  # src: dst itself in place
-        out, hold = qs, None
-        if phase == ring.RS and not quant:
-            # in place, the kernel saves the input segment in the same pass (``into``)
-            slots, backup = self._slots, self._backup
-            assert slots is not None
-            slot = slots.landed.pop(off)
-            got = slot[: len(seg)]
-            if owned:  # the final value of our chunk: dst is written here, once
-                self._k.reduce_from(seg, src, got, op, dt,
-                                    backup.into(off, len(seg)) if backup else None)
-                slots.free(slot)
-                if op == ReduceOp.AVG:
-                    self._k.divide(seg, self.world, dt)
-                out = seg
-            else:  # a partial sum: into the receive slot, forwarded from there
-                self._k.reduce_from(got, src, got, op, dt,
-                                    backup.into(off, len(seg)) if backup else None)
-                out, hold = got, slot
-        elif phase == ring.RS:  # quantized: dequantize the received bytes and accumulate
-            _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
-            if owned and op == ReduceOp.AVG:
-                _ops.divide(seg, self.world, dt)
-            p0, p1 = _ops.quantize(qs, seg, dt, qdt, algo)
-            if owned:  # the owner keeps exactly what everyone else will decode
-                _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
-        elif quant:  # all-gather: decode; forward the received bytes verbatim
-            _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
-        else:  # all-gather: the bytes landed in dst
-            out = seg
-        return None if fwd is None else Forward(fwd, off, out, p0, p1, hold)
+        return work(self._steps[(phase, off)], phase, off, p0, p1, self._k, self._op, self._dt,
+                    (self._qdt, self._algo) if self.quant else None, self.world, self._slots,
+                    self._backup)
 
     def _send_now(self, link: Link, phase: int, off: int, payload: memoryview,
                   p0: float = 0.0, p1: float = 0.0, slot: memoryview | None = None) -> None:
@@ -445,6 +398,3 @@ class Collective:
         """``_send_now`` once the link has room (waits while all its connections are full)."""
         await link.wait_room()
         self._send_now(link, phase, off, payload, p0, p1, slot)
-
-    def _wire_bytes(self, elems: int) -> int:  # of the first ``elems`` (4-bit: rounded up)
-        return (elems * self._bits + 7) >> 3

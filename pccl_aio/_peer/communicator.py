@@ -3,7 +3,8 @@
 A communicator is composed of three parts, each owning its sockets and tasks: the master
 session (``control.ControlPlane``: votes, verdicts, membership), the data plane
 (``dataplane.DataPlane``: listener, links, buffers, collective tasks) and shared-state sync
-(``sync.SharedStateSync``: its state server). This module checks arguments and wires them.
+(``sync.SharedStateSync``: its state server). This module wires them; what the calls do
+sits beside it: ``topology.py`` (the joint votes) and ``reduce.py`` (the all-reduces).
 """
 
 from __future__ import annotations
@@ -15,17 +16,14 @@ from types import TracebackType
 from typing import Any, Literal
 
 from .. import _log
-from .._errors import InvalidUsageError, PcclTimeoutError, TooFewPeersError
+from .._errors import InvalidUsageError
 from .._net.credentials import load_secret
 from .._net.handshake import Gate
 from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
 from .._wire import auth
 from .._wire import messages as m
-from . import arrivals, deadline
-from .collective import Collective
+from . import deadline
 from .control import ControlPlane
-from .core import args
-from .core.buffers import Buffer
 from .core.config import PeerConfig
 from .core.shared_state import SharedState
 from .dataplane import DataPlane
@@ -35,8 +33,9 @@ from .measure import Measurer
 from .metrics import PeerMetrics, check_options
 from .observe import Observer
 from .progress import ProgressFn
-from .retry import MultiReduce
+from .reduce import ReduceCalls
 from .sync import SharedStateSync
+from .topology import TopologyCalls
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
@@ -122,6 +121,9 @@ class Communicator:
         self._control.on_measure = self._measure.on_plan
         self._obs = Observer(self._control)
         self._metrics = PeerMetrics(self._control, self._obs.stats, *metrics)
+        self._topology = TopologyCalls(self._control, self._check_usable, self.config.peer_group)
+        self._reduce = ReduceCalls(self._control, self._data, self._obs, self._check_loop,
+                               self.config.peer_group)
 
     async def __aenter__(self) -> Communicator:
         return self
@@ -265,12 +267,7 @@ class Communicator:
         another call. Cancelling, or ``timeout`` expiring (``PcclTimeoutError``), takes the
         vote back.
         """
-        self._check_usable()
-        limit = deadline.check(timeout)
-        if self._control.colls:
-            raise InvalidUsageError("update_topology() while collectives are in flight")
-        await deadline.within(self._control.vote("topology", m.VoteUpdateTopology()), limit,
-                              "update_topology()")
+        await self._topology.update_topology(timeout)
 
     async def are_peers_pending(self, *, timeout: float | None = None) -> bool:
         """Joint vote of all accepted peers: is any peer waiting to be admitted?
@@ -279,10 +276,7 @@ class Communicator:
         ``DeadlockError`` if every peer waits on another call. Cancelling, or ``timeout``
         expiring (``PcclTimeoutError``), takes the vote back.
         """
-        self._check_usable()
-        limit = deadline.check(timeout)
-        return bool(await deadline.within(self._control.vote("pending", m.VotePeersPending()),
-                                          limit, "are_peers_pending()"))
+        return await self._topology.are_peers_pending(timeout)
 
     async def wait_for_peers(self, n: int = 2, *, timeout: float | None = None) -> int:
         """Wait until this peer's group has at least ``n`` peers (itself included); return
@@ -297,20 +291,7 @@ class Communicator:
         errors (``DeadlockError``...) and why the session ended. Cancelling, or ``timeout``
         expiring, takes back a vote in flight; the communicator stays usable.
         """
-        self._check_usable()
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise InvalidUsageError(f"n must be an int >= 1, not {n!r}")
-        limit = deadline.check(timeout)
-        control = self._control
-        waited = arrivals.wait_for_peers(
-            control.arrivals, n, lambda: control.peer_group_world_size, control.check_usable,
-            self.are_peers_pending, self.update_topology)
-        try:
-            return await deadline.within(waited, limit, f"wait_for_peers({n})")
-        except PcclTimeoutError as exc:
-            raise PcclTimeoutError(
-                f"{exc}: peer group {self.peer_group} has {self.peer_group_world_size} of the "
-                f"{n} peers wanted, and nobody else joined") from None
+        return await self._topology.wait_for_peers(n, timeout)
 
     async def optimize_topology(self, *, timeout: float | None = None) -> TopologyInfo:
         """Joint vote of the group's accepted peers: order the ring to fit the network.
@@ -330,13 +311,7 @@ class Communicator:
         ``timeout`` expiring (``PcclTimeoutError``), takes the vote back; during the
         measurement that ends the call for the whole group (measurements so far are kept).
         """
-        self._check_usable()
-        limit = deadline.check(timeout)
-        if self._control.colls:
-            raise InvalidUsageError("optimize_topology() while collectives are in flight")
-        answer: m.TopologyOptimized = await deadline.within(
-            self._control.vote("optimize", m.VoteOptimize()), limit, "optimize_topology()")
-        return TopologyInfo(tuple(answer.ring), answer.measured, answer.bottleneck_bps)
+        return await self._topology.optimize_topology(timeout)
 
     # ---- all-reduce -------------------------------------------------------------------------
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
@@ -350,25 +325,7 @@ class Communicator:
         (group smaller than two) before anything is sent. ``restore_on_abort``: see
         ``all_reduce``.
         """
-        return self._launch(src, dst, op, tag, quantization, restore_on_abort, False)
-
-    def _launch(self, src: Any, dst: Any, op: Any, tag: Any, quantization: Any,
-                restore_on_abort: Any, awaited: bool) -> AllReduceHandle:
-        self._check_usable()
-        if not isinstance(restore_on_abort, bool):
-            raise InvalidUsageError(
-                f"restore_on_abort must be True or False, not {restore_on_abort!r}")
-        s, d, in_place = args.buffers(src, dst)
-        op = args.op(op)
-        tag = args.tag(tag)
-        quant = args.quantization(quantization, d.dtype)
-        if tag in self._control.colls:
-            raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
-        self._check_group()
-        coll = self._obs.watch(
-            Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort))
-        self._control.launch(coll, awaited)
-        return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
+        return self._reduce.launch(src, dst, op, tag, quantization, restore_on_abort, False)
 
     async def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None,
@@ -391,7 +348,7 @@ class Communicator:
         place, ``src`` is only read and the flag changes nothing.
         """
         limit = deadline.check(timeout)
-        handle = self._launch(src, dst, op, tag, quantization, restore_on_abort, True)
+        handle = self._reduce.launch(src, dst, op, tag, quantization, restore_on_abort, True)
         return await handle.wait(limit)
 
     async def all_reduce_multiple_with_retry(
@@ -410,28 +367,9 @@ class Communicator:
         ``PcclTimeoutError`` once the collectives in flight ended (their inputs restored).
         """
         self._check_usable()
-        limit = deadline.check(timeout)
-        args.positive("max_in_flight", max_in_flight)
-        args.positive("max_attempts", max_attempts)
-        bufs, tags, quant_of = args.multi(tensors, first_tag, quantization, restore_on_abort)
-        reduce_op = args.op(op)
-        busy = set(tags) & set(self._control.colls)
-        if busy:
-            raise InvalidUsageError(f"tags {sorted(busy)} are already in flight")
-        self._check_group()
-
-        def make(tag: int, buf: Buffer) -> Collective:
-            return self._obs.watch(Collective(self._data, tag, buf, buf, reduce_op, True,
-                                              quant_of[tag], restore=restore_on_abort))
-
-        return await MultiReduce(self._control, make, bufs, tags, max_in_flight,
-                                 max_attempts if restore_on_abort else 1,
-                                 self._obs.retried).run(limit)
-
-    def _check_group(self) -> None:
-        if self.peer_group_world_size < 2:
-            raise TooFewPeersError(
-                f"peer group {self.peer_group} has {self.peer_group_world_size} peer(s)")
+        return await self._reduce.multiple(tensors, op, max_in_flight, first_tag, max_attempts,
+                                           quantization, restore_on_abort,
+                                           deadline.check(timeout))
 
     # ---- shared state -----------------------------------------------------------------------
     async def sync_shared_state(self, state: SharedState,
@@ -446,8 +384,9 @@ class Communicator:
         Blocks until the whole group finished. Returns ``SyncInfo(tx_bytes, rx_bytes,
         revision)`` and sets ``state.revision``. Raises ``InvalidUsageError`` (bad argument,
         collectives in flight; nothing is sent), ``SharedStateError`` (no up-to-date source,
-        fetch failed or a hash mismatch; retry), ``KickedError`` (this peer's keys/dtypes/sizes, revision or strategy broke the
-        rules), ``DeadlockError`` if the peers wait on each other. ``timeout`` expiring
+        fetch failed or a hash mismatch; retry), ``KickedError`` (this peer's
+        keys/dtypes/sizes, revision or strategy broke the rules), ``DeadlockError`` if the
+        peers wait on each other. ``timeout`` expiring
         raises ``PcclTimeoutError``: this peer's vote is taken back, or its fetch ends as a
         failed one for the group; the communicator stays usable. Cancelling leaves the peer
         in the sync; close the communicator then. ``progress(done_bytes, total_bytes)`` is

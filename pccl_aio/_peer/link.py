@@ -141,8 +141,9 @@ class Link:
         others at once.
 
         Raises ``ConnectionError`` if any connection fails (its handshake included) or the
-        attempt takes longer than the connect timeout; the ones that did connect are closed and the link is ``broken``,
-        so the next collective builds a fresh one. Cancelling stops waiting only.
+        attempt takes longer than the connect timeout; the ones that did connect are closed
+        and the link is ``broken``, so the next collective builds a fresh one. Cancelling stops
+        waiting only.
         """
         if self._ready is None:
             self._ready = self._tasks.spawn(self._connect(), name=f"pccl_aio link {self.peer_id}")

@@ -1,4 +1,5 @@
-"""The data plane's receiving side: the listener and its zero-copy receive connections.
+"""The data plane's receiving side: the zero-copy receive connections and the ``Registry``
+that routes their frames (the listening socket that hands them over is ``listener.py``).
 
 Frames (``_wire/data.py``) are routed by ``seq``, the master's global collective number:
 frames of an aborted attempt (older seq) are dropped, frames of a collective this peer
@@ -97,7 +98,8 @@ class Registry:
             _replay(sink, seq, *frame)
 
     def skip(self, seq: int) -> None:
-        """``seq`` is known now: re-route parked connections (its frames are stale unless ``add``ed)."""
+        """``seq`` is known now: re-route parked connections (its frames are stale unless
+        ``add``ed)."""
         self.max_seq = max(self.max_seq, seq)
         parked, self._parked = self._parked, {}
         for r in parked:

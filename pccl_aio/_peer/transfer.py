@@ -174,7 +174,8 @@ class _FetchProtocol(asyncio.BufferedProtocol):
         if self._in_header:
             status, length = parse_response(self._hdr) or (-1, 0)
             if status != OK or self._target is None or length != len(self._target):
-                self._finish(exc=ConnectionError(f"state source refused the range (status {status})"))
+                self._finish(exc=ConnectionError(
+                    f"state source refused the range (status {status})"))
                 return
             self._in_header, self._got, self._want = False, 0, length
             if length:

@@ -3,7 +3,8 @@
 A mutual challenge-response over HMAC-SHA256; the key never crosses the wire::
 
     client -> server  OPEN       magic, version, role, client nonce, client id, server id
-    server -> client  CHALLENGE  magic, status, server nonce, HMAC(key, "server" | OPEN | server nonce)
+    server -> client  CHALLENGE  magic, status, server nonce,
+                                 HMAC(key, "server" | OPEN | server nonce)
     client -> server  PROOF      HMAC(key, "client" | OPEN | server nonce)
     server -> client  VERDICT    magic, status
 

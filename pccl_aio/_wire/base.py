@@ -1,4 +1,5 @@
-"""The base of every control-plane wire message (``messages.py``, ``recovery.py``)."""
+"""The base of every control-plane wire message (``messages.py``, ``collective.py``,
+``recovery.py``)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,15 @@
-"""Every control-plane wire message, as msgspec Structs in tagged unions per direction.
+"""The control-plane wire messages, as msgspec Structs in tagged unions per direction.
 
+A collective's messages (``collective.py``) and fail-over's (``recovery.py``) live in their
+own modules; this one re-exports them and holds the unions, so ``m.Name`` names every message.
 Schema rules (msgspec schema evolution): never reorder fields, append new fields only with
 defaults, never reuse a tag. Tag ranges name the direction: 1-63 peer->master,
-64-127 master->peer. Tensor payloads never pass through msgspec (see ``_dataplane``).
+64-127 master->peer. Tensor payloads never pass through msgspec (their frames: ``data.py``).
 
 Validation at decode: every field with a closed set of values or a range is constrained
-(msgspec ``Meta`` on the field types below, checked only when decoding; constructing a
-message checks nothing), and ``_check`` adds the rules that span fields. A message that
-fails is a RemoteProtocolError naming the field.
+(msgspec ``Meta`` on the field types of ``fields.py``, checked only when decoding;
+constructing a message checks nothing), and ``_check`` adds the rules that span fields. A
+message that fails is a RemoteProtocolError naming the field.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from .explain import peek_hello_version as peek_hello_version
 from .recovery import Doubt as Doubt, Probe as Probe, ProbeAnswer as ProbeAnswer
 from .recovery import Rejoin as Rejoin, Round as Round, RunId as RunId
 from .recovery import Superseded as Superseded
+from .collective import CollectiveAbort as CollectiveAbort, CollectiveDone as CollectiveDone
+from .collective import CollectiveComplete as CollectiveComplete
+from .collective import CollectiveInit as CollectiveInit, CollectiveStart as CollectiveStart
+from .collective import CollectiveRejected as CollectiveRejected
+from .collective import CollectiveWait as CollectiveWait
 
 # The field types and limits, re-exported (``m.U64``, ``m.PROTOCOL_VERSION``, ...).
 from .fields import (
@@ -92,34 +99,6 @@ class VotePeersPending(_Msg, frozen=True, tag=4):
     """Joint vote of all accepted peers: are any peers waiting to be admitted?"""
 
 
-class CollectiveInit(_Msg, frozen=True, tag=5):
-    """Vote to start the collective ``tag`` in this peer's group with this descriptor;
-    ``quant_dtype`` is uint8, uint16 or (MIN_MAX only) uint4 when quantized, 0 when
-    ``quant_algo`` is NONE. ``seq``: the ticket (``CollectiveComplete.next_seq``) this peer
-    already runs the collective as, before its ``CollectiveStart``; or, with ``spoiled``, a
-    ticket it had to drop frames of (the master then starts it with a fresh seq); else 0."""
-
-    tag: U64
-    count: U64
-    dtype: DType
-    op: Op
-    quant_algo: Algo = 0
-    quant_dtype: QDType = 0
-    seq: U64 = 0
-    spoiled: bool = False
-
-
-class CollectiveDone(_Msg, frozen=True, tag=6):
-    """This peer finished its part of collective (tag, seq); ``ok`` False reports a failure,
-    ``suspect`` the peer whose data connection broke, if that is why (else 0)."""
-
-    tag: U64
-    seq: U64
-    ok: bool
-    reason: Reason = ""
-    suspect: U64 = 0
-
-
 class Leave(_Msg, frozen=True, tag=7):
     """Graceful goodbye; the master then treats the peer as gone."""
 
@@ -148,14 +127,6 @@ class SyncDone(_Msg, frozen=True, tag=9):
 
     ok: bool
     reason: Reason = ""
-
-
-class CollectiveWait(_Msg, frozen=True, tag=11):
-    """The caller now waits on collective ``tag``, which this peer launched (``CollectiveInit``)
-    and the master has not started yet; sent at most once per attempt. Lets the master tell a
-    peer that is blocked from one that is computing (deadlock detection)."""
-
-    tag: U64
 
 
 class WithdrawVote(_Msg, frozen=True, tag=10):
@@ -252,45 +223,6 @@ class PeersWaiting(_Msg, frozen=True, tag=84):
     ``wait_for_peers`` waits on it instead of polling. A new member gets the current value."""
 
     waiting: bool
-
-
-class CollectiveStart(_Msg, frozen=True, tag=69):
-    """All group peers voted for ``tag`` with one descriptor: run it as ``seq`` on ring ``epoch``."""
-
-    tag: U64
-    seq: U64
-    epoch: U64
-
-
-class CollectiveComplete(_Msg, frozen=True, tag=70):
-    """Every participant reported success: the result of (tag, seq) stands. ``next_seq``
-    (else 0) is a ticket: the group's next collective ``tag`` may start moving data at once as
-    ``next_seq`` while this peer's ring is still the one of ``epoch`` (any membership change
-    voids it; the master then starts it with a fresh seq, which the early starters follow).
-    ``evicted``: tags whose tickets the master dropped (too many held), void from now on."""
-
-    tag: U64
-    seq: U64
-    next_seq: U64 = 0
-    epoch: U64 = 0
-    evicted: Annotated[list[U64], msgspec.Meta(max_length=MAX_EVICTED)] = []
-
-
-class CollectiveAbort(_Msg, frozen=True, tag=71):
-    """Collective ``tag`` (``seq`` 0 if it never started) was aborted; the caller may retry."""
-
-    tag: U64
-    seq: U64
-    reason: str
-
-
-class CollectiveRejected(_Msg, frozen=True, tag=72):
-    """The group's peers disagreed on the descriptor of ``tag``, or (``deadlock``) it could
-    never start because the peers wait on each other; nothing ran."""
-
-    tag: U64
-    reason: str
-    deadlock: bool = False
 
 
 class Kicked(_Msg, frozen=True, tag=73):
@@ -401,7 +333,8 @@ def decode_peer_to_master(buf: bytes | memoryview) -> PeerToMaster:
     try:
         msg: PeerToMaster = _P2M.decode(buf)
     except DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"bad peer->master message: {explain(buf, exc, _BY_TAG)}") from exc
+        why = explain(buf, exc, _BY_TAG)
+        raise RemoteProtocolError(f"bad peer->master message: {why}") from exc
     if type(msg) in _CHECKED:
         _check(msg, "peer->master")
     return msg
@@ -413,7 +346,8 @@ def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
     try:
         reply: MasterToPeer = _M2P.decode(buf)
     except DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"bad master->peer message: {explain(buf, exc, _BY_TAG)}") from exc
+        why = explain(buf, exc, _BY_TAG)
+        raise RemoteProtocolError(f"bad master->peer message: {why}") from exc
     if type(reply) in _CHECKED:
         _check(reply, "master->peer")
     return reply

@@ -61,7 +61,7 @@ def tx_rx(infos: Sequence[Any]) -> list[tuple[int, int]]:
     return [(i.tx_bytes, i.rx_bytes) for i in infos]
 
 
-# ---- events instead of polling --------------------------------------------------------------------
+# ---- events instead of polling -------------------------------------------------------------------
 
 
 class Tally:
@@ -150,7 +150,7 @@ async def first_of(event: Awaitable[Any], *tasks: asyncio.Future[Any]) -> None:
             await waiter
 
 
-# ---- syncs ------------------------------------------------------------------------------------------
+# ---- syncs ---------------------------------------------------------------------------------------
 
 
 async def sync(comms, states, strategies=None):
@@ -179,7 +179,7 @@ async def sync_in_order(log: MasterLog, comms, states, order, strategies=None):
     return await asyncio.gather(*(tasks[i] for i in range(len(comms))), return_exceptions=True)
 
 
-# ---- crashes ----------------------------------------------------------------------------------------
+# ---- crashes -------------------------------------------------------------------------------------
 
 
 def state_server(comm: pccl.Communicator) -> StateServer:

@@ -47,7 +47,8 @@ def _expected(xs: list[np.ndarray], op: pccl.ReduceOp) -> np.ndarray:
 async def _reduce_all(comms, xs, op, *, in_place=True, tag=0):
     if in_place:
         outs = [x.copy() for x in xs]
-        infos = await asyncio.gather(*(c.all_reduce(o, op=op, tag=tag) for c, o in zip(comms, outs)))
+        infos = await asyncio.gather(*(c.all_reduce(o, op=op, tag=tag)
+                                       for c, o in zip(comms, outs)))
     else:
         outs = [np.empty_like(x) for x in xs]
         infos = await asyncio.gather(*(c.all_reduce(x, o, op=op, tag=tag)

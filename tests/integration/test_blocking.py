@@ -267,7 +267,8 @@ def test_errors_carry_a_short_traceback_without_future_or_thread_frames() -> Non
     for err, raiser in ((bad, "config.py"), (late, "session.py")):
         frames = _frames(err.value)
         text = "".join(traceback.format_exception(err.value))
-        assert frames[0].name == "test_errors_carry_a_short_traceback_without_future_or_thread_frames"
+        assert frames[0].name == (
+            "test_errors_carry_a_short_traceback_without_future_or_thread_frames")
         assert Path(frames[-1].filename).name == raiser, text
         assert len(frames) <= 10, text
         assert not any(f"{os.sep}concurrent{os.sep}" in f.filename or

@@ -66,7 +66,8 @@ async def test_crash_mid_allreduce_aborts_everyone_and_retry_works(peers):
     for i, c in zip((0, 2, 3), survivors):
         assert c.peer_group_world_size == 3  # updated without update_topology
         assert xs[i].tobytes() == originals[i].tobytes()  # in-place input restored
-    infos = await asyncio.gather(*(c.all_reduce(xs[i], tag=7) for i, c in zip((0, 2, 3), survivors)))
+    infos = await asyncio.gather(*(c.all_reduce(xs[i], tag=7)
+                                   for i, c in zip((0, 2, 3), survivors)))
     want = originals[0] + originals[2] + originals[3]
     for i in (0, 2, 3):
         assert xs[i].tobytes() == xs[0].tobytes()

@@ -123,7 +123,8 @@ async def test_admission_of_a_late_joiner_keeps_reducing(master, peers):
         await admit(comms, late)
         all3 = [*comms, late]
         xs = [np.full(9, 2.0, np.float64) for _ in all3]
-        infos = await asyncio.gather(*(c.all_reduce(x, op=pccl.ReduceOp.AVG) for c, x in zip(all3, xs)))
+        infos = await asyncio.gather(*(c.all_reduce(x, op=pccl.ReduceOp.AVG)
+                                       for c, x in zip(all3, xs)))
         assert [i.world_size for i in infos] == [3, 3, 3] and (xs[2] == 2.0).all()
 
 

@@ -179,7 +179,8 @@ async def test_drag_along_follower_with_static_content(peers):
         states[0].revision = states[1].revision = step
         infos = await sync(comms, states)
         assert infos[2].rx_bytes == (1024 if step == 0 else 0), step
-        assert sorted([infos[0].tx_bytes, infos[1].tx_bytes]) == ([0, 1024] if step == 0 else [0, 0])
+        assert sorted([infos[0].tx_bytes, infos[1].tx_bytes]) == (
+            [0, 1024] if step == 0 else [0, 0])
         assert infos[0].rx_bytes == infos[1].rx_bytes == infos[2].tx_bytes == 0
         assert states[2].revision == step and infos[2].revision == step
         assert (xs[2] == 42).all()

@@ -53,7 +53,8 @@ async def test_received_bytes_not_matching_the_elected_hash_fail_the_requester(p
     assert sb.revision == 0 and sa.revision == 0
     state_server(a).lookup = honest
     infos = await sync([a, b], [sa, sb])
-    assert infos[1].rx_bytes == 1024 and (xb == 42).all() and sb.revision == 0  # the same sync, retried
+    # the same sync, retried
+    assert infos[1].rx_bytes == 1024 and (xb == 42).all() and sb.revision == 0
 
 
 async def test_a_bad_source_among_honest_ones_is_caught_by_the_hash(peers):

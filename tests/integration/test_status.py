@@ -67,7 +67,8 @@ async def test_status_and_metrics_can_share_one_port():
     with pytest.raises(OSError):  # closed with the master
         await get(m.status_address)
     async with master(metrics_port=0) as m:
-        assert m.status_address == "" and (await get(m.metrics_address))[0].startswith("HTTP/1.1 200")
+        assert m.status_address == ""
+        assert (await get(m.metrics_address))[0].startswith("HTTP/1.1 200")
     import socket
 
     with socket.socket() as s:  # a free port, for both

@@ -2,15 +2,17 @@
 event per line on stdout (``tests/netem`` and ``bench/topology.py``).
 
     python mesh_peer.py master HOST            -> {"event": "up", "port": P}
-        stdin "links"                          -> {"event": "links", "links": [[src, dst, bps, lat]...]}
+        stdin "links"                          -> {"event": "links",
+                                                   "links": [[src, dst, bps, lat]...]}
     python mesh_peer.py peer MASTER HOST WORLD -> {"event": "joined", "id": I, "ring": [...]}
         (connects, then votes update_topology until the run has WORLD peers)
         stdin "admit N"                        -> {"event": "admitted", "ring": [...]}
         (waits until a joiner is pending, then votes until the run has N peers)
         stdin "reduce MIB ITERS [fresh]"       -> {"event": "reduced", "times": [...]} (one warm-up;
                                                   tag 0, or with "fresh" a new tag each time)
-        stdin "optimize"                       -> {"event": "optimized", "ring": [...], "measured": M,
-                                                   "bottleneck_bps": B, "membership": [...]}
+        stdin "optimize"                       -> {"event": "optimized", "ring": [...],
+                                                   "measured": M, "bottleneck_bps": B,
+                                                   "membership": [...]}
         stdin "leave"                          -> {"event": "left"}, then exits
 Any failure prints {"event": "error", "error": "..."} and exits 1.
 """

@@ -120,8 +120,8 @@ async def run_example(procs: list[Proc], addr: str, script: str, *args: str, pee
     """Run ``examples/<script>`` with ``args`` on ``peers`` peers (seeds 1..peers, all
     waiting for each other); SIGKILL the last after it printed outer step ``kill_after``;
     with ``join``, release a joiner (seed peers + 1) once the survivors printed a step
-    without the victim (without a kill: once each printed a step). Checks as the module says; returns the
-    peers (the victim last but one, the joiner last)."""
+    without the victim (without a kill: once each printed a step). Checks as the module says;
+    returns the peers (the victim last but one, the joiner last)."""
     path = str(EXAMPLES / script)
     common = ("--master", addr, "--min-peers", str(peers), *args)
     group = []

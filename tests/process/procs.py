@@ -81,7 +81,8 @@ async def master_proc(procs: list[Proc]) -> tuple[Proc, str]:
 
 async def start_peers(procs: list[Proc], addr: str, n: int, mode: str, *extra: str,
                       env: dict[str, str] | None = None) -> list[Proc]:
-    """Start ``n`` peers one after the other (so index order is join order) and wait for the world."""
+    """Start ``n`` peers one after the other (so index order is join order) and wait for the
+    world."""
     peers: list[Proc] = []
     for i in range(n):
         p = await spawn(f"peer{i}", str(HERE / "worker.py"), addr, str(i), str(n), mode, *extra,

@@ -107,7 +107,8 @@ async def test_launch_diloco_with_churn_writes_csv_png_and_json(tmp_path):
     last = max(by_outer)
     assert sorted(by_outer) == list(range(1, last + 1))
     kills = [r for r in rows if r["kind"] == "kill"]
-    replacements = {r["seed"] for r in rows if r["kind"] == "start" and "replacement" in r["detail"]}
+    replacements = {r["seed"] for r in rows
+                    if r["kind"] == "start" and "replacement" in r["detail"]}
     assert kills and replacements, [r for r in rows if r["kind"] != "step"]
     assert {r["seed"] for r in kills} <= {r["seed"] for r in steps}  # victims had trained
     first = {s: min(int(r["outer"]) for r in steps if r["seed"] == s)

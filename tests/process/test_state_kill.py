@@ -73,18 +73,21 @@ async def test_ddp_loop_holds_identical_hashes_under_kill_and_join(procs, master
         if name == "joiner":
             assert synced[0]["revision"] > 25 and any(e["ws"] == 3 for e in synced)
     assert set(range(revisions + 1)) <= set(by_rev)
-    assert all(len(h) == 1 for h in by_rev.values()), {r: h for r, h in by_rev.items() if len(h) > 1}
+    assert all(len(h) == 1 for h in by_rev.values()), {
+        r: h for r, h in by_rev.items() if len(h) > 1}
 
 
 async def test_distributor_killed_mid_transfer(procs, master_proc):
     _, addr = master_proc
     srcs = []
     for i in range(2):
-        p = await spawn(f"src{i}", WORKER, addr, "big", "64", env={"PEER_INDEX": str(i), "WORLD": "3"})
+        p = await spawn(f"src{i}", WORKER, addr, "big", "64",
+                        env={"PEER_INDEX": str(i), "WORLD": "3"})
         procs.append(p)
         await p.expect("joined")
         srcs.append(p)
-    joiner = await spawn("joiner", WORKER, addr, "big", "64", env={"PEER_INDEX": "joiner", "WORLD": "3"})
+    joiner = await spawn("joiner", WORKER, addr, "big", "64",
+                         env={"PEER_INDEX": "joiner", "WORLD": "3"})
     procs.append(joiner)
     await joiner.expect("joined")
     for p in (*srcs, joiner):

@@ -79,7 +79,8 @@ def arm_cut_on_sigusr1(comm: pccl.Communicator) -> None:
             emit(event="cut", sockets=len(conns))
 
     _collective.Collective.on_segment = cutting  # type: ignore[method-assign]
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, lambda: armed.__setitem__(0, True))
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1,
+                                                  lambda: armed.__setitem__(0, True))
 
 
 async def main() -> None:

@@ -207,7 +207,8 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
                                      f"(+ {name}: {digest})", name)
                 who[rev, digest].append(f"{name}(id {ev.get('peer')}, ws {ev.get('ws')})")
                 if name in seen and rev < seen[name][1]:
-                    raise await fail(f"{name} went back from revision {seen[name][1]} to {rev}", name)
+                    raise await fail(
+                        f"{name} went back from revision {seen[name][1]} to {rev}", name)
                 if name in seen:
                     seen[name] = (now, rev)
                 gap_max = max(gap_max, now - last_progress)

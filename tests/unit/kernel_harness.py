@@ -2,8 +2,8 @@
 
 Implementations under test: "numpy" (``reference.py``, the specification), "cython" (the
 extension with its AVX2 loops when the CPU has AVX2) and "cython-scalar" (the extension's
-portable loops, AVX2 switched off). Random arrays come from a numpy Generator seeded by hypothesis, so
-a failure prints the seed. ``PCCL_AIO_NO_EXTENSIONS=1`` tests the numpy path only.
+portable loops, AVX2 switched off). Random arrays come from a numpy Generator seeded by
+hypothesis, so a failure prints the seed. ``PCCL_AIO_NO_EXTENSIONS=1`` tests the numpy path only.
 """
 
 from __future__ import annotations

@@ -194,7 +194,8 @@ def stuck_peers(members: dict[int, int], waits: dict[int, set[Item]],
     topology or sync vote); repeat. ``voters``: who cast each item (launched, for collectives)."""
 
     def missing(item: Item) -> set[int]:
-        scope = {c for c, g in members.items() if item[0] in ("topology", "pending") or g == item[1]}
+        scope = {c for c, g in members.items()
+                 if item[0] in ("topology", "pending") or g == item[1]}
         return scope - voters.get(item, set())
 
     stuck = {c for c, items in waits.items() if items and c in members}
@@ -202,8 +203,9 @@ def stuck_peers(members: dict[int, int], waits: dict[int, set[Item]],
         held = {c for c in members if c not in stuck and any(
             c in v and missing(x) & stuck for x, v in voters.items() if x[0] == "collective")}
         free = {c for c in stuck if any(
-            not missing(i) or any(x not in stuck and not (i[0] in ("topology", "sync", "optimize") and x in held)
-                                  for x in missing(i)) for i in waits[c])}
+            not missing(i) or any(
+                x not in stuck and not (i[0] in ("topology", "sync", "optimize") and x in held)
+                for x in missing(i)) for i in waits[c])}
         if not free:
             return stuck
         stuck -= free

@@ -302,8 +302,8 @@ def test_a_fresh_voter_at_the_target_keeps_its_inequality_entries() -> None:
     assert e.sources == [1, 2] and not e.kicks
     assert e.plans == {3: Plan(["s"], [H[1]])}
     # same for a fresh RECEIVE_ONLY voter at the target that already holds the winner
-    e = all_orders({1: _loose_vote(3, 1, strategy=SO), 2: _loose_vote(3, 1, fresh=True, strategy=RO)},
-                   2)
+    e = all_orders({1: _loose_vote(3, 1, strategy=SO),
+                    2: _loose_vote(3, 1, fresh=True, strategy=RO)}, 2)
     assert e.sources == [1] and e.plans == {2: Plan([], [])}
 
 
@@ -313,9 +313,10 @@ _entry_st = st.builds(
     lambda k, h, big, loose: ent(k, h, nbytes=2048 if big else 1024, loose=loose),
     st.sampled_from(["a", "b"]), st.integers(0, 2), st.booleans(), st.booleans())
 _vote_st = st.builds(
-    lambda rev, es, s, fresh: vote(rev, *({e.key: e for e in es}.values()), strategy=s, fresh=fresh),
-    st.integers(0, 3), st.lists(_entry_st, min_size=1, max_size=2), st.sampled_from(list(SyncStrategy)),
-    st.booleans())
+    lambda rev, es, s, fresh: vote(rev, *({e.key: e for e in es}.values()), strategy=s,
+                                   fresh=fresh),
+    st.integers(0, 3), st.lists(_entry_st, min_size=1, max_size=2),
+    st.sampled_from(list(SyncStrategy)), st.booleans())
 
 
 @settings(max_examples=300, deadline=None)

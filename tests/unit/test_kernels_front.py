@@ -50,8 +50,9 @@ def test_implementation_follows_import() -> None:
 @pytest.mark.parametrize(("value", "forced"), [("1", True), ("0", False), ("", False)])
 def test_environment_variable(value: str, forced: bool) -> None:
     env = {**os.environ, "PCCL_AIO_NO_EXTENSIONS": value}
-    out = subprocess.run([sys.executable, "-c", "from pccl_aio._compute import ops; print(ops.IMPLEMENTATION)"],
-                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    code = "from pccl_aio._compute import ops; print(ops.IMPLEMENTATION)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
     if forced or not _cython_builds():
         assert out == "numpy"
     else:

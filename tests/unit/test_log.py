@@ -69,9 +69,11 @@ def test_configure_takes_the_environment_and_refuses_unknown_values(monkeypatch,
     monkeypatch.setenv("PCCL_AIO_LOG_FORMAT", "json")
     _log.configure()
     root = logging.getLogger()
-    assert root.level == logging.DEBUG and isinstance(root.handlers[0].formatter, _log.JsonFormatter)
+    assert root.level == logging.DEBUG
+    assert isinstance(root.handlers[0].formatter, _log.JsonFormatter)
     _log.configure("warning", "text")  # the options win over the environment
-    assert root.level == logging.WARNING and isinstance(root.handlers[0].formatter, _log.TextFormatter)
+    assert root.level == logging.WARNING
+    assert isinstance(root.handlers[0].formatter, _log.TextFormatter)
     assert len(root.handlers) == 1
     with pytest.raises(ValueError, match="log level"):
         _log.configure("loud")

@@ -119,7 +119,7 @@ def test_a_hello_in_time_ends_the_deadline() -> None:
     assert h.st.accepted() == [u]
 
 
-# ---- joiners: the cap, liveness, batches -----------------------------------------------------------
+# ---- joiners: the cap, liveness, batches ---------------------------------------------------------
 
 
 def test_joiners_are_capped_and_the_next_hello_is_rejected() -> None:
@@ -325,5 +325,6 @@ def test_sync_vote_entries_are_capped_at_decode() -> None:
     entry = ["k", 1, 1, b""]
     assert m.MAX_SYNC_ENTRIES == 1 << 20
     m.decode_peer_to_master(_body(8, 0, 0, [entry] * 1000))
-    with pytest.raises(RemoteProtocolError, match=re.escape("VoteSync.entries: Expected `array` of length <= 1048576")):
+    with pytest.raises(RemoteProtocolError, match=re.escape(
+            "VoteSync.entries: Expected `array` of length <= 1048576")):
         m.decode_peer_to_master(_body(8, 0, 0, [entry] * (m.MAX_SYNC_ENTRIES + 1)))

@@ -22,7 +22,7 @@ from tests.unit.master_harness import (
     sent_to,
 )
 
-# ---- collectives ----------------------------------------------------------------------------------
+# ---- collectives ---------------------------------------------------------------------------------
 
 
 def test_collective_starts_when_every_group_member_voted_with_one_descriptor() -> None:
@@ -224,9 +224,11 @@ def test_departure_mid_collective_updates_membership_then_aborts_survivors(how: 
     # the survivors retry the same tag: it starts on the smaller ring, with a new seq
     acts = h.init([a, c], 5)
     assert msgs(acts, m.CollectiveStart) == {
-        a: [m.CollectiveStart(5, seq + 1, epoch + 1)], c: [m.CollectiveStart(5, seq + 1, epoch + 1)]}
+        a: [m.CollectiveStart(5, seq + 1, epoch + 1)],
+        c: [m.CollectiveStart(5, seq + 1, epoch + 1)]}
     h.send(a, m.CollectiveDone(5, seq + 1, True))
-    assert sorted(msgs(h.send(c, m.CollectiveDone(5, seq + 1, True)), m.CollectiveComplete)) == [a, c]
+    done = h.send(c, m.CollectiveDone(5, seq + 1, True))
+    assert sorted(msgs(done, m.CollectiveComplete)) == [a, c]
 
 
 def test_departure_after_own_success_report_still_aborts_the_others() -> None:

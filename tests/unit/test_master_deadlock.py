@@ -231,7 +231,7 @@ def test_several_missing_peers_are_named() -> None:
     assert "peer 1 waits in all_reduce(tag=7), which peers 2, 3 never launched" in reason(acts)
 
 
-# ---- free peers prevent it ------------------------------------------------------------------------
+# ---- free peers prevent it -----------------------------------------------------------------------
 
 
 def test_a_free_peer_prevents_it() -> None:
@@ -286,7 +286,7 @@ def test_syncing_peer_waiting_for_completion_is_not_blocked() -> None:
     assert sorted(msgs(h.send(b, m.VotePeersPending()), m.PeersPendingAnswer)) == [a, b, c]
 
 
-# ---- groups ---------------------------------------------------------------------------------------
+# ---- groups --------------------------------------------------------------------------------------
 
 
 def test_a_deadlock_in_one_group_fires_while_the_other_group_computes() -> None:
@@ -321,7 +321,7 @@ def test_every_launcher_of_a_rejected_collective_is_answered_awaiting_or_not() -
         complete(h, [a, b, c], t)
 
 
-# ---- when it is checked ---------------------------------------------------------------------------
+# ---- when it is checked --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", DEPARTURES)
@@ -385,7 +385,7 @@ def test_collective_wait_before_hello_or_from_a_pending_peer_is_a_protocol_error
     assert h.st.accepted() == [a, b] and h.st.pending() == []
 
 
-# ---- the rule on its own (a Board of plain data) --------------------------------------------------
+# ---- the rule on its own (a Board of plain data) -------------------------------------------------
 
 
 class _Board:

@@ -127,7 +127,8 @@ def test_topology_vote_is_global_across_peer_groups() -> None:
 
 def test_membership_rings_are_ascending_peer_ids_and_use_advertised_host() -> None:
     h = Harness()
-    h.st = ms.MasterState(allow_any_advertise_host=True, run_id=RUN)  # 10.0.0.2 announces another host
+    # 10.0.0.2 announces another host
+    h.st = ms.MasterState(allow_any_advertise_host=True, run_id=RUN)
     a, _ = h.join(0, host="10.0.0.1")
     b, _ = h.join(0, host="10.0.0.2", advertise_host="10.9.9.9")
     acts = h.send(a, m.VoteUpdateTopology())

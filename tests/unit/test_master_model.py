@@ -149,8 +149,9 @@ class Model:
                 self.send(c, m.CollectiveDone(tag, 0, False, "cancelled"), legal=True)
         elif kind == "stale" and accepted:
             c = rng.choice(accepted)
-            self.send(c, m.CollectiveDone(rng.choice(self.TAGS), rng.randrange(0, self.last_seq + 3),
-                                          False, "stale"), legal=True)
+            self.send(c, m.CollectiveDone(rng.choice(self.TAGS),
+                                          rng.randrange(0, self.last_seq + 3), False, "stale"),
+                      legal=True)
         elif kind == "topology" and accepted:
             c = rng.choice(accepted)
             if self.peers[c].outstanding and rng.random() < 0.5:

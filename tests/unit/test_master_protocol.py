@@ -204,7 +204,8 @@ def test_loopback_and_non_loopback_peers_cannot_be_mixed(first: str, second: str
 
 def test_loopback_mixing_considers_pending_peers_and_advertised_hosts() -> None:
     h = Harness()
-    h.st = ms.MasterState(allow_any_advertise_host=True, run_id=RUN)  # else advertise_host is refused first
+    # else advertise_host is refused first
+    h.st = ms.MasterState(allow_any_advertise_host=True, run_id=RUN)
     h.join(0, host="127.0.0.1")
     h.join(0, host="127.0.0.1")  # pending
     c, acts = h.join(0, host="127.0.0.1", advertise_host="203.0.113.5")

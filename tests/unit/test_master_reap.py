@@ -1,4 +1,4 @@
-"""The master's EOF check before a failure report aborts a collective (``server._at_eof``):
+"""The master's EOF check before a failure report aborts a collective (``_net/stream.at_eof``):
 a SIGKILLed peer's control connection may still hold an unread heartbeat before its EOF."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pccl_aio._master.server import _at_eof
+from pccl_aio._net.stream import at_eof
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -25,7 +25,7 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 def test_an_open_idle_connection_is_not_at_eof(pair):
     _, server = pair
-    assert not _at_eof(server)
+    assert not at_eof(server)
 
 
 def test_unread_bytes_before_the_eof_do_not_hide_it(pair):
@@ -34,7 +34,7 @@ def test_unread_bytes_before_the_eof_do_not_hide_it(pair):
     client.shutdown(socket.SHUT_WR)  # then the peer's kernel closes the connection
     assert select.select([server], [], [], 5)[0]
     assert server.recv(64, socket.MSG_PEEK)  # a peek sees the bytes, not the EOF behind them
-    assert _at_eof(server)
+    assert at_eof(server)
 
 
 def test_a_reset_connection_is_at_eof(pair):
@@ -42,4 +42,4 @@ def test_a_reset_connection_is_at_eof(pair):
     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     client.close()  # linger 0: an RST
     assert select.select([server], [], [], 5)[0]
-    assert _at_eof(server)
+    assert at_eof(server)

@@ -132,7 +132,8 @@ def test_a_sync_that_moves_data_says_who_fetched_what_from_whom(logs):
     h.send(b, sync_vote(3, content=1, nbytes=4096))
     h.send(c, sync_vote(0, content=2, nbytes=4096, fresh=True))
     (fetch,) = events(logs, "sync_fetch")
-    assert (fetch["peer"], fetch["bytes"], fetch["sources"], fetch["revision"]) == (c, 4096, [a, b], 3)
+    assert (fetch["peer"], fetch["bytes"], fetch["sources"], fetch["revision"]) == (
+        c, 4096, [a, b], 3)
     view = h.story.syncs[0]
     assert (view.revision, view.fetchers, view.agreed, view.completed) == (3, [c], False, False)
     for conn in (a, b, c):

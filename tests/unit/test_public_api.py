@@ -12,14 +12,14 @@ import pccl_aio as pccl
 from pccl_aio import _errors, _types, _version
 
 EXPECTED_ALL = {
-    "AllReduceHandle", "AuthenticationError", "Buckets", "Communicator", "DataType", "DeadlockError",
-    "InvalidUsageError",
+    "AllReduceHandle", "AuthenticationError", "Buckets", "Communicator", "DataType",
+    "DeadlockError", "InvalidUsageError",
     "KickedError", "Master",
     "MasterConnectionError", "MasterLostError", "PcclError", "PcclTimeoutError", "PeerLostError",
     "ProtocolError",
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
-    "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError", "TopologyInfo",
-    "VersionMismatchError",
+    "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError",
+    "TopologyInfo", "VersionMismatchError",
     "__version__", "load_secret", "progress_bar", "run", "tls_contexts",
 }
 
@@ -51,9 +51,9 @@ def test_version() -> None:
     assert isinstance(pccl_aio.__version__, str) and pccl_aio.__version__
 
 
-ERRORS = ["AuthenticationError", "DeadlockError", "InvalidUsageError", "KickedError", "MasterConnectionError",
-          "MasterLostError", "PcclTimeoutError", "PeerLostError", "ProtocolError",
-          "RemoteProtocolError",
+ERRORS = ["AuthenticationError", "DeadlockError", "InvalidUsageError", "KickedError",
+          "MasterConnectionError", "MasterLostError", "PcclTimeoutError", "PeerLostError",
+          "ProtocolError", "RemoteProtocolError",
           "SharedStateError", "TooFewPeersError", "VersionMismatchError"]
 
 
@@ -224,8 +224,10 @@ def test_argument_errors_name_dtypes() -> None:
 
     from pccl_aio._peer.core import args
 
-    with pytest.raises(pccl.InvalidUsageError, match=r"src \(4 x float32\) and dst \(5 x float32\)"):
+    with pytest.raises(pccl.InvalidUsageError,
+                       match=r"src \(4 x float32\) and dst \(5 x float32\)"):
         args.buffers(np.zeros(4, np.float32), np.zeros(5, np.float32))
     with pytest.raises(pccl.InvalidUsageError, match="float64 tensor, not int32"):
         args.quantization(pccl.Quantization(), pccl.DataType.INT32)
-    assert args.quantization(pccl.Quantization(algo=pccl.QuantAlgo.NONE), pccl.DataType.INT32) is None
+    none = pccl.Quantization(algo=pccl.QuantAlgo.NONE)
+    assert args.quantization(none, pccl.DataType.INT32) is None

@@ -156,7 +156,8 @@ async def test_a_repeated_phase_offset_fails_the_collective_and_closes_that_send
         first, _fw = await s.connect(1, frame(3, ring.RS, 0, b"a" * 8), index=0)
         await until(lambda: len(sink.done) == 1, ev)
         second, _sw = await s.connect(1, frame(3, ring.RS, 0, b"b" * 8), index=1)
-        assert await closed(second, CLOSED) and await closed(first, CLOSED)  # which one forged is unknown
+        # which one forged is unknown
+        assert await closed(second, CLOSED) and await closed(first, CLOSED)
         assert len(sink.errors) == 1 and "unexpected frame" in sink.errors[0]
         assert sink.done == [(ring.RS, 0, b"a" * 8)]
 

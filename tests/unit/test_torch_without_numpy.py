@@ -58,7 +58,8 @@ def test_the_numpy_kernels_without_numpy_say_what_is_missing() -> None:
     out = _python("-c", "import sys; sys.modules['numpy'] = None; import pccl_aio",
                   PCCL_AIO_NO_EXTENSIONS="1")
     assert out.returncode != 0
-    assert "PCCL_AIO_NO_EXTENSIONS is set: pccl_aio needs its compiled kernels or numpy" in out.stderr
+    want = "PCCL_AIO_NO_EXTENSIONS is set: pccl_aio needs its compiled kernels or numpy"
+    assert want in out.stderr
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -92,7 +92,8 @@ def test_a_master_lost_keeps_the_joint_votes_in_doubt_and_fails_the_others():
     assert doubts == [m.Doubt(DOUBT_SYNC, 0, 0, False)]  # voted, no plan: it cannot complete
     assert [r.waiting for r in book.rounds()] == [True, True]
     rejoin_lost = MasterLostError("not answered")
-    assert book.rejoined(rejoin_lost) == [Settle(p, None, rejoin_lost), Settle(t, None, rejoin_lost)]
+    assert book.rejoined(rejoin_lost) == [Settle(p, None, rejoin_lost),
+                                          Settle(t, None, rejoin_lost)]
     assert book.rejoined(rejoin_lost) == []
 
 

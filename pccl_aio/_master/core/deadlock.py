@@ -1,10 +1,10 @@
 """Deadlock detection, sans-IO: who waits on what, and which peers can never go on.
 
 A peer *waits* on an item: a counted topology or pending vote (global: every accepted peer
-must cast it), a counted sync or optimize vote of its group, or a collective ``(group, tag)`` it launched,
-*awaits* (``CollectiveWait``) and the master has not started (both: every accepted member of
-the group must cast it). A peer that waits on at least one item is *blocked*; one that is
-computing, or syncing and waiting for the others' ``SyncDone``, is free.
+must cast it), a counted sync or optimize vote of its group, or a collective ``(group, tag)``
+it launched, *awaits* (``CollectiveWait``) and the master has not started (both: every
+accepted member of the group must cast it). A peer that waits on at least one item is
+*blocked*; one that is computing, or syncing and waiting for the others' ``SyncDone``, is free.
 
 Rule (a fixpoint): start from every blocked peer; remove a peer if an item it waits on misses
 nobody (it is about to complete) or misses a peer outside the set that can still cast it (a

@@ -74,7 +74,8 @@ def _describe(e: m.SyncEntry | None) -> str:
     if e is None:
         return "absent"
     dtype = _DTYPES.get(e.dtype)
-    label, size = (dtype.label, DTYPE_ITEMSIZE[dtype]) if dtype is not None else (f"dtype {e.dtype}", 1)
+    label, size = ((dtype.label, DTYPE_ITEMSIZE[dtype]) if dtype is not None
+                   else (f"dtype {e.dtype}", 1))
     loose = ", content may differ" if e.allow_inequality else ""
     n = e.nbytes // size
     return f"{label}, {n} element{'s' * (n != 1)} ({e.nbytes} B{loose})"

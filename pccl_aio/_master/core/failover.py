@@ -160,7 +160,7 @@ class Failover:
                             m.CollectiveAbort(d.tag, d.seq, why)))
         return False
 
-    # ---- other masters ----------------------------------------------------------------------------
+    # ---- other masters ---------------------------------------------------------------------------
     def heard(self, answer: m.ProbeAnswer, where: str, out: list[Action]) -> None:
         """Another master of this run serves it at a higher term with members: step down (our
         peers then find it), or, without members, take its term so as never to serve below."""
@@ -177,7 +177,8 @@ class Failover:
         forget the run, and take ``term`` as ours (a run rebuilt here from now on is above it).
         (Also how a provisional run gives way to the rejoining one: ``provisional``.)"""
         at = f" at {where}" if where else ""
-        reason = why or f"a master of term {term}{at} serves this run (this one had term {self.term})"
+        reason = why or (f"a master of term {term}{at} serves this run "
+                         f"(this one had term {self.term})")
         conns = self._master.registered()
         out.extend(Send(c, m.Superseded(term, reason, where)) for c in conns)
         self._master.close(conns, "superseded", out)  # no rebuild of the run ended here
@@ -209,7 +210,7 @@ class Failover:
         off master drops them all) before the waiting peers may form a new group."""
         self._recovery = Recovery(self._master.now, self.grace, {lost})
 
-    # ---- the rebuild ------------------------------------------------------------------------------
+    # ---- the rebuild -----------------------------------------------------------------------------
     def check(self, out: list[Action]) -> None:
         """Finish the rebuild once ``Recovery.ready``."""
         if self._recovery is not None and self._recovery.ready(self._master.now):

@@ -8,8 +8,9 @@ forever, this fails them.
 Rule 2: time arrives only through ``Event.now`` (sans-IO: ``test_layering.py`` checks it).
 
 Theory of operation. A connection becomes a peer with ``Hello``. The first peer is accepted
-at once; later ones stay *pending* until every accepted peer (all groups) votes
-``VoteUpdateTopology`` (``joint.py``). A collective ``tag`` of a group starts when every
+at once (the members of a run being rebuilt, when the rebuild ends: ``failover.py``); later
+ones stay *pending* until every accepted peer (all groups) votes ``VoteUpdateTopology``
+(``joint.py``). A collective ``tag`` of a group starts when every
 accepted member of the group voted for it with one descriptor, and every voter gets exactly
 one terminal message (``collectives.py``); ``VoteSync`` and ``VoteOptimize`` are votes of a
 group (``barrier.py``, ``topology.py``). ``WithdrawVote`` takes back a counted vote
@@ -194,7 +195,7 @@ class MasterState:
             case Malformed(conn=conn, reason=reason, body=body):
                 version = m.peek_hello_version(body) if body else None
                 peer = self._peers.get(conn)
-                if version is not None and version != m.PROTOCOL_VERSION and peer and not peer.registered:
+                if version not in (None, m.PROTOCOL_VERSION) and peer and not peer.registered:
                     self._reject(conn, version_reason(version), out)
                 elif conn in self._peers:
                     self._kick(conn, reason, out)

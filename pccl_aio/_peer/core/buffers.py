@@ -98,7 +98,8 @@ def _address(view: memoryview) -> int:
         _release_buffer(ctypes.byref(info))
 
 
-def as_buffer(x: Any, *, writable: bool, dtype: DataType | None = None, what: str = "tensor") -> Buffer:
+def as_buffer(x: Any, *, writable: bool, dtype: DataType | None = None,
+              what: str = "tensor") -> Buffer:
     """View ``x`` as bytes; raises InvalidUsageError for bad dtype, layout or a read-only target.
 
     ``dtype`` overrides the element type of a raw buffer (bytearray, memoryview).

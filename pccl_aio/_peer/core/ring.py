@@ -81,7 +81,8 @@ class RingPlan:
         return out
 
     def after_receive(self, phase: int, byte_offset: int) -> tuple[bool, int | None]:
-        """After receiving a segment: (is it the final reduce of our owned chunk, phase to forward it in or None)."""
+        """After receiving a segment: (is it the final reduce of our owned chunk, phase to
+        forward it in or None)."""
         c = self.chunk_of(byte_offset)
         if phase == RS:
             if c == self.owned:

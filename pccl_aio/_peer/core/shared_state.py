@@ -87,7 +87,8 @@ class SharedState:
             raise InvalidUsageError("a SharedState needs at least one tensor")
         unknown = self._loose - set(tensors)
         if unknown:
-            raise InvalidUsageError(f"allow_content_inequality names unknown keys {sorted(unknown)}")
+            raise InvalidUsageError(
+                f"allow_content_inequality names unknown keys {sorted(unknown)}")
         entries = []
         for key, t in tensors.items():
             if not isinstance(key, str) or not key:
