@@ -63,14 +63,6 @@ async def _noop() -> None:
     return None
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def peer(spec: dict[str, Any]) -> None:
     import pccl_aio as pccl
     from pccl_aio import blocking
@@ -90,7 +82,9 @@ def peer(spec: dict[str, Any]) -> None:
         fac.update_topology()
     fac_loop = fac._runner.loop  # the facade's loop, for the raw hop
 
-    loop = _new_loop()
+    from pccl_aio._net.loops import new_loop
+
+    loop = new_loop()
     asyncio.set_event_loop(loop)
 
     async def join() -> pccl.Communicator:

@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._master.server import Master
 from ._net.credentials import load_secret, tls_contexts
+from ._net.loops import new_loop
 from ._peer.buckets import Buckets
 from ._peer.communicator import AllReduceHandle, Communicator
 from ._peer.core.shared_state import SharedState
@@ -83,9 +84,7 @@ _T = TypeVar("_T")
 
 
 def run(main: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``main`` on uvloop when it is installed, else on the stock asyncio loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.run(main)
-    return uvloop.run(main)
+    """Run ``main`` on uvloop when it is installed, else on the stock asyncio loop, as
+    ``asyncio.run`` does (blocks until it returns; Ctrl-C cancels it)."""
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(main)

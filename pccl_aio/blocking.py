@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ._master.server import Master as _AsyncMaster
+from ._net.loops import new_loop
 from ._peer.buckets import Buckets as _AsyncBuckets
 from ._peer.communicator import AllReduceHandle as _AsyncHandle
 from ._peer.communicator import Communicator as _AsyncCommunicator
@@ -39,20 +40,12 @@ __all__ = ["AllReduceHandle", "Buckets", "Communicator", "Master"]
 _T = TypeVar("_T")
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 class _LoopThread:
     """An event loop running forever in a daemon thread; ``call`` runs a coroutine on it and
     blocks the calling thread for the result."""
 
     def __init__(self, name: str) -> None:
-        self.loop = _new_loop()
+        self.loop = new_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 

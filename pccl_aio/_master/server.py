@@ -24,6 +24,7 @@ from .._net.stream import FrameBudget, at_eof, own_socket, read_frame, set_nodel
 from .._net.tasks import TaskSet
 from .._wire import auth
 from .._wire import messages as m
+from .._wire.address import parse_address
 from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
 from .core.records import is_loopback
@@ -95,7 +96,7 @@ class Master:
         if run_id is not None and not (isinstance(run_id, str) and 0 < len(run_id) <= 128
                                        and run_id.isprintable()):
             raise InvalidUsageError(f"run_id must be 1-128 printable characters, not {run_id!r}")
-        self._others = [_address(a) for a in others]
+        self._others = [parse_address(a, "another master's") for a in others]
         self.host = host
         self._port = port
         self.heartbeat_interval = heartbeat_interval
@@ -373,13 +374,6 @@ _BACKLOG = 1 << 20  # bytes waiting to be sent to one connection: more, and it i
 
 def _clock() -> float:
     return asyncio.get_running_loop().time()
-
-
-def _address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidUsageError(f"another master's address must be 'host:port', not {text!r}")
-    return host.strip("[]"), int(port)
 
 
 def _client_context(server: _ssl.SSLContext | None) -> _ssl.SSLContext | None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import ssl as _ssl
 from collections.abc import Sequence
 
 from ..._errors import InvalidUsageError
+from ..._wire.address import parse_address
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,7 +48,7 @@ class PeerConfig:
                 f"master must be a 'host:port' str or a list of 1-16 of them, not {master!r}")
         if options.get("p2p_connections") == "auto":
             options["p2p_connections"] = None
-        config = cls(masters=tuple(_address(a) for a in addrs), **options)  # type: ignore[arg-type]
+        config = cls(masters=tuple(parse_address(a) for a in addrs), **options)  # type: ignore[arg-type]
         config.check()
         return config
 
@@ -78,29 +78,3 @@ class PeerConfig:
                 "ssl_server (TLS between peers) needs ssl, the client context peers connect with")
 
 
-def _address(master: object) -> tuple[str, int]:
-    """``(host, port)`` of ``"host:port"``; IPv6 in brackets (``"[::1]:48148"``), or bare
-    when the host part is an IPv6 address as a whole (``"::1:48148"``)."""
-    form = ("'host:port' (e.g. 'localhost:48148', or '[::1]:48148' for IPv6; no scheme, "
-            "no path)")
-    if not isinstance(master, str):
-        raise InvalidUsageError(f"master address must be {form}, not {master!r}")
-    host, sep, port = master.rpartition(":")
-    if not sep or not port.isdigit() or not host or "/" in host or " " in master:
-        raise InvalidUsageError(f"master address must be {form}, not {master!r}")
-    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
-    if ":" in host and not bracketed and not _is_ipv6(host):
-        raise InvalidUsageError(
-            f"master address {master!r} is malformed: {host!r} is not a host (one colon, "
-            f"before the port); the form is {form}")
-    if not 1 <= int(port) <= 65535:
-        raise InvalidUsageError(f"master port must be in 1..65535, not {port}")
-    return host.strip("[]"), int(port)
-
-
-def _is_ipv6(host: str) -> bool:
-    try:
-        ipaddress.IPv6Address(host)
-    except ValueError:
-        return False
-    return True
