@@ -136,13 +136,22 @@ async def _held_demo(*args: str) -> tuple[asyncio.subprocess.Process, _Lines, _L
     return proc, _Lines(proc.stdout), _Lines(proc.stderr)
 
 
-async def _end(proc: asyncio.subprocess.Process) -> int:
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill the demo if it still runs (a test's ``finally``)."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
+async def _interrupt(proc: asyncio.subprocess.Process, out: _Lines, err: _Lines) -> int:
+    """Ctrl-C the demo; its exit status once both pipes were read (killed after 30 s)."""
+    proc.send_signal(signal.SIGINT)
     try:
-        return await asyncio.wait_for(proc.wait(), 30)
+        code = await asyncio.wait_for(proc.wait(), 30)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _reap(proc)
+    await asyncio.gather(out.task, err.task)
+    return code
 
 
 async def test_hold_keeps_the_status_page_up_before_the_run_and_after_the_verdict():
@@ -158,13 +167,9 @@ async def test_hold_keeps_the_status_page_up_before_the_run_and_after_the_verdic
         await err.until(r"the status page stays up for 600 s \(Ctrl-C ends the demo now\)")
         status = json.loads(await http_get(page + "status.json"))  # the run's end, still served
         assert status["counts"]["joins"] == 5, status["counts"]
-        proc.send_signal(signal.SIGINT)
-        code = await _end(proc)
-        await asyncio.gather(out.task, err.task)
+        code = await _interrupt(proc, out, err)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _reap(proc)
     assert code == 0, "".join(err.lines)[-3000:]
     assert out.lines[-1].startswith("VERDICT: PASS"), out.lines[-3:]
     assert "Traceback" not in "".join(err.lines), "".join(err.lines)[-3000:]
@@ -174,13 +179,9 @@ async def test_ctrl_c_during_the_hold_before_the_run_ends_the_demo_cleanly():
     proc, out, err = await _held_demo()
     try:
         await out.until(r"^holding 600 s before starting the peers")
-        proc.send_signal(signal.SIGINT)
-        code = await _end(proc)
-        await asyncio.gather(out.task, err.task)
+        code = await _interrupt(proc, out, err)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _reap(proc)
     assert code == 130, "".join(err.lines)[-3000:]
     assert "interrupted before the peers started" in "".join(err.lines)
     assert "Traceback" not in "".join(err.lines), "".join(err.lines)[-3000:]
