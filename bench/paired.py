@@ -42,7 +42,7 @@ async def _pccl_peer(addr: str, world: int, seconds: float, nbytes: int, out: bo
 
     if os.environ.get("PCCL_BENCH_SEGMENT"):
         try:
-            from pccl_aio._peer import collective as _collective
+            from pccl_aio._peer.data import collective as _collective
         except ImportError:  # a checkout from before the layout of issue 15
             from pccl_aio import _collective  # type: ignore[attr-defined,no-redef]
         _collective.SEGMENT_BYTES = int(os.environ["PCCL_BENCH_SEGMENT"])

@@ -24,7 +24,7 @@ import numpy as np
 from _common import emit_json, join_world, median, print_table, tcp_loopback_gbps
 
 import pccl_aio as pccl
-from pccl_aio._peer.core.shared_state import hash_bytes
+from pccl_aio._peer.state.core.shared_state import hash_bytes
 
 
 async def _peer(addr: str, role: str, mib: int) -> None:

@@ -29,10 +29,10 @@ from ._errors import (
 from ._master.server import Master
 from ._net.credentials import load_secret, tls_contexts
 from ._net.loops import new_loop
-from ._peer.buckets import Buckets
 from ._peer.communicator import AllReduceHandle, Communicator
-from ._peer.core.shared_state import SharedState
-from ._peer.progress import progress_bar
+from ._peer.data.buckets import Buckets
+from ._peer.state.core.shared_state import SharedState
+from ._peer.state.progress import progress_bar
 from ._types import (
     DataType,
     QuantAlgo,

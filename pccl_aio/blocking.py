@@ -28,11 +28,11 @@ from typing import Any, TypeVar
 
 from ._master.server import Master as _AsyncMaster
 from ._net.loops import new_loop
-from ._peer.buckets import Buckets as _AsyncBuckets
 from ._peer.communicator import AllReduceHandle as _AsyncHandle
 from ._peer.communicator import Communicator as _AsyncCommunicator
 from ._peer.core.config import PeerConfig
-from ._peer.core.shared_state import SharedState
+from ._peer.data.buckets import Buckets as _AsyncBuckets
+from ._peer.state.core.shared_state import SharedState
 from ._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
 
 __all__ = ["AllReduceHandle", "Buckets", "Communicator", "Master"]

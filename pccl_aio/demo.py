@@ -35,9 +35,9 @@ from . import Communicator, Master, PeerLostError, ReduceOp, SharedState, TooFew
 from ._compute import ops as _ops
 from ._launch.hold import hold
 from ._net.credentials import SECRET_ENV
-from ._peer.core.gather import GATHER_MAX
-from ._peer.core.shared_state import hash_bytes
-from ._peer.progress import progress_bar
+from ._peer.data.core.gather import GATHER_MAX
+from ._peer.state.core.shared_state import hash_bytes
+from ._peer.state.progress import progress_bar
 
 
 def kernel_warning() -> str:

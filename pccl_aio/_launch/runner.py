@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .._net.credentials import SECRET_ENV, SECRET_FILE_ENV
-from .._peer.progress import ProgressFn, progress_bar
+from .._peer.state.progress import ProgressFn, progress_bar
 from .procs import Child as Child
 from .procs import die_with_parent, open_log
 from .record import Record, parse

@@ -23,19 +23,20 @@ from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy,
 from .._wire import auth
 from .._wire import messages as m
 from . import deadline
-from .control import ControlPlane
 from .core.config import PeerConfig
-from .core.shared_state import SharedState
-from .dataplane import DataPlane
-from .handle import AllReduceHandle
-from .keys import KeyRing
-from .measure import Measurer
-from .metrics import PeerMetrics, check_options
-from .observe import Observer
-from .progress import ProgressFn
-from .reduce import ReduceCalls
-from .sync import SharedStateSync
-from .topology import TopologyCalls
+from .data.dataplane import DataPlane
+from .data.handle import AllReduceHandle
+from .data.keys import KeyRing
+from .data.measure import Measurer
+from .data.receiver import Registry
+from .data.reduce import ReduceCalls
+from .observe.metrics import PeerMetrics, check_options
+from .observe.observer import Observer
+from .session.control import ControlPlane
+from .session.topology import TopologyCalls
+from .state.core.shared_state import SharedState
+from .state.progress import ProgressFn
+from .state.sync import SharedStateSync
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
@@ -110,15 +111,16 @@ class Communicator:
             ssl=ssl, ssl_server=ssl_server)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._keys = KeyRing(bool(self.config.key))
-        self._control = ControlPlane(self.config, self._on_membership)
+        registry = Registry()  # seq -> collective, shared by the data and control planes
+        # The measurer and the planes call each other through callables (lambdas: built below)
+        self._control = ControlPlane(self.config, self._on_membership, registry,
+                                     lambda plan: self._measure.on_plan(plan))
         self.gate = Gate("pccl_aio peer listener")  # both listeners' handshakes
-        self._data = DataPlane(self.config, self._control.report, self._keys, self.gate)
-        self._control.attach(self._data.registry)
-        self._sync = SharedStateSync(self._control, self.config, self._keys, self.gate)
         self._measure = Measurer(self.config, self._keys, self._control.report_measure,
-                                 self._data.set_bandwidth)
-        self._data.listener.measure = self._measure
-        self._control.on_measure = self._measure.on_plan
+                                 lambda peer, bits: self._data.set_bandwidth(peer, bits))
+        self._data = DataPlane(self.config, self._control.report, self._keys, self.gate,
+                               registry, self._measure)
+        self._sync = SharedStateSync(self._control, self.config, self._keys, self.gate)
         self._obs = Observer(self._control)
         self._metrics = PeerMetrics(self._control, self._obs.stats, *metrics)
         self._topology = TopologyCalls(self._control, self._check_usable, self.config.peer_group)

@@ -17,7 +17,7 @@ import numpy as np
 
 import pccl_aio as pccl
 from pccl_aio._master.core.events import Event, Received, Send
-from pccl_aio._peer.transfer import StateServer
+from pccl_aio._peer.state.transfer import StateServer
 from pccl_aio._wire import messages as m
 from tests.helpers import crash
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from pccl_aio._peer.core.ring import chunk_bounds
+from pccl_aio._peer.data.core.ring import chunk_bounds
 
 INT_DTYPES = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"]
 FLOAT_DTYPES = ["float16", "float32", "float64"]
@@ -206,7 +206,7 @@ async def test_single_peer_too_few(peers):
 def _tiny_send_buffers(monkeypatch) -> None:
     """Data connections get a 4 KiB kernel send buffer, so frames stay queued in the sender
     and links pause (back-pressure without a slow peer)."""
-    from pccl_aio._peer import link as _link
+    from pccl_aio._peer.data import link as _link
 
     made = _link._Sender.connection_made
 
@@ -224,8 +224,8 @@ async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
     room, and by the run task (which waits for room) when it has none. Small segments and,
     for ``saturated``, a tiny kernel send buffer (so writes queue up and the link pauses)
     drive one path or the other; the bytes must be exact either way."""
-    from pccl_aio._peer import collective as _collective
-    from pccl_aio._peer import link as _link
+    from pccl_aio._peer.data import collective as _collective
+    from pccl_aio._peer.data import link as _link
 
     monkeypatch.setattr(_link, "WRITE_HIGH", 32 << 10)
     monkeypatch.setattr(_link, "WRITE_LOW", 8 << 10)
@@ -269,9 +269,9 @@ async def test_reduce_scatter_slots_reused_and_grown(peers, monkeypatch, slots_b
     free another block is taken. ``saturated`` (a tiny kernel send buffer) keeps frames
     queued, so slots must wait for their sends and blocks must grow. Results are exact, in
     place and out of place, whichever way each frame went."""
-    from pccl_aio._peer import collective as _collective
-    from pccl_aio._peer import link as _link
-    from pccl_aio._peer.core import slots as _slots
+    from pccl_aio._peer.data import collective as _collective
+    from pccl_aio._peer.data import link as _link
+    from pccl_aio._peer.data.core import slots as _slots
 
     monkeypatch.setattr(_collective, "SLOTS_BASE", slots_base)
     monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)

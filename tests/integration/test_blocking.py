@@ -264,7 +264,7 @@ def test_errors_carry_a_short_traceback_without_future_or_thread_frames() -> Non
                 c.connect(attempts=1)
         finally:
             c.close()
-    for err, raiser in ((bad, "address.py"), (late, "session.py")):
+    for err, raiser in ((bad, "address.py"), (late, "dial.py")):
         frames = _frames(err.value)
         text = "".join(traceback.format_exception(err.value))
         assert frames[0].name == (

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from pccl_aio._peer.core import bdp
+from pccl_aio._peer.data.core import bdp
 
 
 async def _reduce(comms: list[pccl.Communicator]) -> None:

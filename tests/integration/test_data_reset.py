@@ -20,7 +20,7 @@ async def test_a_reset_data_connection_fails_the_collective_on_every_peer_at_onc
     """Cut at peer 1's first received segment (its predecessor is still sending) or at its
     next-to-last one (the predecessor has sent everything: only the receiving side can
     notice, and before the fix the group waited for the data deadline)."""
-    from pccl_aio._peer import collective as _collective
+    from pccl_aio._peer.data import collective as _collective
 
     comms = await peers(3, data_timeout=30.0)  # the data deadline would take 30 s
     victim = comms[1]

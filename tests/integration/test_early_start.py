@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from pccl_aio._peer.core import stash as _stash
+from pccl_aio._peer.data.core import stash as _stash
 
 from ..helpers import crash
 

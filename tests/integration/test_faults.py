@@ -23,7 +23,7 @@ from tests.helpers import FAST, crash, raw_master, reduce_ok
 def _crash_after(watched, victim, phase: int, k: int) -> Iterator[list[int]]:
     """Crash ``victim`` once ``watched`` received its ``k``-th segment of ``phase``; yields a
     one-item list counting those segments. Collective.on_segment is restored on exit."""
-    from pccl_aio._peer import collective as _collective
+    from pccl_aio._peer.data import collective as _collective
 
     seen = [0]
     orig_on_segment = _collective.Collective.on_segment
@@ -155,7 +155,7 @@ async def test_crash_without_restore_on_abort_leaves_input_unrestored_and_retry_
 
 def _first_start(comm: pccl.Communicator, monkeypatch) -> asyncio.Event:
     """Set when a collective of ``comm`` is started by the master (data begins to flow)."""
-    from pccl_aio._peer import collective as _collective
+    from pccl_aio._peer.data import collective as _collective
 
     started = asyncio.Event()
     on_start = _collective.Collective.on_start

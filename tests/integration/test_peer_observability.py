@@ -29,7 +29,7 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 def _first_start(comm: pccl.Communicator, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     """Set when the master starts a collective of ``comm`` (its data begins to flow)."""
-    from pccl_aio._peer import collective as _collective
+    from pccl_aio._peer.data import collective as _collective
 
     started = asyncio.Event()
     on_start = _collective.Collective.on_start

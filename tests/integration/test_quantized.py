@@ -188,7 +188,7 @@ async def test_uint4_multi_segment_matches_a_simulation_of_the_ring(peers):
     """Several 1 MiB wire segments per chunk (2**21 elements each): every peer equals the
     reference kernels' own run of the ring, segment by segment."""
     from pccl_aio._compute import reference as ref
-    from pccl_aio._peer.core import ring
+    from pccl_aio._peer.data.core import ring
 
     ws, n = 2, 5 * (1 << 20) + 3
     comms = await peers(ws)

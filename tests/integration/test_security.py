@@ -320,7 +320,7 @@ async def test_peers_with_and_without_tls_between_them_cannot_be_mixed(ca):
 
 
 async def test_a_member_holds_at_most_16_connections_to_a_state_server(secret_master):
-    from pccl_aio._peer.transfer import MAX_PER_PEER
+    from pccl_aio._peer.state.transfer import MAX_PER_PEER
     from tests.helpers import closed
 
     a, b = comms = await join_peers(secret_master, 2, secret=SECRET)

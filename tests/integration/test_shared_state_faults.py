@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 
 import pccl_aio as pccl
-from pccl_aio._peer import transfer
+from pccl_aio._peer.state import transfer
 from tests.integration.state_harness import (
     PIECE,
     MasterLog,
@@ -121,7 +121,7 @@ async def test_a_peer_crashed_before_voting_does_not_block_the_others(master, pe
 async def test_distributor_crash_before_the_fetch_fails_over_to_another_source(peers, monkeypatch):
     """A source listed in the plan is dead when the requester connects: the other source serves
     every range (the sync still completes, bytes correct)."""
-    import pccl_aio._peer.sync as sync_mod
+    import pccl_aio._peer.state.sync as sync_mod
 
     comms = await peers(3)
     good = random_bits(2 * PIECE + 3, np.uint8, 2)

@@ -35,7 +35,7 @@ async def test_second_concurrent_sync_on_one_peer_is_refused_and_the_first_compl
     must not disturb the running one, also when it comes while the first is still hashing
     (states above 32 MiB are hashed in a worker thread, so the loop runs meanwhile; the hashing
     is held here by a gate to make that window deterministic)."""
-    import pccl_aio._peer.sync as sync_mod
+    import pccl_aio._peer.state.sync as sync_mod
 
     a, b = await peers(2)
     xa, xb = u8(42, 4096), u8(0, 4096)

@@ -18,8 +18,8 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._log import fields_of
-from pccl_aio._peer import progress as progress_mod
-from pccl_aio._peer import transfer
+from pccl_aio._peer.state import progress as progress_mod
+from pccl_aio._peer.state import transfer
 from pccl_aio._wire import messages as m
 from tests.integration.state_harness import (
     PIECE,

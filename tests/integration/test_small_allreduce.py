@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from pccl_aio._peer.core.gather import GATHER_MAX
+from pccl_aio._peer.data.core.gather import GATHER_MAX
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._net.handshake import HandshakeError, connect
-from pccl_aio._peer import measure
+from pccl_aio._peer.data import measure
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
 from tests.helpers import join_peers, reduce_ok

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pccl_aio._peer.core import bdp
+from pccl_aio._peer.data.core import bdp
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pccl_aio._peer.core.config import PeerConfig
-from pccl_aio._peer.session import _probe
+from pccl_aio._peer.session.dial import _probe
 from tests.process.ddp_run import Event, Run
 from tests.process.procs import HERE, Proc, spawn
 

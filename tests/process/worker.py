@@ -63,7 +63,7 @@ def launched(comm: pccl.Communicator, n: int) -> asyncio.Future[None]:
 
 
 def arm_cut_on_sigusr1(comm: pccl.Communicator) -> None:
-    from pccl_aio._peer import collective as _collective
+    from pccl_aio._peer.data import collective as _collective
 
     armed = [False]
     on_segment = _collective.Collective.on_segment

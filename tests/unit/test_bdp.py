@@ -8,8 +8,8 @@ import struct
 import pytest
 
 import pccl_aio as pccl
-from pccl_aio._peer.core import bdp
 from pccl_aio._peer.core.config import PeerConfig
+from pccl_aio._peer.data.core import bdp
 
 MIB = 1 << 20
 

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(10)
 
-SOURCE = Path(__file__).resolve().parents[2] / "pccl_aio" / "_peer" / "control.py"
+SOURCE = Path(__file__).resolve().parents[2] / "pccl_aio" / "_peer" / "session" / "control.py"
 MAX_ATTRIBUTES = 20
 MAX_LINES = 400
 

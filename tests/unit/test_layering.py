@@ -3,10 +3,10 @@
 The rule, by folder (no list of files):
 
 - sans-IO: ``_wire/`` (wire formats), ``_compute/`` (the kernels' front ``ops.py`` and the
-  numpy reference), every ``core/`` folder (``_master/core``, ``_peer/core``) and the
-  top-level ``_*.py`` modules (errors, types, version; the compiled kernels
-  ``_kernels.pyx`` sit beside them). They import no ``asyncio``, ``socket``, ``selectors``
-  or ``time``, directly or through any pccl_aio module they import.
+  numpy reference), every ``core/`` folder (``_master/core``, ``_peer/core``,
+  ``_peer/<concern>/core``) and the top-level ``_*.py`` modules (errors, types, version;
+  the compiled kernels ``_kernels.pyx`` sit beside them). They import no ``asyncio``,
+  ``socket``, ``selectors`` or ``time``, directly or through any pccl_aio module they import.
 - asyncio shell: ``_net/``, ``_master/``, ``_peer/`` (outside ``core/``), ``_launch/`` and the
   public entry modules ``master.py``, ``demo.py``, ``launch.py``, ``blocking.py``,
   ``__init__.py``.

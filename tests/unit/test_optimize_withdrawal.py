@@ -10,13 +10,13 @@ import pytest
 
 from pccl_aio._errors import DeadlockError, InvalidUsageError
 from pccl_aio._net.tasks import TaskSet
-from pccl_aio._peer.arrivals import Arrivals
 from pccl_aio._peer.core.config import PeerConfig
-from pccl_aio._peer.core.stash import Stash
-from pccl_aio._peer.core.tickets import Tickets
-from pccl_aio._peer.core.votes import Carried, Settle, VoteBook, Withdraw
-from pccl_aio._peer.dispatch import dispatch
-from pccl_aio._peer.failover import Outage
+from pccl_aio._peer.data.core.stash import Stash
+from pccl_aio._peer.data.core.tickets import Tickets
+from pccl_aio._peer.session.arrivals import Arrivals
+from pccl_aio._peer.session.core.votes import Carried, Settle, VoteBook, Withdraw
+from pccl_aio._peer.session.dispatch import dispatch
+from pccl_aio._peer.session.failover import Outage
 from pccl_aio._wire import messages as m
 
 from .test_vote_withdrawal import Caller, cancelled, play
@@ -37,7 +37,7 @@ class Plane:
         self.arrivals = Arrivals()
         self.outage = Outage(TaskSet("test"))
         self.votes: VoteBook[Caller] = VoteBook()
-        self.on_measure = None
+        self.on_measure: Any = lambda plan: None
         self.settled: list[Settle[Any] | Withdraw] = []
 
     def settle(self, actions: list[Settle[Any] | Withdraw]) -> None:

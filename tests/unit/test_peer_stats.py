@@ -1,10 +1,10 @@
-"""The peer's counters (``_peer/core/stats.py``): size classes and latency buckets."""
+"""The peer's counters (``_peer/observe/core/stats.py``): size classes and latency buckets."""
 
 from __future__ import annotations
 
 import pytest
 
-from pccl_aio._peer.core.stats import (
+from pccl_aio._peer.observe.core.stats import (
     LATENCY_BUCKETS,
     SIZE_CLASSES,
     Latency,

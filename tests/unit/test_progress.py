@@ -1,4 +1,4 @@
-"""``_peer/progress.py``: the meter behind ``sync_shared_state(progress=)`` (threshold,
+"""``_peer/state/progress.py``: the meter behind ``sync_shared_state(progress=)`` (threshold,
 throttling on a fake clock, bytes taken back, a callback that raises) and ``progress_bar``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import pccl_aio as pccl
-from pccl_aio._peer import progress as pr
+from pccl_aio._peer.state import progress as pr
 
 pytestmark = pytest.mark.timeout(30)
 BIG = pr.PROGRESS_MIN_BYTES + 1

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import trustme
 
-from pccl_aio._peer import receiver as rx
-from pccl_aio._peer.core import ring
 from pccl_aio._peer.core.buffers import as_buffer
-from pccl_aio._peer.core.scratch import ScratchPool
+from pccl_aio._peer.data import receiver as rx
+from pccl_aio._peer.data.core import ring
+from pccl_aio._peer.data.core.scratch import ScratchPool
 from pccl_aio._wire import data as wire
 from tests.helpers import closed
 
@@ -173,7 +173,7 @@ async def test_a_frame_of_the_wrong_length_fails_the_collective() -> None:
 
 
 async def test_a_frame_far_ahead_of_the_announced_seqs_closes_the_connection() -> None:
-    from pccl_aio._peer.core import guard  # (new in issue 17)
+    from pccl_aio._peer.data.core import guard  # (new in issue 17)
 
     reg, ev = rx.Registry(), asyncio.Event()
     reg.skip(10)
@@ -234,7 +234,7 @@ async def test_a_parked_connection_that_goes_is_dropped_with_its_frames() -> Non
 
 
 async def test_connections_are_capped_per_sending_peer_and_in_total() -> None:
-    from pccl_aio._peer.core import guard  # (new in issue 17)
+    from pccl_aio._peer.data.core import guard  # (new in issue 17)
 
     assert (guard.MAX_CONNS_PER_PEER, guard.MAX_CONNS) == (256, 4096)
     reg, ev = rx.Registry(caps=guard.ConnCaps(per_peer=3, total=5)), asyncio.Event()
@@ -355,8 +355,8 @@ class FakeEnv:
 async def test_a_repeated_frame_after_the_success_report_reports_a_failure() -> None:
     """Before the fix the repeated frame only set an error that nothing read: the success
     report stood and the master completed the collective on the first (forged) bytes."""
-    from pccl_aio._peer.collective import Collective
-    from pccl_aio._peer.core.gather import GATHER_MAX
+    from pccl_aio._peer.data.collective import Collective
+    from pccl_aio._peer.data.core.gather import GATHER_MAX
     from pccl_aio._types import ReduceOp
 
     env = FakeEnv()

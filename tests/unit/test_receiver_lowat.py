@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import socket
 
-from pccl_aio._peer import receiver as dp
-from pccl_aio._peer.core import ring
+from pccl_aio._peer.data import receiver as dp
+from pccl_aio._peer.data.core import ring
 from pccl_aio._wire import data as wire
 
 

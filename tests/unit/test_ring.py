@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pccl_aio._peer.core import ring as _ring
+from pccl_aio._peer.data.core import ring as _ring
 
 Msg = tuple[int, int, int, bytes]  # (destination rank, phase, byte offset, payload)
 

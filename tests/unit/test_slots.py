@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pccl_aio._peer.core.slots import Slots
+from pccl_aio._peer.data.core.slots import Slots
 
 
 class _Pool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pccl_aio._peer.core.stash import FRAME_MAX, Stash
-from pccl_aio._peer.core.tickets import Tickets
+from pccl_aio._peer.data.core.stash import FRAME_MAX, Stash
+from pccl_aio._peer.data.core.tickets import Tickets
 from pccl_aio._wire import messages as m
 
 pytestmark = pytest.mark.timeout(30)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pccl_aio._errors import MasterLostError, PcclError, SharedStateError
-from pccl_aio._peer.core.votes import KINDS, Settle, Sync, VoteBook
+from pccl_aio._peer.session.core.votes import KINDS, Settle, Sync, VoteBook
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.recovery import DOUBT_SYNC
 

@@ -1,5 +1,5 @@
 """The peer's side of a withdrawn vote, in the orders the network can deliver: tables on the
-vote book alone (``_peer/core/votes.py``; no master, no socket, no event loop).
+vote book alone (``_peer/session/core/votes.py``; no master, no socket, no event loop).
 
 Each row is one event and what the book answers: a call of this peer (``open``, ``cast``,
 ``stop``: the caller stopped waiting, ``abandon``, ``withdraw``: its ``WithdrawVote`` left) or
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pccl_aio._errors import InvalidUsageError
-from pccl_aio._peer.core.votes import Carried, Settle, VoteBook, Withdraw
+from pccl_aio._peer.session.core.votes import Carried, Settle, VoteBook, Withdraw
 from pccl_aio._wire import messages as m
 
 pytestmark = pytest.mark.timeout(10)

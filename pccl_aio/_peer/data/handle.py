@@ -1,0 +1,105 @@
+"""``AllReduceHandle``: an all-reduce in flight, as ``all_reduce_async`` returns it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+from ..._errors import PcclError, PcclTimeoutError, PeerLostError
+from ..._types import ReduceInfo
+from .. import deadline
+from .collective import Collective
+
+
+class AllReduceHandle(Awaitable[ReduceInfo]):
+    """An all-reduce in flight; ``await handle`` (or ``await handle.wait()``) gives its
+    ``ReduceInfo`` or raises.
+
+    Cancelling the awaiting task, or ``cancel()``, aborts the collective for the whole group
+    (the others get ``PeerLostError``); the communicator stays usable.
+    """
+
+    def __init__(self, coll: Collective, check: Callable[[], None],
+                 awaiting: Callable[[Collective], None]) -> None:
+        self._coll = coll
+        self._check = check  # raises InvalidUsageError off the owning event loop
+        self._awaiting = awaiting  # tells the master the caller now waits on it
+        self._cancelled = False
+
+    @property
+    def tag(self) -> int:
+        """The tag the all-reduce was launched with."""
+        return self._coll.tag
+
+    def done(self) -> bool:
+        """The collective ended (completed, aborted or rejected)."""
+        return self._coll.future.done()
+
+    async def started(self) -> bool:
+        """Wait until the master started the collective (data is flowing).
+
+        Returns False if it ended without starting (rejected, aborted while voting).
+        Cancelling this wait does not affect the collective.
+        """
+        self._check()
+        self._awaiting(self._coll)
+        try:
+            await asyncio.shield(self._coll.started)
+        except asyncio.CancelledError:
+            if self._coll.started.cancelled():
+                return False
+            raise
+        return True
+
+    async def wait(self, timeout: float | None = None) -> ReduceInfo:
+        """Block until the collective ended; same as ``await handle``.
+
+        ``timeout``: seconds; on expiry the collective is aborted for the group, this waits
+        for the master's verdict (an in-place input is restored by then) and raises
+        ``PcclTimeoutError`` (or returns the result, if it completed meanwhile).
+        """
+        return await self._wait(deadline.check(timeout))
+
+    def cancel(self) -> bool:
+        """Abort the collective for the group; False if it already ended.
+
+        Awaiting the handle then raises ``asyncio.CancelledError`` once the master's verdict
+        arrived (an in-place input is restored by then), or returns the result if the
+        collective completed before the abort reached the others.
+        """
+        self._check()
+        if self._coll.future.done():
+            return False
+        if not self._coll.cancelled:
+            self._coll.cancel()
+        self._cancelled = True
+        return True
+
+    def __await__(self) -> Generator[Any, None, ReduceInfo]:
+        return self._wait(None).__await__()
+
+    async def _wait(self, timeout: float | None) -> ReduceInfo:
+        self._check()
+        coll = self._coll
+        self._awaiting(coll)
+        what = f"all-reduce tag {coll.tag}"
+        try:
+            return await deadline.within(asyncio.shield(coll.future), timeout, what)
+        except asyncio.CancelledError:
+            if not coll.future.done() and not coll.cancelled:
+                coll.cancel()
+            raise
+        except PeerLostError as exc:
+            if self._cancelled:
+                raise asyncio.CancelledError(f"{what} cancelled") from exc
+            raise
+        except PcclTimeoutError as exc:
+            if coll.future.done():
+                raise
+            if not coll.cancelled:
+                coll.cancel()
+            with contextlib.suppress(PcclError):  # the verdict: the input is restored
+                return await asyncio.shield(coll.future)  # it completed after all
+            raise exc from None

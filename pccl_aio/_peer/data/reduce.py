@@ -1,0 +1,80 @@
+"""What the all-reduce calls of ``Communicator`` do behind their documentation: check the
+arguments (``core/args.py``; nothing is sent when one is bad), launch one collective
+(``all_reduce``, ``all_reduce_async``) or many with relaunches (``retry.MultiReduce``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..._errors import InvalidUsageError, TooFewPeersError
+from ..._types import Quantization, ReduceInfo
+from ..core import args
+from ..core.buffers import Buffer
+from ..observe.observer import Observer
+from ..session.control import ControlPlane
+from .collective import Collective
+from .dataplane import DataPlane
+from .handle import AllReduceHandle
+from .retry import MultiReduce
+
+__all__ = ["ReduceCalls"]
+
+
+class ReduceCalls:
+    """The all-reduce calls of one communicator. ``check_loop`` raises ``InvalidUsageError``
+    off the communicator's event loop."""
+
+    def __init__(self, control: ControlPlane, data: DataPlane, obs: Observer,
+                 check_loop: Callable[[], None], peer_group: int) -> None:
+        self._control, self._data, self._obs = control, data, obs
+        self._check_loop, self._group = check_loop, peer_group
+
+    def launch(self, src: Any, dst: Any, op: Any, tag: Any, quantization: Any,
+               restore_on_abort: Any, awaited: bool) -> AllReduceHandle:
+        """Check the arguments, then vote for one collective; its handle."""
+        self._check_usable()
+        if not isinstance(restore_on_abort, bool):
+            raise InvalidUsageError(
+                f"restore_on_abort must be True or False, not {restore_on_abort!r}")
+        s, d, in_place = args.buffers(src, dst)
+        op = args.op(op)
+        tag = args.tag(tag)
+        quant = args.quantization(quantization, d.dtype)
+        if tag in self._control.colls:
+            raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
+        self._check_group()
+        coll = self._obs.watch(
+            Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort))
+        self._control.launch(coll, awaited)
+        return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
+
+    async def multiple(self, tensors: Sequence[Any], op: Any, max_in_flight: Any,
+                       first_tag: Any, max_attempts: Any, quantization: Quantization | None,
+                       restore_on_abort: Any, limit: float | None) -> list[ReduceInfo]:
+        """``all_reduce_multiple_with_retry`` once its ``timeout`` is checked (``limit``)."""
+        args.positive("max_in_flight", max_in_flight)
+        args.positive("max_attempts", max_attempts)
+        bufs, tags, quant_of = args.multi(tensors, first_tag, quantization, restore_on_abort)
+        reduce_op = args.op(op)
+        busy = set(tags) & set(self._control.colls)
+        if busy:
+            raise InvalidUsageError(f"tags {sorted(busy)} are already in flight")
+        self._check_group()
+
+        def make(tag: int, buf: Buffer) -> Collective:
+            return self._obs.watch(Collective(self._data, tag, buf, buf, reduce_op, True,
+                                              quant_of[tag], restore=restore_on_abort))
+
+        return await MultiReduce(self._control, make, bufs, tags, max_in_flight,
+                                 max_attempts if restore_on_abort else 1,
+                                 self._obs.retried).run(limit)
+
+    def _check_usable(self) -> None:
+        self._check_loop()
+        self._control.check_usable()
+
+    def _check_group(self) -> None:
+        size = self._control.peer_group_world_size
+        if size < 2:
+            raise TooFewPeersError(f"peer group {self._group} has {size} peer(s)")
