@@ -21,7 +21,8 @@ def ext_modules() -> list[Extension]:
     flags = ["-O0", "-g"] if DEBUG else ["-O3", "-ffp-contract=off", "-fno-math-errno"]
     ext = Extension("pccl_aio._kernels", ["pccl_aio/_kernels.pyx"], extra_compile_args=flags,
                     include_dirs=["pccl_aio"],
-                    depends=["pccl_aio/_kernels_simd.h", "pccl_aio/_kernels_quant.pxi",
+                    depends=["pccl_aio/_kernels_simd.h", "pccl_aio/_kernels_half.pxi",
+                             "pccl_aio/_kernels_quant.pxi",
                              "pccl_aio/_kernels_reduce.pxi"])
     directives = {
         "language_level": 3,

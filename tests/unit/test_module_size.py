@@ -18,3 +18,11 @@ def test_no_module_is_over_400_lines() -> None:
     assert len(modules) > 50  # the package was found
     over = {str(p.relative_to(PKG)): n for p in modules if (n := lines(p)) > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
+
+
+def test_no_kernel_source_is_over_400_lines() -> None:
+    """The Cython kernels too: ``_kernels.pyx`` includes its ``.pxi`` parts."""
+    sources = sorted([*PKG.glob("*.pyx"), *PKG.glob("*.pxi")])
+    assert len(sources) >= 3
+    over = {p.name: n for p in sources if (n := lines(p)) > MAX_LINES}
+    assert not over, f"kernel sources over {MAX_LINES} lines: {over}"
