@@ -41,10 +41,15 @@ async def _pccl_peer(addr: str, world: int, seconds: float, nbytes: int, out: bo
     import pccl_aio as pccl
 
     if os.environ.get("PCCL_BENCH_SEGMENT"):
-        try:
-            from pccl_aio._peer.data import collective as _collective
-        except ImportError:  # a checkout from before the layout of issue 15
-            from pccl_aio import _collective  # type: ignore[attr-defined,no-redef]
+        import importlib
+
+        for name in ("pccl_aio._peer.data.collective",  # the layout of issue 30
+                     "pccl_aio._peer.collective", "pccl_aio._collective"):  # older checkouts
+            try:
+                _collective = importlib.import_module(name)
+                break
+            except ImportError:
+                continue
         _collective.SEGMENT_BYTES = int(os.environ["PCCL_BENCH_SEGMENT"])
     async with pccl.Communicator(addr) as comm:
         await join_world(comm, world)
