@@ -1,12 +1,16 @@
-"""The base of every control-plane wire message (``messages.py``, ``collective.py``,
-``recovery.py``)."""
+"""The bases of every control-plane wire message (``messages.py``, ``collective.py``,
+``recovery.py``) and of the records nested in them."""
 
 from __future__ import annotations
 
 import msgspec
 
-__all__ = ["Msg"]
+__all__ = ["Msg", "Record"]
 
 
-class Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
+class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Base of a record nested in a message: a msgpack array of its fields, no tag."""
+
+
+class Msg(Record, frozen=True, tag_field="t"):
     """Base of every wire message: a msgpack array whose first item is the tag."""

@@ -20,6 +20,7 @@ import msgspec
 
 from .._errors import RemoteProtocolError
 from .._types import QuantAlgo
+from .base import Msg, Record
 from .explain import DECODE_ERRORS, explain
 from .explain import peek_hello_version as peek_hello_version
 from .recovery import Doubt as Doubt, Probe as Probe, ProbeAnswer as ProbeAnswer
@@ -64,13 +65,8 @@ from .fields import (
 )
 
 
-class _Msg(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
-    """Base of every wire message (the same shape as ``base.Msg``, which ``recovery.py``'s
-    messages derive from)."""
-
-
 # ---- peer -> master ------------------------------------------------------------------------
-class Hello(_Msg, frozen=True, tag=1):
+class Hello(Msg, frozen=True, tag=1):
     """First message of a session; the master refuses another protocol ``version``. ``tls``:
     this peer's listeners speak TLS (all peers of a run must agree). ``run_id``: the run this
     peer belongs to ("" for any); ``term``: the highest master term it followed; ``rejoin``:
@@ -87,23 +83,23 @@ class Hello(_Msg, frozen=True, tag=1):
     rejoin: Rejoin | None = None
 
 
-class Heartbeat(_Msg, frozen=True, tag=2):
+class Heartbeat(Msg, frozen=True, tag=2):
     """Liveness beacon, sent both ways every heartbeat interval."""
 
 
-class VoteUpdateTopology(_Msg, frozen=True, tag=3):
+class VoteUpdateTopology(Msg, frozen=True, tag=3):
     """Joint vote of all accepted peers: admit the pending peers."""
 
 
-class VotePeersPending(_Msg, frozen=True, tag=4):
+class VotePeersPending(Msg, frozen=True, tag=4):
     """Joint vote of all accepted peers: are any peers waiting to be admitted?"""
 
 
-class Leave(_Msg, frozen=True, tag=7):
+class Leave(Msg, frozen=True, tag=7):
     """Graceful goodbye; the master then treats the peer as gone."""
 
 
-class SyncEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
+class SyncEntry(Record, frozen=True):
     """One shared-state entry as voted: xxh3-128 ``hash`` of its bytes (empty if not compared)."""
 
     key: StateKey
@@ -113,7 +109,7 @@ class SyncEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     allow_inequality: bool = False
 
 
-class VoteSync(_Msg, frozen=True, tag=8):
+class VoteSync(Msg, frozen=True, tag=8):
     """Vote to synchronise the group's shared state; ``fresh``: never synced by this peer."""
 
     revision: U64
@@ -122,14 +118,14 @@ class VoteSync(_Msg, frozen=True, tag=8):
     fresh: bool = False
 
 
-class SyncDone(_Msg, frozen=True, tag=9):
+class SyncDone(Msg, frozen=True, tag=9):
     """This peer finished its part of the sync (served or fetched); ``ok`` False if it failed."""
 
     ok: bool
     reason: Reason = ""
 
 
-class WithdrawVote(_Msg, frozen=True, tag=10):
+class WithdrawVote(Msg, frozen=True, tag=10):
     """The caller stopped waiting on its ``update_topology`` ("topology"),
     ``are_peers_pending`` ("pending"), ``sync_shared_state`` ("sync") or
     ``optimize_topology`` ("optimize") vote: take it back (a sync it already takes part in
@@ -139,12 +135,12 @@ class WithdrawVote(_Msg, frozen=True, tag=10):
     kind: VoteKind
 
 
-class VoteOptimize(_Msg, frozen=True, tag=12):
+class VoteOptimize(Msg, frozen=True, tag=12):
     """Joint vote of the group's accepted peers: measure the links that lack a measurement,
     then order the group's ring to fit them (``optimize_topology``)."""
 
 
-class MeasureReport(_Msg, frozen=True, tag=13):
+class MeasureReport(Msg, frozen=True, tag=13):
     """The measurement ``MeasurePlan(round)`` asked for: this peer -> ``to``, ``bits_per_s``
     (0: unreachable) and one-way ``latency`` in seconds."""
 
@@ -155,7 +151,7 @@ class MeasureReport(_Msg, frozen=True, tag=13):
 
 
 # ---- master -> peer ------------------------------------------------------------------------
-class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
+class PeerAddr(Record, frozen=True):
     """Where a peer's data-plane listener is."""
 
     peer_id: U64
@@ -164,7 +160,7 @@ class PeerAddr(msgspec.Struct, array_like=True, frozen=True, gc=False):
     state_port: OptPort = 0
 
 
-class Welcome(_Msg, frozen=True, tag=64):
+class Welcome(Msg, frozen=True, tag=64):
     """Registration accepted; ``accepted`` False means: wait for the others' update_topology.
     ``term`` and ``run_id``: the master's (a peer follows terms upwards only); ``rebuild``:
     this rejoining peer takes part in the run's rebuild as a member (else it is a joiner)."""
@@ -177,14 +173,14 @@ class Welcome(_Msg, frozen=True, tag=64):
     rebuild: bool = False
 
 
-class Rejected(_Msg, frozen=True, tag=65):
+class Rejected(Msg, frozen=True, tag=65):
     """Registration refused (e.g. protocol version mismatch); the master closes the connection."""
 
     reason: str
     version: U32 = PROTOCOL_VERSION
 
 
-class Membership(_Msg, frozen=True, tag=66):
+class Membership(Msg, frozen=True, tag=66):
     """The run's membership as of ``epoch``; ``ring`` is this peer's group in ring order.
     In a run with a secret, ``keys[i]`` is the key this peer shares with ``ring[i]``,
     wrapped for this peer's master session (``auth.unwrap``); else ``keys`` is empty.
@@ -202,7 +198,7 @@ class Membership(_Msg, frozen=True, tag=66):
     topology_round: U64 = 0
 
 
-class TopologyUpdated(_Msg, frozen=True, tag=67):
+class TopologyUpdated(Msg, frozen=True, tag=67):
     """Answer to VoteUpdateTopology, sent after the new Membership; ``round``: the run's
     count of update_topology rounds (a rejoining peer reports the last it saw)."""
 
@@ -210,14 +206,14 @@ class TopologyUpdated(_Msg, frozen=True, tag=67):
     round: U64 = 0
 
 
-class PeersPendingAnswer(_Msg, frozen=True, tag=68):
+class PeersPendingAnswer(Msg, frozen=True, tag=68):
     """Answer to VotePeersPending; ``round``: the run's count of such rounds."""
 
     pending: bool
     round: U64 = 0
 
 
-class PeersWaiting(_Msg, frozen=True, tag=84):
+class PeersWaiting(Msg, frozen=True, tag=84):
     """Sent to every member when a batch of joiners becomes due for admission (``waiting``:
     an ``are_peers_pending()`` vote now would answer True) and when that stops being so;
     ``wait_for_peers`` waits on it instead of polling. A new member gets the current value."""
@@ -225,17 +221,17 @@ class PeersWaiting(_Msg, frozen=True, tag=84):
     waiting: bool
 
 
-class Kicked(_Msg, frozen=True, tag=73):
+class Kicked(Msg, frozen=True, tag=73):
     """The master ends this session (protocol violation); the connection closes next."""
 
     reason: str
 
 
-class MasterHeartbeat(_Msg, frozen=True, tag=74):
+class MasterHeartbeat(Msg, frozen=True, tag=74):
     """Liveness beacon of the master."""
 
 
-class SyncPlan(_Msg, frozen=True, tag=76):
+class SyncPlan(Msg, frozen=True, tag=76):
     """Result of the election: adopt ``revision``; fetch ``keys`` (verify ``hashes``, one per
     key) from ``sources``. ``fetchers`` are the peers that fetch: a source serves them only.
     ``kicked``: "peer N was kicked: why" for each voter this election kicked."""
@@ -248,13 +244,13 @@ class SyncPlan(_Msg, frozen=True, tag=76):
     kicked: list[str] = []
 
 
-class SyncComplete(_Msg, frozen=True, tag=77):
+class SyncComplete(Msg, frozen=True, tag=77):
     """Every peer of the group finished the sync."""
 
     revision: U64
 
 
-class SyncFailed(_Msg, frozen=True, tag=78):
+class SyncFailed(Msg, frozen=True, tag=78):
     """The group's sync could not run (e.g. no up-to-date peer; nothing was changed), or a
     participant's fetch failed (``completed``: sent instead of ``SyncComplete``; every peer
     retries)."""
@@ -263,14 +259,14 @@ class SyncFailed(_Msg, frozen=True, tag=78):
     completed: bool = False
 
 
-class VoteWithdrawn(_Msg, frozen=True, tag=79):
+class VoteWithdrawn(Msg, frozen=True, tag=79):
     """The master handled this peer's ``WithdrawVote(kind)``: answers of that kind sent before
     this one belong to the withdrawn vote, the ones after it to a new vote."""
 
     kind: VoteKind
 
 
-class MeasurePlan(_Msg, frozen=True, tag=80):
+class MeasurePlan(Msg, frozen=True, tag=80):
     """Measure the link from this peer to ``to`` now: ``streams`` connections for
     ``seconds``, then answer ``MeasureReport(round, ...)``. In one round every peer sends to
     at most one peer and receives from at most one."""
@@ -281,7 +277,7 @@ class MeasurePlan(_Msg, frozen=True, tag=80):
     streams: MeasureStreams
 
 
-class TopologyOptimized(_Msg, frozen=True, tag=81):
+class TopologyOptimized(Msg, frozen=True, tag=81):
     """Answer to ``VoteOptimize``, sent after the new ``Membership`` (``epoch``): the group's
     ``ring`` (peer ids), the ordered pairs measured for this vote, the ring's slowest link."""
 
@@ -291,7 +287,7 @@ class TopologyOptimized(_Msg, frozen=True, tag=81):
     bottleneck_bps: BitsPerS
 
 
-class VoteRejected(_Msg, frozen=True, tag=75):
+class VoteRejected(Msg, frozen=True, tag=75):
     """A vote of kind ``kind`` ("topology", "pending", "sync", "optimize") was withdrawn:
     other peers are in another phase; ``deadlock``: the peers wait on each other and none can
     go on. For "optimize" also: no ring avoids the unreachable pairs, or a member gave up."""

@@ -12,7 +12,7 @@ from typing import Annotated, Final
 
 import msgspec
 
-from .base import Msg
+from .base import Msg, Record
 from .fields import U64, HostName, Reason
 
 __all__ = ["MAX_DOUBTS", "MAX_RING", "Doubt", "Probe", "ProbeAnswer", "Rejoin", "Round",
@@ -28,7 +28,7 @@ DOUBT_COLLECTIVE: Final = 0
 DOUBT_SYNC: Final = 1
 
 
-class Doubt(msgspec.Struct, array_like=True, frozen=True, gc=False):
+class Doubt(Record, frozen=True):
     """An operation whose verdict was lost with the master: collective (``tag``, ``seq``)
     (``kind`` 0) or the group's sync to revision ``seq`` (``kind`` 1, ``tag`` 0). ``done``:
     this peer finished its part successfully (its result is final and only the verdict is
@@ -40,7 +40,7 @@ class Doubt(msgspec.Struct, array_like=True, frozen=True, gc=False):
     done: bool
 
 
-class Round(msgspec.Struct, array_like=True, frozen=True, gc=False):
+class Round(Record, frozen=True):
     """The last round of a joint vote (``kind`` "pending" or "topology") a peer saw
     answered: its number and, for "pending", the answer."""
 
@@ -51,7 +51,7 @@ class Round(msgspec.Struct, array_like=True, frozen=True, gc=False):
     waiting: bool = False  # this peer's vote of this kind waits for its answer (in doubt)
 
 
-class Rejoin(msgspec.Struct, array_like=True, frozen=True, gc=False):
+class Rejoin(Record, frozen=True):
     """Who a peer was under its previous master: its ``peer_id``, whether it was a ring
     member (``accepted``) or waiting to join, the ``term`` and ``epoch`` of the last
     ``Membership`` it saw and its group's ring then (peer ids, in order), the highest
