@@ -78,8 +78,7 @@ class CollectiveComplete(Msg, frozen=True, tag=70):
     seq: U64
     next_seq: U64 = 0
     epoch: U64 = 0
-    # (msgspec copies an empty default per instance; ruff cannot see that ``Msg`` is a Struct)
-    evicted: Annotated[list[U64], msgspec.Meta(max_length=MAX_EVICTED)] = []  # noqa: RUF012
+    evicted: Annotated[list[U64], msgspec.Meta(max_length=MAX_EVICTED)] = []
 
 
 class CollectiveAbort(Msg, frozen=True, tag=71):
