@@ -11,19 +11,19 @@ import logging
 import ssl as _ssl
 from collections.abc import Callable
 
+from .._errors import ProtocolError
 from .._net.handshake import HandshakeError, greet
-from .._net.stream import read_frame
+from .._net.probe import probe
 from .._wire import auth
 from .._wire import messages as m
-from .._wire.framing import frame
 
-__all__ = ["probe", "watch"]
+__all__ = ["watch"]
 
 log = logging.getLogger("pccl_aio.master")
 
 
-async def probe(host: str, port: int, key: bytes, ssl: _ssl.SSLContext | None,
-                timeout: float) -> m.ProbeAnswer | None:
+async def _answer(host: str, port: int, key: bytes, ssl: _ssl.SSLContext | None,
+                  timeout: float) -> m.ProbeAnswer | None:
     """The master at host:port's ``ProbeAnswer``, or None if it does not answer within
     ``timeout`` (or is not a pccl_aio master of this secret)."""
     writer: asyncio.StreamWriter | None = None
@@ -32,15 +32,14 @@ async def probe(host: str, port: int, key: bytes, ssl: _ssl.SSLContext | None,
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=ssl, server_hostname=host if ssl else None)
             await greet(reader, writer, auth.ROLE_MASTER, key, 0, 0)
-            writer.write(frame(m.encode(m.Probe())))
-            answer = m.decode_master_to_peer(await read_frame(reader))
-    except (OSError, TimeoutError, HandshakeError, asyncio.IncompleteReadError, ValueError):
+            return await probe(reader, writer, f"{host}:{port}", timeout)
+    except (OSError, TimeoutError, HandshakeError, asyncio.IncompleteReadError, ValueError,
+            ProtocolError):
         return None
     finally:
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()
-    return answer if isinstance(answer, m.ProbeAnswer) else None
 
 
 async def watch(others: list[tuple[str, int]], key: bytes, ssl: _ssl.SSLContext | None,
@@ -48,7 +47,7 @@ async def watch(others: list[tuple[str, int]], key: bytes, ssl: _ssl.SSLContext 
     """Probe ``others`` every ``period`` seconds, for ever; ``heard(answer, where)`` for each
     answer. Cancelling stops it."""
     while True:
-        answers = await asyncio.gather(*(probe(h, p, key, ssl, period) for h, p in others))
+        answers = await asyncio.gather(*(_answer(h, p, key, ssl, period) for h, p in others))
         for (h, p), answer in zip(others, answers):
             if answer is not None:
                 heard(answer, f"{h}:{p}")

@@ -23,6 +23,7 @@ from ..._errors import (
     VersionMismatchError,
 )
 from ..._net.handshake import HandshakeError, greet
+from ..._net.probe import probe
 from ..._net.stream import read_frame, set_nodelay
 from ..._wire import auth
 from ..._wire import messages as m
@@ -119,16 +120,7 @@ def _refused(where: str, exc: HandshakeError) -> str:
 async def _probe(cfg: PeerConfig, host: str, port: int
                  ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes, m.ProbeAnswer]:
     reader, writer, key = await _dial(cfg, host, port)
-    try:
-        async with asyncio.timeout(cfg.heartbeat_timeout):
-            writer.write(frame(m.encode(m.Probe())))
-            answer = m.decode_master_to_peer(await read_frame(reader))
-    except BaseException:
-        writer.close()
-        raise
-    if not isinstance(answer, m.ProbeAnswer):
-        writer.close()
-        raise MasterConnectionError(f"the master at {host}:{port} answered {answer!r}")
+    answer = await probe(reader, writer, f"{host}:{port}", cfg.heartbeat_timeout)
     return reader, writer, key, answer
 
 
