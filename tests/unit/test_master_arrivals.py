@@ -36,7 +36,7 @@ def test_members_are_told_once_a_joiner_is_heard_and_again_when_its_batch_is_tak
     h = harness()
     a, b = h.run(0, 0)
     p, acts = h.join(0)
-    assert told(acts) == {}  # a Hello alone is not a live joiner (limits.Gate)
+    assert told(acts) == {}  # a Hello alone is not a live joiner (limits.Admission)
     assert told(h.send(p, m.Heartbeat())) == {a: [True], b: [True]}
     assert told(h.send(p, m.Heartbeat())) == {}  # said once
     h.send(a, m.VotePeersPending())

@@ -239,7 +239,7 @@ def _world() -> World:
     h = Harness()
     a, b, c = h.run(0, 0, 0)
     p, _ = h.join(0)
-    h.send(p, m.Heartbeat())  # alive after its Hello: it counts as pending (limits.Gate)
+    h.send(p, m.Heartbeat())  # alive after its Hello: it counts as pending (limits.Admission)
     u = h.connect()
     return World(h, a, b, c, p, u)
 

@@ -4,7 +4,7 @@
 Rules: a joint vote completes when every accepted peer (all groups) cast it. A topology round
 admits every joiner (a new epoch if it admitted any: a round that admits nobody changes no
 ring), then answers ``TopologyUpdated``; a pending round answers whether a batch of joiners
-is due (``limits.Gate.batch_due``). Rounds are numbered; the ``Membership`` carries the last
+is due (``limits.Admission.batch_due``). Rounds are numbered; the ``Membership`` carries the last
 of each, so that a rebuilt run (``failover.py``) knows which answers a member missed.
 """
 
@@ -42,7 +42,7 @@ class Roster(Board, Protocol):
         """A new epoch, its ``Membership`` to every member; returns the epoch."""
 
     def batch_due(self) -> bool:
-        """The answer of a pending round completed now (``limits.Gate.batch_due``)."""
+        """The answer of a pending round completed now (``limits.Admission.batch_due``)."""
 
 
 class JointVotes:

@@ -20,7 +20,7 @@ admitted that way was a member that never voted, which stalled the group until i
 heartbeat timed out (and each of those departures re-sent the whole membership to everyone);
 each ``Hello`` also parsed the address of every registered peer (1.1 ms at 500 joiners; now
 one, ``state.py``).
-Two rules (``Gate``) keep the run going: a joiner counts as pending only once the master heard
+Two rules (``Admission``) keep the run going: a joiner counts as pending only once the master heard
 from it after its ``Hello`` (a ``Communicator`` heartbeats every ``heartbeat_interval``, 0.5 s
 by default, so an honest joiner waits at most that long), and ``are_peers_pending()`` answers
 True at most once per ``admission_interval``: joiners are admitted in batches. A joiner that
@@ -38,7 +38,7 @@ import dataclasses
 import ipaddress
 import math
 
-__all__ = ["Gate", "Limits", "advertise_error"]
+__all__ = ["Admission", "Limits", "advertise_error"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,9 +83,10 @@ def advertise_error(advertised: str, host: str) -> str | None:
     return None
 
 
-class Gate:
-    """Who may join, and when: connections without ``Hello`` (since when) and joiners
-    (registered, not yet accepted: heard from since their ``Hello``?)."""
+class Admission:
+    """Who may join, and when: connections without ``Hello`` (since when), joiners
+    (registered, not yet accepted: heard from since their ``Hello``?) and the batches they
+    are admitted in (one per ``admission_interval``)."""
 
     __slots__ = ("_next", "_unnamed", "announced", "joiners", "limits")
 

@@ -45,7 +45,7 @@ from .events import (
 )
 from .failover import Failover
 from .joint import JointVotes
-from .limits import Gate, Limits
+from .limits import Admission, Limits
 from .records import Peer, membership, registration_error, version_reason
 from .recovery import Outcome
 from .topology import Topology
@@ -73,7 +73,7 @@ class MasterState:
                              max_pending_peers=max_pending_peers, hello_timeout=hello_timeout,
                              admission_interval=admission_interval,
                              allow_any_advertise_host=allow_any_advertise_host)
-        self._gate = Gate(self.limits)
+        self._admission = Admission(self.limits)
         self.now = 0.0  # of the event being handled
         self.epoch = 0
         self._peers: dict[int, Peer] = {}
@@ -103,7 +103,7 @@ class MasterState:
 
     def pending(self) -> list[int]:
         """Registered peers waiting for admission."""
-        return sorted(self._gate.joiners)
+        return sorted(self._admission.joiners)
 
     def allocate(self, wanted: int = 0) -> int:
         """The peer id of a new connection (``Failover.allocate``)."""
@@ -137,7 +137,7 @@ class MasterState:
         conns = self.pending() if conns is None else list(conns)
         for c in conns:
             self._peers[c].accepted = True
-            self._gate.admitted(c)
+            self._admission.admitted(c)
         return conns
 
     def publish(self, out: list[Action]) -> int:
@@ -160,7 +160,7 @@ class MasterState:
         self._colls.floor(outcome.max_seq)
         for c in self.registered():
             if not self._peers[c].accepted:
-                self._gate.registered(c, joiner=True)
+                self._admission.registered(c, joiner=True)
         for g, ring in outcome.rings.items():
             self._topo.restore(g, ring)
         for g, rev in outcome.revisions.items():
@@ -175,13 +175,13 @@ class MasterState:
         match event:
             case Connected(conn=conn, host=host, now=now):
                 self._peers[conn] = Peer(conn=conn, host=host, last_seen=now)
-                self._gate.connected(conn, now)
+                self._admission.connected(conn, now)
             case Received(conn=conn, msg=msg, now=now):
                 peer = self._peers.get(conn)
                 if peer is None:
                     return out
                 peer.last_seen = now
-                live = self._gate.heard(conn)
+                live = self._admission.heard(conn)
                 if isinstance(msg, m.Heartbeat):
                     if live:
                         self._announce(out)
@@ -212,7 +212,7 @@ class MasterState:
             case Heard(answer=answer, where=where):
                 self._fo.heard(answer, where, out)
             case Tick(now=now):
-                for c in self._gate.expired(now):
+                for c in self._admission.expired(now):
                     self._close(c, f"no Hello within {self.limits.hello_timeout:g} s", out)
                 for peer in list(self._peers.values()):
                     if now - peer.last_seen > self.heartbeat_timeout:
@@ -296,7 +296,7 @@ class MasterState:
         host = msg.advertise_host or peer.host
         other = next((p for p in self._peers.values() if p.registered), None)
         why = registration_error(msg, peer.host, other, self.limits.allow_any_advertise_host)
-        if why is None and self.accepted() and self._gate.full():
+        if why is None and self.accepted() and self._admission.full():
             why = "too many peers waiting to join"
         why = why or self._fo.screen(msg, out)
         if why is not None:
@@ -306,7 +306,7 @@ class MasterState:
         peer.state_port, peer.tls = msg.state_port, msg.tls
         first, joiner, member = self._fo.joined(peer.conn, peer.group, msg, out)
         peer.accepted = first
-        self._gate.registered(peer.conn, joiner=joiner)
+        self._admission.registered(peer.conn, joiner=joiner)
         out.append(Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
                                              run_id=self.run_id, rebuild=member)))
         if first:
@@ -321,16 +321,16 @@ class MasterState:
         rounds = (self._votes.rounds["pending"], self._votes.rounds["topology"])
         out: list[Action] = [Send(c, msg) for c, msg in membership(
             self.epoch, accepted, conns, self.term, rounds)]
-        if self._gate.announced and self._gate.due(self.now):  # a new member learns it
+        if self._admission.announced and self._admission.due(self.now):  # a new member learns it
             out.extend(Send(c, m.PeersWaiting(True)) for c in conns)
         return out
 
     def _announce(self, out: list[Action]) -> None:
         """After an event: tell every member when a batch of joiners becomes due, or stops
         being due (``PeersWaiting``), so that ``wait_for_peers`` waits instead of polling."""
-        due = self._gate.due(self.now)
-        if due != self._gate.announced:
-            self._gate.announced = due
+        due = self._admission.due(self.now)
+        if due != self._admission.announced:
+            self._admission.announced = due
             out.extend(Send(c, m.PeersWaiting(due)) for c in self.accepted())
 
     def _settle(self, out: list[Action]) -> None:
@@ -381,7 +381,7 @@ class MasterState:
 
     def _depart(self, conn: int, out: list[Action]) -> None:
         peer = self._peers.pop(conn, None)
-        self._gate.forget(conn)
+        self._admission.forget(conn)
         self._fo.forget(conn, out)
         if peer is None or not peer.accepted:
             return

@@ -50,7 +50,7 @@ class View:
         return self._state.admit()
 
     def batch_due(self) -> bool:
-        return self._state._gate.batch_due(self._state.now)
+        return self._state._admission.batch_due(self._state.now)
 
     def peers(self) -> list[Peer]:
         """Every connection's record (registered or not), by id."""
