@@ -1,6 +1,6 @@
 """What the master's HTTP ports serve: ``/status.json``, the status page and ``/metrics``.
 
-Everything is computed when asked, from the master's state (``core.view.View``) and its
+Everything is computed when asked, from the master's state (``core.access.StateAccess``) and its
 ``story.Story``: nothing runs per collective, and a request costs the control plane one short
 pass over the peers (the routes run on the master's event loop, between its events).
 """
@@ -91,13 +91,13 @@ class Status:
 
     def snapshot(self) -> dict[str, Any]:
         """The whole status as plain data (what ``/status.json`` serves)."""
-        st, story, view = self._state, self._story, self._state.view
+        st, story, access = self._state, self._story, self._state.access
         now = self._clock()
-        position = {c: (g, i) for g in view.groups() for i, c in enumerate(st.ring(g))}
-        recovery = view.recovery()
+        position = {c: (g, i) for g in access.groups() for i, c in enumerate(st.ring(g))}
+        recovery = access.recovery()
         rejoined = set(recovery[0]) if recovery else set()
         peers = []
-        for p in view.peers():
+        for p in access.peers():
             if not p.registered:
                 continue
             member = story.members.get(p.conn)
@@ -108,9 +108,9 @@ class Status:
                 "ring_position": position.get(p.conn, (0, -1))[1],
                 "last_heartbeat_s": round(max(now - p.last_seen, 0.0), 3),
                 "since": member.since if member else None})
-        revisions = view.revisions()
+        revisions = access.revisions()
         groups = []
-        for g in view.groups():
+        for g in access.groups():
             sync = story.syncs.get(g)
             groups.append({
                 "group": g, "ring": st.ring(g), "revision": revisions.get(g),
@@ -130,7 +130,7 @@ class Status:
             "peers": peers, "groups": groups,
             "rates": {"collectives_per_s": round(per_s, 2), "bytes_per_s": round(bytes_per_s)},
             "running": [{"group": g, "tag": tag, "seq": seq, "waiting_for": waiting}
-                        for g, tag, seq, waiting in view.running()[:_RUNNING]],
+                        for g, tag, seq, waiting in access.running()[:_RUNNING]],
             "counts": {"started": c.started, "completed": c.completed,
                        "reduced_bytes": c.reduced_bytes, "aborted": dict(c.aborted),
                        "rejected": dict(c.rejected), "votes": dict(c.votes),
@@ -167,19 +167,19 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         st, story = self._status._state, self._status._story
-        view, c = st.view, story.counts
+        access, c = st.access, story.counts
         yield _gauge("pccl_master_peers", "Registered peers by state (member, waiting).",
                      {("member",): len(st.accepted()), ("waiting",): len(st.pending())},
                      ["state"])
-        yield _gauge("pccl_master_groups", "Peer groups with members.", {(): len(view.groups())})
+        yield _gauge("pccl_master_groups", "Peer groups with members.", {(): len(access.groups())})
         yield _gauge("pccl_master_epoch", "Membership version.", {(): st.epoch})
         yield _gauge("pccl_master_term", "The master's term (failover).", {(): st.term})
         yield _gauge("pccl_master_group_world_size", "Members of each group.",
-                     {(str(g),): len(st.accepted(g)) for g in view.groups()}, ["group"])
+                     {(str(g),): len(st.accepted(g)) for g in access.groups()}, ["group"])
         yield _gauge("pccl_master_shared_state_revision", "Last elected revision per group.",
-                     {(str(g),): r for g, r in view.revisions().items()}, ["group"])
+                     {(str(g),): r for g, r in access.revisions().items()}, ["group"])
         yield _gauge("pccl_master_collectives_running", "Collectives started and not ended.",
-                     {(): len(view.running_seqs())})
+                     {(): len(access.running_seqs())})
         yield _counter("pccl_master_collectives_started", "Collectives started.",
                        {(): c.started})
         yield _counter("pccl_master_collectives_completed", "Collectives completed.",

@@ -59,7 +59,7 @@ class Counts:
 
 
 @dataclasses.dataclass(slots=True)
-class SyncView:
+class LastSync:
     """A group's last shared-state sync: revision, winner's hash fingerprint, who fetched."""
 
     revision: int = -1
@@ -106,11 +106,11 @@ class Story:
     """Observer of one master's ``MasterState`` (see the module docstring)."""
 
     def __init__(self, state: ms.MasterState) -> None:
-        self._state, self._view = state, state.view
+        self._state, self._access = state, state.access
         self.members: dict[int, Member] = {}
         self.counts = Counts()
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT)
-        self.syncs: dict[int, SyncView] = {}  # group -> its last sync
+        self.syncs: dict[int, LastSync] = {}  # group -> its last sync
         self.rings: dict[int, list[int]] = {}  # group -> ring as last logged
         self._epoch = 0
         self._votes: dict[int, m.VoteSync] = {}  # conn -> its last sync vote
@@ -177,7 +177,7 @@ class Story:
 
     # ---- membership ---------------------------------------------------------------------------
     def _welcome(self, conn: int, msg: m.Welcome) -> None:
-        peer = self._view.peer(conn)
+        peer = self._access.peer(conn)
         host, group = (peer.host, peer.group) if peer else ("?", 0)
         self.members[conn] = Member(host, group, time.time(), msg.accepted)
         self.counts.joins += 1
@@ -200,7 +200,7 @@ class Story:
             self.members[c].accepted = True
             self._note(logging.INFO, "admitted", "peer %d admitted", c, peer=c,
                        group=self.members[c].group)
-        rings = {g: self._state.ring(g) for g in self._view.groups()}
+        rings = {g: self._state.ring(g) for g in self._access.groups()}
         for g, ring in rings.items():
             if self.rings.get(g) != ring:
                 self._note(logging.INFO, "ring", "group %d ring %s (epoch %d, world size %d)",
@@ -208,7 +208,7 @@ class Story:
                            epoch=msg.epoch)
         self.rings = rings
         if self._bytes:  # collectives aborted for nobody (their peers all went) leave none
-            running = self._view.running_seqs()
+            running = self._access.running_seqs()
             self._bytes = {s: b for s, b in self._bytes.items() if s in running}
 
     def _close(self, conn: int, reason: str, kicked: bool, refused: str | None) -> None:
@@ -235,7 +235,7 @@ class Story:
         if isinstance(msg, m.CollectiveStart):
             self.counts.started += 1
             group = self.members[conn].group if conn in self.members else 0
-            desc = self._view.descriptor(group, msg.tag)
+            desc = self._access.descriptor(group, msg.tag)
             if desc is not None:
                 self._bytes[msg.seq] = desc[0] * DTYPE_ITEMSIZE.get(DataType(desc[1]), 1)
                 if log.isEnabledFor(logging.DEBUG):
@@ -275,10 +275,10 @@ class Story:
     def _sync(self, conn: int, msg: m.SyncPlan | m.SyncComplete | m.SyncFailed,
               actions: list[ms.Action]) -> None:
         group = self.members[conn].group if conn in self.members else 0
-        view = self.syncs.setdefault(group, SyncView())
+        last = self.syncs.setdefault(group, LastSync())
         if isinstance(msg, m.SyncComplete):
             self.counts.syncs["completed"] += 1
-            view.completed, view.at = True, time.time()
+            last.completed, last.at = True, time.time()
             log.debug("shared-state sync of group %d complete at revision %d", group,
                       msg.revision, extra=self._ids(group=group))
             return
@@ -292,9 +292,9 @@ class Story:
                  if isinstance(a, ms.Send) and isinstance(a.msg, m.SyncPlan)}
         sources = [s.peer_id for s in msg.sources]
         winner = next((self._votes[s] for s in sources if s in self._votes), None)
-        view.revision, view.fetchers = msg.revision, list(msg.fetchers)
-        view.fingerprint = fingerprint(winner) if winner else ""
-        view.agreed, view.completed = not msg.fetchers, False
+        last.revision, last.fetchers = msg.revision, list(msg.fetchers)
+        last.fingerprint = fingerprint(winner) if winner else ""
+        last.agreed, last.completed = not msg.fetchers, False
         for c, plan in sorted(plans.items()):
             if not plan.keys:
                 continue

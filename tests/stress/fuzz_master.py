@@ -421,8 +421,8 @@ class Fuzzer:
         for conn in st._sync.voters():
             if conn not in peers or not peers[conn].accepted:
                 raise AssertionError(f"sync vote of peer {conn}, not accepted")
-        if deadlock.find(st.view) is not None:
-            raise AssertionError(f"left deadlocked: {deadlock.find(st.view)}")
+        if deadlock.find(st.access) is not None:
+            raise AssertionError(f"left deadlocked: {deadlock.find(st.access)}")
 
 
 def fuzz(events: int, seed: int, max_conns: int = 6) -> Stats:

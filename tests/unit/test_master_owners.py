@@ -1,7 +1,7 @@
 """Each of the master's components owns its state and reaches ``MasterState`` only through a
 narrow Protocol: its code touches no private member of another object (checked on the AST).
 
-``view.py`` is the one adapter that reads ``MasterState``'s privates, on the components'
+``access.py`` is the one adapter that reads ``MasterState``'s privates, on the components'
 behalf; ``state.py`` itself holds the components."""
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
+from .access import StateAccess
 from .barrier import SyncBarrier
 from .collectives import Collectives
 from .deadlock import find
@@ -49,7 +50,6 @@ from .limits import Admission, Limits
 from .records import Peer, membership, registration_error, version_reason
 from .recovery import Outcome
 from .topology import Topology
-from .view import View
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Heard", "Malformed",
            "MasterState", "Received", "Rejoining", "Send", "Tick"]
@@ -77,13 +77,13 @@ class MasterState:
         self.now = 0.0  # of the event being handled
         self.epoch = 0
         self._peers: dict[int, Peer] = {}
-        self.view = View(self)  # read access for the status page, metrics and log lines
-        self._colls = Collectives(self.view, max_collectives_per_peer)
-        self._sync = SyncBarrier(self.view)
-        self._topo = Topology(self.view)
+        self.access = StateAccess(self)  # also the status page's, metrics' and log lines'
+        self._colls = Collectives(self.access, max_collectives_per_peer)
+        self._sync = SyncBarrier(self.access)
+        self._topo = Topology(self.access)
         self._fo = Failover(self, run_id, heartbeat_timeout if recovery_grace is None
                             else recovery_grace)
-        self._votes = JointVotes(self.view)
+        self._votes = JointVotes(self.access)
         self._left = False  # the departure being handled said goodbye
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
@@ -336,7 +336,7 @@ class MasterState:
     def _settle(self, out: list[Action]) -> None:
         """After an event: fail every call of the peers that wait forever (``deadlock.find``):
         withdraw their votes, reject the collectives they await for all who launched them."""
-        found = find(self.view)
+        found = find(self.access)
         if found is None:
             return
         reason = found.reason()

@@ -1,30 +1,51 @@
 """How the sync barrier (``barrier.Roster``), the optimizer (``topology.Roster``), the joint
-votes (``joint.Roster``) and deadlock detection (``deadlock.Board``) see a ``MasterState``
-(sans-IO)."""
+votes (``joint.Roster``) and deadlock detection (``deadlock.Board``) reach a ``MasterState``:
+what they read of it and the few changes they make (kick, publish, admit). Sans-IO."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterable, Iterator
+from typing import Protocol
 
 from ..._wire import messages as m
+from .barrier import SyncBarrier
+from .collectives import Collectives
 from .deadlock import Item
 from .events import Action
+from .failover import Failover
+from .limits import Admission
 from .records import Peer
+from .topology import Topology
 
-if TYPE_CHECKING:
-    from .state import MasterState
-
-__all__ = ["View"]
+__all__ = ["StateAccess"]
 
 
-class View:
+class _State(Protocol):
+    """What of a ``MasterState`` (``state.py``) is reached through ``StateAccess``."""
+
+    now: float
+    epoch: int
+    _peers: dict[int, Peer]
+    _admission: Admission
+    _colls: Collectives
+    _sync: SyncBarrier
+    _topo: Topology
+    _fo: Failover
+
+    def accepted(self, group: int | None = None) -> list[int]: ...
+    def publish(self, out: list[Action]) -> int: ...
+    def admit(self, conns: Iterable[int] | None = None) -> list[int]: ...
+    def _kick(self, conn: int, reason: str, out: list[Action]) -> None: ...
+
+
+class StateAccess:
     """A ``MasterState`` as the sync barrier (``barrier.Roster``) and deadlock detection
-    (``deadlock.Board``) see it, and read access for the status page and metrics."""
+    (``deadlock.Board``) reach it (reads, and kick, publish, admit), and read access for the
+    status page and metrics."""
 
     __slots__ = ("_state",)
 
-    def __init__(self, state: MasterState) -> None:
+    def __init__(self, state: _State) -> None:
         self._state = state
 
     def accepted(self, group: int | None = None) -> list[int]:
