@@ -50,8 +50,8 @@ async def test_with_a_run_secret_the_measurement_connections_authenticate():
             # a connection that does not hold the pair key is refused before any byte counts
             listener = comms[0]._data.listener
             with pytest.raises(HandshakeError):
-                await connect("127.0.0.1", listener.port, None, auth.ROLE_MEASURE,
-                              b"\0" * 32, comms[1].peer_id, comms[0].peer_id, measure._Probe())
+                await connect("127.0.0.1", listener.port, None, auth.ROLE_MEASURE, b"\0" * 32,
+                              comms[1].peer_id, comms[0].peer_id, measure._MeasureSource())
         finally:
             for c in comms:
                 await c.close()
@@ -85,7 +85,7 @@ async def test_optimize_next_to_an_all_reduce_is_a_typed_error_not_a_hang(peers,
 async def test_the_sink_caps_the_window_and_the_connections(peers, monkeypatch):
     a, b = await peers(2)
     monkeypatch.setattr(m, "MAX_MEASURE_SECONDS", 0.3)
-    probe = measure._Probe()
+    probe = measure._MeasureSource()
     port = a._data.listener.port
     await connect("127.0.0.1", port, None, auth.ROLE_MEASURE, b"", b.peer_id, a.peer_id, probe)
     t0 = time.monotonic()
@@ -93,7 +93,7 @@ async def test_the_sink_caps_the_window_and_the_connections(peers, monkeypatch):
     assert time.monotonic() - t0 < 5 and 0.1e9 <= ns < 2e9 and nbytes > 0 and rtt < 1
     probe.close()
     await asyncio.wait_for(_until(lambda: not a._measure._sinks), 10)
-    held = [measure._Probe() for _ in range(measure.MAX_SINKS + 1)]
+    held = [measure._MeasureSource() for _ in range(measure.MAX_SINKS + 1)]
     for p in held:
         await connect("127.0.0.1", port, None, auth.ROLE_MEASURE, b"", b.peer_id, a.peer_id, p)
     await asyncio.wait_for(_until(lambda: held[-1].closed), 10)  # one too many: closed

@@ -16,8 +16,9 @@ from .link import Link
 from .receiver import Sink
 
 
-class Registry(Protocol):
-    """The receive side's seq -> collective table (``receiver.Registry``)."""
+class SinkTable(Protocol):
+    """The receive side's seq -> collective table as a collective uses it
+    (``receiver.Registry``)."""
 
     def add(self, seq: int, sink: Sink) -> None: ...
 
@@ -33,7 +34,7 @@ class CollectiveEnv(Protocol):
     def scratch(self) -> Pool: ...
 
     @property
-    def registry(self) -> Registry: ...
+    def registry(self) -> SinkTable: ...
 
     @property
     def tasks(self) -> TaskSet: ...

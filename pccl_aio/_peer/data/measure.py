@@ -1,4 +1,4 @@
-"""Link measurement for ``optimize_topology()``: the sender's probe and the receiver's sink,
+"""Link measurement for ``optimize_topology()``: the sender's source and the receiver's sink,
 over data-listener connections of handshake role ``ROLE_MEASURE`` (pair keys as data links).
 
 Per connection, after the handshake::
@@ -12,7 +12,7 @@ Per connection, after the handshake::
 The receiver counts and drops what it reads, so a hostile sender costs it no memory; it
 bounds a connection's life (``SINK_LIFETIME``), its bytes (``MAX_BYTES``) and the number of
 measurement connections at once (``MAX_SINKS``). The sender bounds connecting, the whole
-probe and what it buffers from the receiver. Rates come from the receiver's clock, so the
+measurement and what it buffers from the receiver. Rates come from the receiver's clock, so the
 sender's socket buffers and the path's queues do not inflate them. The window lasts the
 header's time but at least ``WINDOW_RTTS`` round trips (the least gap the receiver saw
 between a ping's echo and the next ping), and only its second half counts: TCP's slow start
@@ -37,7 +37,7 @@ from ..._wire import messages as m
 from ..core.config import PeerConfig
 from .keys import KeyRing
 
-__all__ = ["Measurer", "probe"]
+__all__ = ["Measurer", "measure_link"]
 
 HEADER: Final = struct.Struct("<IB3x")  # milliseconds, pings
 PING: Final = 8
@@ -53,10 +53,10 @@ CHUNK: Final = memoryview(bytes(256 << 10))
 _SCRATCH = bytearray(256 << 10)  # every sink reads into it: the bytes are dropped
 
 
-class _Sink(asyncio.BufferedProtocol):
+class _MeasureSink(asyncio.BufferedProtocol):
     """The receiver's side of one measurement connection."""
 
-    def __init__(self, sinks: set[_Sink]) -> None:
+    def __init__(self, sinks: set[_MeasureSink]) -> None:
         self._sinks = sinks
         self._head = bytearray()
         self._pings = -1  # unknown until the header arrived
@@ -137,7 +137,7 @@ class _Sink(asyncio.BufferedProtocol):
             t.cancel()
 
 
-class _Probe(asyncio.Protocol):
+class _MeasureSource(asyncio.Protocol):
     """The sender's side of one measurement connection."""
 
     def __init__(self) -> None:
@@ -213,18 +213,18 @@ class _Probe(asyncio.Protocol):
             self.transport.abort()
 
 
-async def probe(addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int, seconds: float,
-                streams: int) -> tuple[float, float]:
+async def measure_link(addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int,
+                       seconds: float, streams: int) -> tuple[float, float]:
     """(bits/s, one-way latency in seconds) from this peer to ``addr`` over ``streams``
     connections for ``seconds`` (longer on a long path: ``WINDOW_RTTS``); (0.0, 0.0) if none
     connects within ``CONNECT_TIMEOUT``. Blocks at most ``MAX_MEASURE_SECONDS`` plus
     2 * ``CONNECT_TIMEOUT``; cancelling closes all."""
     tls = config.ssl if config.ssl_server is not None else None
-    probes: list[_Probe] = []
+    sources: list[_MeasureSource] = []
 
     async def one() -> tuple[int, int, float]:
-        p = _Probe()
-        probes.append(p)
+        p = _MeasureSource()
+        sources.append(p)
         async with asyncio.timeout(CONNECT_TIMEOUT):
             await connect(addr.host, addr.port, tls, auth.ROLE_MEASURE, key, me, addr.peer_id, p)
         async with asyncio.timeout(m.MAX_MEASURE_SECONDS + CONNECT_TIMEOUT):
@@ -233,7 +233,7 @@ async def probe(addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int, secon
     try:
         results = await asyncio.gather(*(one() for _ in range(streams)), return_exceptions=True)
     finally:
-        for p in probes:
+        for p in sources:
             p.close()
     bps, rtt = 0.0, math.inf
     for r in results:
@@ -251,7 +251,7 @@ async def probe(addr: m.PeerAddr, key: bytes, config: PeerConfig, me: int, secon
 
 
 class Measurer:
-    """The measurements of one communicator: probes the master asks for (``on_plan``; each
+    """The measurements of one communicator: the links the master asks for (``on_plan``; each
     answered by ``MeasureReport`` through ``send``, and given to ``measured``: the data plane
     sizes its links with them) and the sinks of measurement connections its data listener
     accepted (``accept``)."""
@@ -262,7 +262,7 @@ class Measurer:
         self._config, self._keys, self._send = config, keys, send
         self._measured = measured  # (peer id, bits/s) of each link measured here, if reachable
         self.key_for: KeyFor = keys.accepting(auth.ROLE_MEASURE)
-        self._sinks: set[_Sink] = set()
+        self._sinks: set[_MeasureSink] = set()
         self._tasks = TaskSet("pccl_aio link measurement")
 
     def accept(self, conn: Handoff) -> None:
@@ -270,7 +270,7 @@ class Measurer:
         if len(self._sinks) >= MAX_SINKS:
             conn.transport.abort()
             return
-        conn.hand_over(_Sink(self._sinks))
+        conn.hand_over(_MeasureSink(self._sinks))
 
     def on_plan(self, plan: m.MeasurePlan) -> None:
         """Measure the link the master asked for, in the background; report the result."""
@@ -279,14 +279,15 @@ class Measurer:
     async def _measure(self, plan: m.MeasurePlan) -> None:
         bps, latency = 0.0, 0.0
         with contextlib.suppress(OSError, TimeoutError):
-            bps, latency = await probe(plan.to, self._keys.key(plan.to.peer_id), self._config,
-                                       self._keys.me, plan.seconds, plan.streams)
+            bps, latency = await measure_link(plan.to, self._keys.key(plan.to.peer_id),
+                                              self._config, self._keys.me, plan.seconds,
+                                              plan.streams)
         self._send(m.MeasureReport(plan.round, plan.to.peer_id, bps, latency))
         if bps > 0 and self._measured is not None:
             self._measured(plan.to.peer_id, bps)
 
     async def close(self) -> None:
-        """End every probe and close every sink."""
+        """End every measurement and close every sink."""
         await self._tasks.close()
         for s in list(self._sinks):
             s.close()
