@@ -2,9 +2,10 @@
 ``/metrics`` endpoints of the master and of peers.
 
 It answers ``GET`` and ``HEAD`` of a fixed set of paths, one request per connection
-(``Connection: close``), and nothing else: a request line and headers above 8 KiB, a client
-slower than ``timeout`` or beyond ``max_clients`` at once get the connection closed (or a
-4xx/5xx). A route is a plain function called on the event loop, so it must be quick (it
+(``Connection: close``), and nothing else; h11 parses the request and writes the response.
+A request line and headers above 8 KiB (h11's ``max_incomplete_event_size``), a client slower
+than ``timeout`` or beyond ``max_clients`` at once get the connection closed (or a 4xx/5xx).
+A route is a plain function called on the event loop, so it must be quick (it
 reads in-memory state): serving never blocks the loop for longer than a route takes.
 A route may read the request's ``Host`` (``request_host``); a path in ``missing`` is a 404
 whose body says where to look instead.
@@ -20,6 +21,8 @@ import re
 import ssl as _ssl
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
+
+import h11
 
 from .._errors import InvalidUsageError
 from .tasks import TaskSet
@@ -98,58 +101,99 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(self._timeout):
-                status, headers, body, head_only = self._answer(await _read_head(reader))
-                writer.write(_response(status, headers, b"" if head_only else body, len(body)))
+                conn, request = await _read_request(reader)
+                if conn is None:
+                    return  # oversized or cut short: nothing to answer
+                status, headers, body = self._answer(request)
+                head_only = request is not None and request.method == b"HEAD"
+                writer.write(_response(conn, status, headers, body, head_only))
                 await writer.drain()
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError, ValueError):
-            pass  # a slow, vanished or oversized client: nothing to answer
+        except (TimeoutError, ConnectionError, h11.LocalProtocolError):
+            pass  # a slow or vanished client: nothing to answer
         finally:
             writer.close()
 
-    def _answer(self, head: bytes) -> tuple[HTTPStatus, dict[str, str], bytes, bool]:
-        line = head.split(b"\r\n", 1)[0].decode("latin-1")
-        parts = line.split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            return HTTPStatus.BAD_REQUEST, {}, b"bad request\n", False
-        method, target = parts[0], parts[1].split("?", 1)[0]
+    def _answer(self, request: h11.Request | None
+                ) -> tuple[HTTPStatus, dict[str, str], bytes]:
+        if request is None or request.http_version not in (b"1.0", b"1.1"):
+            return HTTPStatus.BAD_REQUEST, {}, b"bad request\n"
+        method = request.method.decode("ascii")
+        target = request.target.decode("latin-1").split("?", 1)[0]
         if method not in ("GET", "HEAD"):
-            return HTTPStatus.METHOD_NOT_ALLOWED, {"Allow": "GET, HEAD"}, b"GET only\n", False
+            return HTTPStatus.METHOD_NOT_ALLOWED, {"Allow": "GET, HEAD"}, b"GET only\n"
         route = self.routes.get(target)
         if route is None:
-            hint = self.missing.get(target, "not found")
-            return HTTPStatus.NOT_FOUND, {}, f"{hint}\n".encode(), method == "HEAD"
-        token = _request_host.set(_host(head))
+            return HTTPStatus.NOT_FOUND, {}, f"{self.missing.get(target, 'not found')}\n".encode()
+        token = _request_host.set(_host(request))
         try:
             ctype, body = route()
         except Exception:  # a route bug must not end the server: 500 and a log line
             log.exception("%s: GET %s failed", self.name, target)
-            return HTTPStatus.INTERNAL_SERVER_ERROR, {}, b"internal error\n", method == "HEAD"
+            return HTTPStatus.INTERNAL_SERVER_ERROR, {}, b"internal error\n"
         finally:
             _request_host.reset(token)
-        return HTTPStatus.OK, {"Content-Type": ctype, "Cache-Control": "no-store"}, body, \
-            method == "HEAD"
+        return HTTPStatus.OK, {"Content-Type": ctype, "Cache-Control": "no-store"}, body
 
 
-def _host(head: bytes) -> str:
-    """The host of the head's ``Host`` header ("" if absent or not a host[:port])."""
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"host":
-            found = _HOST.fullmatch(value.strip().decode("latin-1"))
-            return found.group(1) if found else ""
-    return ""
+def _host(request: h11.Request) -> str:
+    """The host of the request's ``Host`` header ("" if empty or not a host[:port])."""
+    value = next((v for k, v in request.headers if k == b"host"), b"")
+    found = _HOST.fullmatch(value.decode("latin-1"))
+    return found.group(1) if found else ""
 
 
-async def _read_head(reader: asyncio.StreamReader) -> bytes:
-    """The request line and headers (raises LimitOverrunError above the reader's limit)."""
-    return await reader.readuntil(b"\r\n\r\n")
+async def _read_request(reader: asyncio.StreamReader
+                        ) -> tuple[h11.Connection | None, h11.Request | None]:
+    """The connection's h11 state and its request (None: malformed, a 400); (None, None) for
+    a head above ``_MAX_HEAD`` or a client that closed before the end of it. Blocks until the
+    head is in; cancelling stops the read."""
+    conn = _connection()
+    received = b""
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            if exc.error_status_hint != HTTPStatus.BAD_REQUEST or reader.at_eof():
+                return None, None  # above the head limit (431), or cut short
+            return _without_host(received) or (conn, None)
+        if isinstance(event, h11.Request):
+            return conn, event
+        if event is not h11.NEED_DATA:
+            return None, None  # closed before a request
+        # at most one byte past the limit: a longer head is incomplete there, and h11 refuses it
+        data = await reader.read(_MAX_HEAD + 1 - len(received))
+        received += data
+        conn.receive_data(data)  # b"": the client closed
 
 
-def _response(status: HTTPStatus, headers: dict[str, str], body: bytes, length: int) -> bytes:
-    lines = [f"HTTP/1.1 {status.value} {status.phrase}", f"Content-Length: {length}",
-             "Connection: close", "X-Content-Type-Options: nosniff"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
+def _connection() -> h11.Connection:
+    return h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
+
+
+def _without_host(received: bytes) -> tuple[h11.Connection, h11.Request] | None:
+    """``received`` as a request if its only fault is a missing ``Host`` (h11 requires it of
+    HTTP/1.1; this server answers without, and ``request_host`` is then ""), else None."""
+    line, newline, rest = received.partition(b"\n")
+    if not newline:
+        return None
+    conn = _connection()
+    conn.receive_data(line + newline + b"Host: \r\n" + rest)
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError:
+        return None
+    return (conn, event) if isinstance(event, h11.Request) else None
+
+
+def _response(conn: h11.Connection, status: HTTPStatus, headers: dict[str, str], body: bytes,
+              head_only: bool) -> bytes:
+    """The response's bytes; ``head_only`` (a ``HEAD``): the length of ``body``, not it."""
+    fields = [("Content-Length", str(len(body))), ("Connection", "close"),
+              ("X-Content-Type-Options", "nosniff"), *headers.items()]
     if "Content-Type" not in headers:
-        lines.append("Content-Type: text/plain; charset=utf-8")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        fields.append(("Content-Type", "text/plain; charset=utf-8"))
+    out = conn.send(h11.Response(status_code=status.value, headers=fields,
+                                 reason=status.phrase.encode("ascii"))) or b""
+    if body and not head_only:
+        out += conn.send(h11.Data(data=body)) or b""
+    return out + (conn.send(h11.EndOfMessage()) or b"")
