@@ -112,41 +112,18 @@ class AsyncDiLoCo(diloco.DiLoCo):
                   self.digest())
 
 
-def admit(peer: charlm.Peer, state: pccl.SharedState, joining: bool) -> None:
-    """After the vote (and the drain): admit the peers waiting, then sync ``state``
-    (``Peer.sync`` without a second vote, which would answer no until the master's next
-    admission batch); alone, it waits for company."""
-    if joining:
-        before = peer.comm.peer_group_world_size
-        peer.comm.update_topology()
-        peer.log("admitted", world=f"{before}->{peer.comm.peer_group_world_size}")
-    peer.first = True  # the vote is taken
-    peer.sync(state)
-
-
-def vote(peer: charlm.Peer) -> bool:
-    """The joint vote before each inner phase: do peers wait to be admitted? Also logs
-    peers that left since the last step."""
-    joining = peer.comm.are_peers_pending()
-    world = peer.comm.peer_group_world_size
-    if world < peer.world:
-        peer.log("left", world=f"{peer.world}->{world}")
-        peer.world = world
-    return joining
-
-
 def main(args: argparse.Namespace) -> int:
     run = AsyncDiLoCo(args)
     with charlm.Peer(args) as peer:
         peer.connect()
         flight: InFlight | None = None
         while int(run.count) + (flight is not None) < run.last:
-            joining = not peer.first and vote(peer)
+            joining = not peer.first and peer.vote()
             if peer.first or joining or peer.comm.peer_group_world_size < 2:
                 if flight is not None:  # drain: every peer syncs the same global model
                     run.land(peer, flight, flight.k)
                     flight = None
-                admit(peer, run.state, joining)  # a joiner receives the model and step here
+                peer.admit(run.state, joining)  # a joiner receives the model and step here
                 if int(run.count) >= run.last:
                     break
             k = int(run.count) + (flight is not None) + 1  # the phase this one trains
@@ -164,16 +141,8 @@ def main(args: argparse.Namespace) -> int:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """``diloco.py``'s options, with the gentler outer step as the default."""
-    ap = charlm.parser(__doc__)
-    ap.add_argument("--inner", type=int, default=50, help="inner steps per outer step (H)")
-    ap.add_argument("--lr", type=float, default=5e-3,
-                    help="inner AdamW peak learning rate (warmup, cosine decay over the run)")
-    ap.add_argument("--weight-decay", type=float, default=0.01, help="inner AdamW")
-    ap.add_argument("--outer-lr", type=float, default=0.4)
-    ap.add_argument("--momentum", type=float, default=0.3, help="outer Nesterov momentum")
-    ap.add_argument("--quant", choices=("none", "uint8", "uint16", "uint4"), default="none",
-                    help="send the pseudo-gradient quantized (MIN_MAX)")
-    return ap.parse_args(argv)
+    return charlm.diloco_parser(__doc__, "inner steps per outer step (H)", outer_lr=0.4,
+                                momentum=0.3).parse_args(argv)
 
 
 if __name__ == "__main__":

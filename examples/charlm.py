@@ -207,6 +207,24 @@ def parser(doc: str, **defaults: Any) -> argparse.ArgumentParser:
     return ap
 
 
+def diloco_parser(doc: str, inner: str, sent: str = "pseudo-gradient",
+                  **defaults: Any) -> argparse.ArgumentParser:
+    """``parser`` and the options of the DiLoCo examples: ``--inner`` (H, help ``inner``), the
+    inner AdamW and outer Nesterov steps, ``--quant`` (help: what is ``sent``); ``defaults``
+    overrides the defaults of any option."""
+    ap = parser(doc)
+    ap.add_argument("--inner", type=int, default=50, help=inner)
+    ap.add_argument("--lr", type=float, default=5e-3,
+                    help="inner AdamW peak learning rate (warmup, cosine decay over the run)")
+    ap.add_argument("--weight-decay", type=float, default=0.01, help="inner AdamW")
+    ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--momentum", type=float, default=0.9, help="outer Nesterov momentum")
+    ap.add_argument("--quant", choices=("none", "uint8", "uint16", "uint4"), default="none",
+                    help=f"send the {sent} quantized (MIN_MAX)")
+    ap.set_defaults(**defaults)
+    return ap
+
+
 def setup(args: argparse.Namespace) -> tuple[Config, torch.Tensor, torch.Tensor]:
     """Threads, the configuration and the corpus (train, validation)."""
     torch.set_num_threads(args.threads)
@@ -305,16 +323,38 @@ class Peer(Lines):
         self.comm.wait_for_peers(n)
         self.log("admitted", world=f"{before}->{self.comm.peer_group_world_size}")
 
+    def vote(self) -> bool:
+        """The joint vote of the examples that vote apart from ``sync``: do peers wait to be
+        admitted? Also logs peers that left since the last step."""
+        joining = self.comm.are_peers_pending()
+        world = self.comm.peer_group_world_size
+        if world < self.world:
+            self.log("left", world=f"{self.world}->{world}")
+            self.world = world
+        return joining
+
+    def admit(self, state: pccl.SharedState, joining: bool) -> None:
+        """After ``vote`` (and a drain): admit the peers waiting if ``joining``, then sync
+        ``state`` (``sync`` without a second vote, which would answer no until the master's
+        next admission batch); alone, it waits for company."""
+        self._update_topology(joining)
+        self.first = True  # the vote is taken
+        self.sync(state)
+
+    def _update_topology(self, joining: bool) -> None:
+        """Admit the peers waiting (the vote said ``joining``), with an ``admitted`` line."""
+        if joining:
+            before = self.comm.peer_group_world_size
+            self.comm.update_topology()
+            self.log("admitted", world=f"{before}->{self.comm.peer_group_world_size}")
+
     def sync(self, state: pccl.SharedState) -> None:
         """Before an outer step: admit pending peers (a joint vote), wait when alone, sync
         ``state`` (retried, on every peer, when a fetch failed) and log peers that left."""
         while True:
             joining = not self.first and self.comm.are_peers_pending()
             self.first = False
-            if joining:
-                before = self.comm.peer_group_world_size
-                self.comm.update_topology()
-                self.log("admitted", world=f"{before}->{self.comm.peer_group_world_size}")
+            self._update_topology(joining)
             if self.comm.peer_group_world_size < 2:
                 self.wait_for_peers(2)
             try:

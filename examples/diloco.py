@@ -139,16 +139,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def parse(argv: list[str] | None = None, doc: str = __doc__) -> argparse.Namespace:
-    ap = charlm.parser(doc)
-    ap.add_argument("--inner", type=int, default=50, help="inner steps per outer step (H)")
-    ap.add_argument("--lr", type=float, default=5e-3,
-                    help="inner AdamW peak learning rate (warmup, cosine decay over the run)")
-    ap.add_argument("--weight-decay", type=float, default=0.01, help="inner AdamW")
-    ap.add_argument("--outer-lr", type=float, default=0.7)
-    ap.add_argument("--momentum", type=float, default=0.9, help="outer Nesterov momentum")
-    ap.add_argument("--quant", choices=("none", "uint8", "uint16", "uint4"), default="none",
-                    help="send the pseudo-gradient quantized (MIN_MAX)")
-    return ap.parse_args(argv)
+    return charlm.diloco_parser(doc, "inner steps per outer step (H)").parse_args(argv)
 
 
 if __name__ == "__main__":

@@ -220,34 +220,11 @@ class Streaming:
         peer.done(int(self.counters[1]), self.t, self.val_loss, self.digest())
 
 
-def admit(peer: charlm.Peer, state: pccl.SharedState, joining: bool) -> None:
-    """After the vote (and the drain): admit the peers waiting, then sync ``state``
-    (``Peer.sync`` without a second vote, which would answer no until the master's next
-    admission batch); alone, it waits for company."""
-    if joining:
-        before = peer.comm.peer_group_world_size
-        peer.comm.update_topology()
-        peer.log("admitted", world=f"{before}->{peer.comm.peer_group_world_size}")
-    peer.first = True  # the vote is taken
-    peer.sync(state)
-
-
-def vote(peer: charlm.Peer) -> bool:
-    """The joint vote before each send: do peers wait to be admitted? Also logs peers that
-    left since the last step."""
-    joining = peer.comm.are_peers_pending()
-    world = peer.comm.peer_group_world_size
-    if world < peer.world:
-        peer.log("left", world=f"{peer.world}->{world}")
-        peer.world = world
-    return joining
-
-
 def main(args: argparse.Namespace) -> int:
     run = Streaming(args)
     with charlm.Peer(args) as peer:
         peer.connect()
-        admit(peer, run.state, False)  # a joiner receives the model and counters here
+        peer.admit(run.state, False)  # a joiner receives the model and counters here
         run.restart_local()
         while True:  # at a send point (or the start)
             if run.t >= run.end:  # the last step: complete what is in flight, send it all
@@ -260,30 +237,22 @@ def main(args: argparse.Namespace) -> int:
             for _ in range(run.next_send() - run.t):  # train on while exchanges run
                 run.train_step()
                 run.complete_due(peer)
-            joining = vote(peer)
+            joining = peer.vote()
             if joining or peer.comm.peer_group_world_size < 2:
                 run.complete_due(peer, everything=True)  # every peer syncs the same state
-                admit(peer, run.state, joining)
+                peer.admit(run.state, joining)
         run.finish(peer)
     return 0
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = charlm.parser(__doc__, eval_every=3)
-    ap.add_argument("--inner", type=int, default=50,
-                    help="inner steps between two syncs of a fragment (H)")
+    ap = charlm.diloco_parser(__doc__, "inner steps between two syncs of a fragment (H)",
+                              "pseudo-gradients", eval_every=3)
     ap.add_argument("--fragments", type=int, default=3, help="fragments (F)")
     ap.add_argument("--delay", type=int, default=5,
                     help="inner steps an exchange overlaps before it is applied (tau)")
     ap.add_argument("--alpha", type=float, default=0.5,
                     help="mixing: local = alpha local + (1 - alpha) global")
-    ap.add_argument("--lr", type=float, default=5e-3,
-                    help="inner AdamW peak learning rate (warmup, cosine decay over the run)")
-    ap.add_argument("--weight-decay", type=float, default=0.01, help="inner AdamW")
-    ap.add_argument("--outer-lr", type=float, default=0.7)
-    ap.add_argument("--momentum", type=float, default=0.9, help="outer Nesterov momentum")
-    ap.add_argument("--quant", choices=("none", "uint8", "uint16", "uint4"), default="none",
-                    help="send the pseudo-gradients quantized (MIN_MAX)")
     args = ap.parse_args(argv)
     if not (1 <= args.fragments <= args.inner and 0 <= args.delay < args.inner):
         ap.error("need 1 <= --fragments <= --inner and 0 <= --delay < --inner")
