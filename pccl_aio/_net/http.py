@@ -148,12 +148,12 @@ async def _read_request(reader: asyncio.StreamReader
     a head above ``_MAX_HEAD`` or a client that closed before the end of it. Blocks until the
     head is in; cancelling stops the read."""
     conn = _connection()
-    received = b""
+    received, closed = b"", False
     while True:
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as exc:
-            if exc.error_status_hint != HTTPStatus.BAD_REQUEST or reader.at_eof():
+            if exc.error_status_hint != HTTPStatus.BAD_REQUEST or closed:
                 return None, None  # above the head limit (431), or cut short
             return _without_host(received) or (conn, None)
         if isinstance(event, h11.Request):
@@ -162,7 +162,7 @@ async def _read_request(reader: asyncio.StreamReader
             return None, None  # closed before a request
         # at most one byte past the limit: a longer head is incomplete there, and h11 refuses it
         data = await reader.read(_MAX_HEAD + 1 - len(received))
-        received += data
+        received, closed = received + data, not data
         conn.receive_data(data)  # b"": the client closed
 
 
