@@ -57,9 +57,13 @@ def move(now: Phase, to: Phase) -> Phase:
 
 def confirmed(now: Phase) -> Phase:
     """The phase after the master's start confirmed an early attempt (the same seq)."""
+    if now not in EARLY:
+        raise IllegalMove(f"a collective in {now.name} is not an early attempt to confirm")
     return move(now, Phase.DATA_DONE if now is Phase.EARLY_DONE else Phase.RUNNING)
 
 
 def finished(now: Phase) -> Phase:
     """The phase after the run task finished the data here."""
+    if now not in (Phase.EARLY, Phase.RUNNING):
+        raise IllegalMove(f"a collective in {now.name} has no data moving to finish")
     return move(now, Phase.EARLY_DONE if now is Phase.EARLY else Phase.DATA_DONE)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ...._types import Quantization, ReduceOp
 from ...core.buffers import Buffer
-from ..core import gather
+from ..core.gather import chosen as _small
 from ..core.backup import InputBackup
 from ..core.slots import Pool
 from .base import DataPath
@@ -38,7 +38,7 @@ def start(rank: int, world: int, src: Buffer, dst: Buffer, op: ReduceOp,
     kind: type[RingPath] | type[GatherPath]
     if quant is not None:
         kind = QuantRingPath
-    elif gather.chosen(dst.count * dst.dtype.itemsize, world, False):
+    elif _small(dst.count * dst.dtype.itemsize, world, False):
         kind = GatherPath
     else:
         kind = RingPath
