@@ -65,5 +65,5 @@ def test_the_data_finishes_only_while_it_moves(now):
 
 
 def test_the_groups_partition_the_started_phases():
-    assert ph.STARTED == ph.EARLY | {R, D} and ph.DONE == {ED, D}
+    assert ph.EARLY | {R, D} == ph.STARTED and {ED, D} == ph.DONE
     assert V not in ph.STARTED and X not in ph.STARTED

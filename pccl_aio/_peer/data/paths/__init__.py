@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from ...._types import Quantization, ReduceOp
 from ...core.buffers import Buffer
-from ..core.gather import chosen as _small
 from ..core.backup import InputBackup
+from ..core.gather import chosen as _small
 from ..core.slots import Pool
 from .base import DataPath
 from .gather import GatherPath
