@@ -224,16 +224,17 @@ async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
     room, and by the run task (which waits for room) when it has none. Small segments and,
     for ``saturated``, a tiny kernel send buffer (so writes queue up and the link pauses)
     drive one path or the other; the bytes must be exact either way."""
-    from pccl_aio._peer.data import collective as _collective
     from pccl_aio._peer.data import link as _link
+    from pccl_aio._peer.data import pipeline as _pipeline
+    from pccl_aio._peer.data.paths import ring as _ring_path
 
     monkeypatch.setattr(_link, "WRITE_HIGH", 32 << 10)
     monkeypatch.setattr(_link, "WRITE_LOW", 8 << 10)
-    monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
+    monkeypatch.setattr(_ring_path, "SEGMENT_BYTES", 16 << 10)
     if saturated:
         _tiny_send_buffers(monkeypatch)
     paths = {"inline": 0, "task": 0}
-    send_now, send = _collective.Collective._send_now, _collective.Collective._send
+    send_now, send = _pipeline.Pipeline._send_now, _pipeline.Pipeline._send
 
     def counted_now(self, *a, **k):
         paths["inline"] += 1
@@ -243,8 +244,8 @@ async def test_segments_forwarded_inline_or_by_the_task_under_back_pressure(
         paths["task"] += 1
         return await send(self, *a, **k)
 
-    monkeypatch.setattr(_collective.Collective, "_send_now", counted_now)
-    monkeypatch.setattr(_collective.Collective, "_send", counted)
+    monkeypatch.setattr(_pipeline.Pipeline, "_send_now", counted_now)
+    monkeypatch.setattr(_pipeline.Pipeline, "_send", counted)
     comms = await peers(3)
     rng = np.random.default_rng(11)
     xs = [rng.integers(-3, 4, (3 << 20) // 4 + 7).astype(np.float32) for _ in range(3)]
@@ -272,9 +273,10 @@ async def test_reduce_scatter_slots_reused_and_grown(peers, monkeypatch, slots_b
     from pccl_aio._peer.data import collective as _collective
     from pccl_aio._peer.data import link as _link
     from pccl_aio._peer.data.core import slots as _slots
+    from pccl_aio._peer.data.paths import ring as _ring_path
 
-    monkeypatch.setattr(_collective, "SLOTS_BASE", slots_base)
-    monkeypatch.setattr(_collective, "SEGMENT_BYTES", 16 << 10)
+    monkeypatch.setattr(_ring_path, "SLOTS_BASE", slots_base)
+    monkeypatch.setattr(_ring_path, "SEGMENT_BYTES", 16 << 10)
     written = {True: 0, False: 0}
     blocks = {"taken": 0, "collectives": 0}
     more, start = _slots.Slots._more, _collective.Collective.on_start

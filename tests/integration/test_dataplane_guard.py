@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from pccl_aio._peer.data.collective import SEGMENT_BYTES
 from pccl_aio._peer.data.core import ring
+from pccl_aio._peer.data.paths.ring import SEGMENT_BYTES
 from pccl_aio._wire import auth
 from pccl_aio._wire import data as wire
 from tests.helpers import closed, join_peers

@@ -1,8 +1,8 @@
 """What a collective sees of its communicator: ``CollectiveEnv`` (``typing.Protocol``s).
 
 A part depends on the few calls it makes, never on another part's private members; each
-Protocol sits beside its consumer (this one: ``collective.py``; the retry scheduler's
-``Launcher`` in ``retry.py``, the shared-state sync's ``SyncControl`` in
+Protocol sits beside its consumer (this one: ``collective.py`` and ``pipeline.py``; the
+retry scheduler's ``Launcher`` in ``retry.py``, the shared-state sync's ``SyncControl`` in
 ``state/sync.py``). The communicator wires the concrete objects together.
 """
 

@@ -41,9 +41,15 @@ _SO_RCVLOWAT: Final = getattr(socket, "SO_RCVLOWAT", 18)  # Linux's value where 
 class Sink(Protocol):
     """A running collective as the receiver sees it."""
 
-    active: bool
     seq: int  # the attempt it runs (an early start that starts over changes it)
-    predecessor: int  # the peer id whose frames it receives
+
+    @property
+    def active(self) -> bool:
+        """It runs, and its frames are still wanted."""
+
+    @property
+    def predecessor(self) -> int:
+        """The peer id whose frames it receives."""
 
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         """Where the payload of a frame goes, or None if the frame is illegal."""

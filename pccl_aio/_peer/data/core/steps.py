@@ -1,4 +1,4 @@
-"""One ring all-reduce attempt's segments, as ``collective.Collective`` works them (sans-IO).
+"""One ring all-reduce attempt's segments, as ``paths/ring.py`` works them (sans-IO).
 
 ``start`` lays the attempt out: ``wire_lengths`` and ``cut`` slice what each received segment
 expects on the wire and what is done with it; ``landing`` is where it is received, ``work``

@@ -1,0 +1,45 @@
+"""One data path per collective kind, chosen at the start (``start``).
+
+A ``Collective`` (``collective.py``) keeps what every kind shares: its verdict, future,
+seq, input backup and ``Phase``; its ``Pipeline`` (``pipeline.py``) moves one attempt's
+frames. What differs by kind is a ``DataPath`` (``base.py``): where a received frame lands
+(``target``), what a segment becomes (``process``), what this peer sends of its own
+(``first_sends``), what is left once all is in (``finish``) and its buffers (``release``).
+
+- ``ring.py``: the ring all-reduce (reduce-scatter, then all-gather), unquantized;
+- ``quant.py``: the same ring with quantized codes on the wire;
+- ``gather.py``: the small all-reduce (every input once round the ring).
+
+Adding a kind (broadcast, all-gather, reduce-scatter, ...) is one new module here with a
+class that implements ``DataPath`` (its own plan in a sans-IO ``core/`` module if it needs
+one), one branch in ``start`` choosing it from what every peer of the collective agrees on,
+and the master's start rule for it in ``_master/core/collectives.py``. The collective, its
+life cycle, the pipeline and the receiver stay as they are.
+"""
+
+from __future__ import annotations
+
+from ...._types import Quantization, ReduceOp
+from ...core.buffers import Buffer
+from ..core.backup import InputBackup
+from ..core.gather import chosen as _small
+from ..core.slots import Pool
+from .base import DataPath
+from .gather import GatherPath
+from .quant import QuantRingPath
+from .ring import RingPath
+
+
+def start(rank: int, world: int, src: Buffer, dst: Buffer, op: ReduceOp,
+          quant: Quantization | None, pool: Pool, backup: InputBackup | None,
+          connections: int) -> DataPath:
+    """The data path of rank ``rank`` of ``world`` (the choice depends only on what every
+    peer agrees on: count, dtype, quantization and world size), laid out."""
+    kind: type[RingPath] | type[GatherPath]
+    if quant is not None:
+        kind = QuantRingPath
+    elif _small(dst.count * dst.dtype.itemsize, world, False):
+        kind = GatherPath
+    else:
+        kind = RingPath
+    return kind(rank, world, src, dst, op, quant, pool, backup, connections)
