@@ -13,6 +13,7 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._net.handshake import greet
+from pccl_aio._peer import testing
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.framing import frame
@@ -42,7 +43,7 @@ async def test_the_state_server_serves_only_planned_fetchers_at_the_planned_revi
     n = 8192
     wa, wb = np.arange(n // 4, dtype=np.float32), np.zeros(n // 4, np.float32)
     sa, sb = pccl.SharedState({"w": wa}, revision=3), pccl.SharedState({"w": wb}, revision=0)
-    server = a._sync.server
+    server = testing.shared_state_sync(a).server
     real = server.lookup
     assert real is not None
     probes: dict[str, int] = {}
@@ -135,7 +136,7 @@ async def test_advertise_host_must_be_the_connections_own_address(allow):
         try:
             if allow:
                 await c.connect(attempts=1)
-                assert c._control.membership.ring[0].host == "127.0.0.2"
+                assert testing.control_plane(c).membership.ring[0].host == "127.0.0.2"
             else:
                 with pytest.raises(pccl.MasterConnectionError, match="advertise_host"):
                     await c.connect(attempts=1)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 from tests.helpers import FAST, record_sends, reduce_ok
 
 pytestmark = pytest.mark.timeout(60)
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 
 async def test_a_refused_data_connect_is_retried_by_the_next_collective(peers):
     a, b = await peers(2)
-    listener = b._data.listener
+    listener = testing.data_plane(b).listener
     host, port = b.config.listen_host, listener.port
     await listener.close()  # b's data port refuses: a cannot reach its ring successor
     xs = [np.ones(1000, np.float32), np.ones(1000, np.float32)]

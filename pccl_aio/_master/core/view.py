@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..._wire import messages as m
 from .deadlock import Item
 from .events import Action
-from .records import Peer
+from .records import Op, Peer
 
 if TYPE_CHECKING:
     from .state import MasterState
@@ -74,6 +74,31 @@ class View:
         that started and has not ended."""
         return [(g, tag, op.seq, sorted(set(op.participants) - op.done))
                 for (g, tag), op in self._state._colls.ops.items() if op.seq]
+
+    def collectives(self) -> dict[tuple[int, int], Op]:
+        """(group, tag) -> the record of each collective voted or started and not ended (a
+        copy of the table, of the live records: read them, never change them)."""
+        return dict(self._state._colls.ops)
+
+    def sync_voters(self) -> list[int]:
+        """Peers whose shared-state sync vote is counted (waiting for the sync to start)."""
+        return self._state._sync.voters()
+
+    def syncing(self) -> list[int]:
+        """Peers in a running shared-state sync that have not reported it done, ascending."""
+        return self._state._sync.syncing()
+
+    def sync_busy(self, conn: int) -> bool:
+        """``conn`` has a sync vote counted or has not finished its part of a sync."""
+        return self._state._sync.busy(conn)
+
+    def vote_rounds(self) -> dict[str, int]:
+        """Joint vote kind (``"pending"``, ``"topology"``) -> the rounds answered so far."""
+        return dict(self._state._votes.rounds.items())
+
+    def optimizing(self, conn: int) -> bool:
+        """``conn`` voted ``optimize_topology`` or takes part in a running one."""
+        return self._state._topo.busy(conn)
 
     def revisions(self) -> dict[int, int]:
         """Group -> its last elected shared-state revision."""
