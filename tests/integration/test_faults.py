@@ -1,4 +1,5 @@
-"""Failures inside one event loop: vanished peers, bad input to the master, master loss."""
+"""Failures inside one event loop: vanished peers, bad input to the master, master loss, a
+peer whose data port refuses for a while."""
 
 from __future__ import annotations
 
@@ -371,3 +372,19 @@ async def test_cancelling_an_allreduce_aborts_it_for_the_group(peers, when):
     assert not await _tasks_of(comms)  # no task leaked
     infos = await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
     assert all(i.world_size == 3 for i in infos) and (xs[0] == 6).all()
+
+
+# A data link whose connect failed used to be cached, so it was never retried.
+@pytest.mark.timeout(60)
+async def test_a_refused_data_connect_is_retried_by_the_next_collective(peers):
+    a, b = await peers(2)
+    listener = testing.data_plane(b).listener
+    host, port = b.config.listen_host, listener.port
+    await listener.close()  # b's data port refuses: a cannot reach its ring successor
+    xs = [np.ones(1000, np.float32), np.ones(1000, np.float32)]
+    results = await asyncio.gather(a.all_reduce(xs[0]), b.all_reduce(xs[1]),
+                                   return_exceptions=True)
+    assert all(isinstance(r, pccl.PeerLostError) for r in results), results
+    assert all((x == 1).all() for x in xs)  # restored
+    await listener.start(host, port)  # the listener is back on the same port
+    await reduce_ok([a, b])

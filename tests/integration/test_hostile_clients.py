@@ -1,7 +1,12 @@
-"""Issue 17's findings, each reproduced against a real master and peers on 127.0.0.1 and
-shown refused or harmless. (Injection and the seq flood: ``test_dataplane_guard.py``; the
-master's memory: ``tests/process/test_findings_memory.py``; outsiders and sybils in a run
-with a secret: ``test_security.py``.)"""
+"""What a hostile or misbehaving client can make a master or a peer's state server do:
+nothing harmful. Each attack (issue 17's findings) runs against a real master and peers on
+127.0.0.1 and is refused or harmless: the state server serves only planned fetchers at the
+planned revision, a flood of Hellos costs a training loop no admission round, a connection
+that never says Hello expires, ``advertise_host`` must be the connection's own address, and
+a client that does not read is closed before the master grows. (Injection and the seq
+flood: ``test_dataplane_guard.py``; the master's memory under partial frames:
+``tests/process/test_master_memory.py``; outsiders and sybils in a run with a secret:
+``test_security.py``.)"""
 
 from __future__ import annotations
 
