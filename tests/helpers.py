@@ -10,6 +10,10 @@ from typing import Any
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer.testing import crash, record_sends
+
+__all__ = ["FAST", "admit", "closed", "crash", "join_peers", "master", "peers", "raw_master",
+           "record_sends", "reduce_ok", "rss"]
 
 FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
 
@@ -64,14 +68,6 @@ async def peers(
             await c.close()
 
 
-def crash(comm: pccl.Communicator) -> None:
-    """Make a communicator vanish like a killed process: abort every socket, no goodbye."""
-    comm._control.abort()
-    comm._data.abort()
-    comm._sync.server.lookup = None  # a dead process serves nothing
-    comm._sync.server.abort()
-
-
 async def reduce_ok(comms: list[pccl.Communicator], n: int = 1000) -> None:
     """A correct all-reduce of the whole group (peer i contributes i + 1): they still work."""
     import numpy as np
@@ -80,19 +76,6 @@ async def reduce_ok(comms: list[pccl.Communicator], n: int = 1000) -> None:
     await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
     total = sum(range(1, len(comms) + 1))
     assert all((x == total).all() for x in xs)
-
-
-def record_sends(comm: pccl.Communicator) -> list[object]:
-    """Every message ``comm`` sends to the master from now on (a spy on its control plane)."""
-    sent: list[object] = []
-    send = comm._control.send
-
-    def spy(*msgs: Any) -> None:
-        sent.extend(msgs)
-        send(*msgs)
-
-    comm._control.send = spy  # type: ignore[method-assign]
-    return sent
 
 
 async def raw_master(port: int, secret: str | bytes | None = None

@@ -17,6 +17,7 @@ import numpy as np
 
 import pccl_aio as pccl
 from pccl_aio._master.core.events import Event, Received, Send
+from pccl_aio._peer import testing
 from pccl_aio._peer.state.transfer import StateServer
 from pccl_aio._wire import messages as m
 from tests.helpers import crash
@@ -185,7 +186,7 @@ async def sync_in_order(log: MasterLog, comms, states, order, strategies=None):
 def state_server(comm: pccl.Communicator) -> StateServer:
     """The server that answers ``comm``'s range requests; tests swap its ``lookup`` to serve
     wrong bytes, stall or crash mid-transfer. The one place that knows where it lives."""
-    return comm._sync.server
+    return testing.shared_state_sync(comm).server
 
 
 def vanish(comm: pccl.Communicator, *tasks: asyncio.Future[Any]) -> None:

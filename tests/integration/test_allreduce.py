@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 from pccl_aio._peer.data.core.ring import chunk_bounds
 
 INT_DTYPES = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"]
@@ -187,7 +188,8 @@ async def test_bad_arguments_raise_before_sending(peers):
         await c.all_reduce(np.zeros(4, np.float32), tag=-1)
     with pytest.raises(pccl.InvalidUsageError, match="restore_on_abort"):
         await c.all_reduce(np.zeros(4, np.float32), restore_on_abort="no")  # type: ignore[arg-type]
-    assert not c._control.colls and not comms[1]._control.colls  # nothing was launched
+    launched = testing.control_plane(c).colls, testing.control_plane(comms[1]).colls
+    assert not launched[0] and not launched[1]  # nothing was launched
     xs = [np.ones(3, np.float32) for _ in comms]
     await asyncio.gather(*(p.all_reduce(x) for p, x in zip(comms, xs)))
     assert (xs[1] == 2).all()
@@ -327,13 +329,13 @@ async def test_restore_on_abort_false_takes_no_backup_and_gives_the_same_bytes(p
     quant = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype="uint8") if quantized else None
     taken: list[int] = []
     for c in comms:
-        take = c._data.scratch.take
+        take = testing.data_plane(c).scratch.take
 
         def spy(nbytes, take=take):
             taken.append(nbytes)
             return take(nbytes)
 
-        c._data.scratch.take = spy
+        testing.data_plane(c).scratch.take = spy
     results = {}
     for restore in (True, False):
         xs = [np.arange(n, dtype=np.float32) * (i + 1) - 7.25 for i in range(3)]

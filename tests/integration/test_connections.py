@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 from pccl_aio._peer.data.core import bdp
 
 
@@ -24,7 +25,7 @@ async def _reduce(comms: list[pccl.Communicator]) -> None:
 def _received(comm: pccl.Communicator) -> dict[int, int]:
     """Sending peer id -> admitted receive connections into ``comm``."""
     got: dict[int, int] = {}
-    for r in comm._data.listener.conns:
+    for r in testing.data_plane(comm).listener.conns:
         if r._admitted:
             got[r._peer] = got.get(r._peer, 0) + 1
     return got
@@ -41,8 +42,8 @@ async def test_loopback_default_opens_one_connection_per_neighbour(peers):
     await _reduce(comms)
     await _reduce(comms)  # the second reuses the links
     for c in comms:
-        assert c._data.link_connections() == {_successor(c, comms): 1}
-        link = c._data._links[_successor(c, comms)]
+        assert testing.data_plane(c).link_connections() == {_successor(c, comms): 1}
+        link = testing.data_plane(c).links[_successor(c, comms)]
         assert link.rtt is not None and 0 < link.rtt < 0.05  # measured, loopback
         assert list(_received(c).values()) == [1]
 
@@ -51,8 +52,8 @@ async def test_an_explicit_count_is_honoured(peers):
     comms = await peers(2, p2p_connections=5)
     await _reduce(comms)
     for c in comms:
-        assert c._data.link_connections() == {_successor(c, comms): 5}
-        assert c._data._links[_successor(c, comms)].rtt is None  # nothing measured
+        assert testing.data_plane(c).link_connections() == {_successor(c, comms): 5}
+        assert testing.data_plane(c).links[_successor(c, comms)].rtt is None  # nothing measured
         assert list(_received(c).values()) == [5]
 
 
@@ -60,31 +61,31 @@ async def test_a_measured_bandwidth_set_before_the_link_opens_is_used(peers):
     comms = await peers(2)
     a, b = comms
     # Loopback's RTT (tens of us) at this bandwidth is far beyond one stream's window.
-    a._data.set_bandwidth(b.peer_id, 1e15)
+    testing.data_plane(a).set_bandwidth(b.peer_id, 1e15)
     await _reduce(comms)
-    assert a._data.link_connections() == {b.peer_id: bdp.AUTO_CAP}
-    assert b._data.link_connections() == {a.peer_id: 1}
+    assert testing.data_plane(a).link_connections() == {b.peer_id: bdp.AUTO_CAP}
+    assert testing.data_plane(b).link_connections() == {a.peer_id: 1}
     assert _received(b) == {a.peer_id: bdp.AUTO_CAP}
     # An open link keeps its connections: a new figure waits for the next link.
-    a._data.set_bandwidth(b.peer_id, 1.0)
+    testing.data_plane(a).set_bandwidth(b.peer_id, 1.0)
     await _reduce(comms)
-    assert a._data.link_connections() == {b.peer_id: bdp.AUTO_CAP}
+    assert testing.data_plane(a).link_connections() == {b.peer_id: bdp.AUTO_CAP}
 
 
 @pytest.mark.parametrize("bw", [0, -1.0, math.nan, math.inf, "1e9", True])
 async def test_a_bad_bandwidth_is_invalid_usage(peers, bw):
     comms = await peers(1)
     with pytest.raises(pccl.InvalidUsageError, match="bandwidth"):
-        comms[0]._data.set_bandwidth(2, bw)
+        testing.data_plane(comms[0]).set_bandwidth(2, bw)
 
 
 async def test_a_forgotten_bandwidth_falls_back_to_the_assumed_one(peers):
     comms = await peers(2)
     a, b = comms
-    a._data.set_bandwidth(b.peer_id, 1e15)
-    a._data.set_bandwidth(b.peer_id, None)
+    testing.data_plane(a).set_bandwidth(b.peer_id, 1e15)
+    testing.data_plane(a).set_bandwidth(b.peer_id, None)
     await _reduce(comms)
-    assert a._data.link_connections() == {b.peer_id: 1}
+    assert testing.data_plane(a).link_connections() == {b.peer_id: 1}
 
 
 async def test_frames_spread_over_every_connection_when_none_is_backed_up(peers):
@@ -95,7 +96,7 @@ async def test_frames_spread_over_every_connection_when_none_is_backed_up(peers)
     xs = [np.ones(4 << 20, np.float32) for _ in comms]  # 16 MiB: 8 segments each way per phase
     await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
     for c in comms:
-        (link,) = c._data._links.values()
+        (link,) = testing.data_plane(c).links.values()
         sent = [s.queued for s in link.senders]
         assert len(sent) == 4 and min(sent) > 0, sent
         assert max(sent) - min(sent) <= (1 << 20) + 64, sent  # within one segment

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,12 +31,13 @@ async def test_a_reset_data_connection_fails_the_collective_on_every_peer_at_onc
 
     def spy(self, phase, off, length, p0, p1):
         on_segment(self, phase, off, length, p0, p1)
-        if self.env is not victim._data or cut:
+        if self.env is not testing.data_plane(victim) or cut:
             return
         seen[0] += 1
         if when == "first" or seen[0] == len(self.plan.expected()) - 1:
             cut.append(time.monotonic())
-            for r in list(victim._data.listener.conns):  # its receive side, from peer 0
+            receivers = testing.data_plane(victim).listener.conns  # its receive side, from peer 0
+            for r in list(receivers):
                 assert r._transport is not None
                 if how == "reset":
                     r._transport.abort()  # an RST, as `ss -K` or a middlebox would send

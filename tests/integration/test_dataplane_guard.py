@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 from pccl_aio._peer.data.core import ring
 from pccl_aio._peer.data.paths.ring import SEGMENT_BYTES
 from pccl_aio._wire import auth
@@ -30,7 +31,7 @@ CLOSED = 5.0  # bound on waiting for the victim to close the attacker's connecti
 
 
 def ring_ids(comm: pccl.Communicator) -> list[int]:
-    membership = comm._control.membership
+    membership = testing.control_plane(comm).membership
     assert membership is not None
     return [p.peer_id for p in membership.ring]
 
@@ -56,7 +57,7 @@ async def attacker(comm: pccl.Communicator, claim: int, data: bytes
                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Connect as peer ``claim``: the handshake with the empty key passes in a run without a
     secret and is refused in a run with one (then nothing more is sent)."""
-    r, w = await asyncio.open_connection("127.0.0.1", comm._data.listener.port)
+    r, w = await asyncio.open_connection("127.0.0.1", testing.data_plane(comm).listener.port)
     opening = auth.open_message(auth.ROLE_DATA, claim, comm.peer_id)
     w.write(opening)
     _, status, nonce, _ = auth.CHALLENGE.unpack(await r.readexactly(auth.CHALLENGE.size))
@@ -103,7 +104,7 @@ async def inject(comms: list[pccl.Communicator], claim: str) -> list[str]:
     for _ in range(ROUNDS):
         who = {"predecessor": neighbour(victim, -1), "successor": neighbour(victim, 1),
                "stranger": 999}[claim]
-        nxt = victim._data.registry.max_seq + 1
+        nxt = testing.data_plane(victim).registry.max_seq + 1
         r, w = await attacker(victim, who, forged(victim, range(nxt, nxt + 3)))
         outcomes.append(await one_round(comms))
         assert await closed(r, CLOSED), "the attacker's connection is still open"
@@ -147,7 +148,7 @@ async def test_a_seq_flood_is_cut_off_and_the_group_recovers_within_a_second(pee
     comms = await peers(3)
     victim = comms[1]
     who = neighbour(victim, -1 if claim == "predecessor" else 1)
-    top = victim._data.registry.max_seq + 20_000
+    top = testing.data_plane(victim).registry.max_seq + 20_000
     flood = b"".join(wire.pack_header(wire.MAGIC, ring.RS, 0, seq, 0, 0, 0.0, 0.0)
                      for seq in range(1, top))
     r, w = await attacker(victim, who, flood)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 from pccl_aio._peer.data.core import stash as _stash
 
 from ..helpers import crash
@@ -31,7 +32,7 @@ async def reduce_all(comms: list[pccl.Communicator], xs: list[np.ndarray], tag: 
 
 def launched_early(comm: pccl.Communicator, tag: int) -> bool:
     """The collective ``tag`` just launched runs already (a seq, before any master message)."""
-    coll = comm._control.colls[tag]
+    coll = testing.control_plane(comm).colls[tag]
     return coll.seq != 0 and not coll.confirmed
 
 
@@ -58,7 +59,7 @@ async def test_frames_of_a_peer_that_has_not_launched_yet_are_stashed_then_used(
     await reduce_all(comms, xs, tag=1)  # hands out tag 1's ticket
     kept = asyncio.Event()
     lagger = comms[1]
-    stash = lagger._data.registry.stash
+    stash = testing.data_plane(lagger).registry.stash
     real_keep = _stash.Stash.keep
 
     def keep(self: _stash.Stash, seq: int, frame: _stash.Early) -> None:
@@ -84,7 +85,7 @@ async def test_a_full_stash_spoils_the_ticket_and_the_group_starts_afresh(peers,
     xs = inputs(600_000, 2, seed=2)
     await reduce_all(comms, xs, tag=2)
     lagger = comms[1]
-    stash = lagger._data.registry.stash
+    stash = testing.data_plane(lagger).registry.stash
     stash.budget = 1  # nothing fits: the first early frame spoils the ticket
     spoiled = asyncio.Event()
     real_spoil = _stash.Stash.spoil

@@ -14,6 +14,7 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._master.core import state as ms
+from pccl_aio._peer import testing
 from pccl_aio._wire import messages as m
 from tests.helpers import FAST, admit, join_peers
 
@@ -41,7 +42,7 @@ async def test_calls_wait_for_the_next_master_and_a_vote_in_doubt_is_retryable()
         port = first.port
         a, b = await join_peers(first, 2)
         vote = asyncio.ensure_future(a.update_topology())  # b never votes
-        while not first.state._peers[a.peer_id].voted_topology:
+        while not first.state.access.peer(a.peer_id).voted_topology:
             await asyncio.sleep(0.01)  # polling the master's state for the test
     xs = [np.full(1000, i + 1.0, np.float32) for i in range(2)]
     calls = [asyncio.ensure_future(c.all_reduce(x)) for c, x in zip((a, b), xs)]
@@ -61,7 +62,7 @@ async def test_calls_wait_for_the_next_master_and_a_vote_in_doubt_is_retryable()
 async def test_a_call_made_during_the_outage_times_out_and_master_timeout_ends_it():
     async with running(new_master()) as first:
         a, b = await join_peers(first, 2, master_timeout=1.5)
-    while a._control.up:
+    while testing.control_plane(a).up:
         await asyncio.sleep(0.01)  # until a saw the master go (polling a state)
     x = np.ones(4, np.float32)
     with pytest.raises(pccl.PcclTimeoutError):
@@ -109,7 +110,7 @@ async def test_a_collective_not_every_peer_finished_is_aborted_and_restored():
     async with running(new_master()) as first:
         port = first.port
         a, b, c = await join_peers(first, 3)
-        c._data.abort()  # c's data path breaks: nobody finishes, and nobody is told
+        testing.data_plane(c).abort()  # c's data path breaks: nobody finishes, nobody is told
         _drop_completions(first, set())
         xs = [np.full(1 << 20, i + 1.0, np.float32) for i in range(3)]
         hs = [p.all_reduce_async(x, tag=2) for p, x in zip((a, b, c), xs)]

@@ -1,4 +1,5 @@
-"""Failures inside one event loop: vanished peers, bad input to the master, master loss."""
+"""Failures inside one event loop: vanished peers, bad input to the master, master loss, a
+peer whose data port refuses for a while."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._net.handshake import Gate
+from pccl_aio._peer import testing
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.framing import frame
@@ -30,7 +32,7 @@ def _crash_after(watched, victim, phase: int, k: int) -> Iterator[list[int]]:
 
     def on_segment(self, ph, off, length, p0, p1):
         orig_on_segment(self, ph, off, length, p0, p1)
-        if self.env is watched._data and ph == phase:
+        if self.env is testing.data_plane(watched) and ph == phase:
             seen[0] += 1
             if seen[0] == k:
                 crash(victim)
@@ -93,8 +95,9 @@ async def test_a_victims_data_links_closing_before_its_master_connection_still_u
             await hs[i]
         return comms[i].peer_group_world_size
 
-    victim._data.abort()  # its data connections go first ...
-    asyncio.get_running_loop().call_later(0.03, victim._control.abort)  # ... its master's later
+    testing.data_plane(victim).abort()  # its data connections go first ...
+    control = testing.control_plane(victim)
+    asyncio.get_running_loop().call_later(0.03, control.abort)  # ... its master's later
     assert await asyncio.gather(*(world_at_error(i) for i in (0, 2, 3))) == [3, 3, 3]
     crash(victim)
     await reduce_ok(survivors)
@@ -162,7 +165,7 @@ def _first_start(comm: pccl.Communicator, monkeypatch) -> asyncio.Event:
 
     def spy(self, seq, ring_ids, me):
         on_start(self, seq, ring_ids, me)
-        if self.env is comm._data:
+        if self.env is testing.data_plane(comm):
             started.set()
 
     monkeypatch.setattr(_collective.Collective, "on_start", spy)
@@ -313,9 +316,9 @@ async def test_peer_refuses_master_of_other_handshake_version():
 
 async def test_illegal_vote_kicks_that_peer_only(peers):
     a, b, c = await peers(3)
-    pending = a._control.expect("pending")  # what are_peers_pending() waits on
-    a._control.send(m.VotePeersPending())
-    a._control.send(m.VotePeersPending())  # a duplicate vote breaks the protocol
+    pending = testing.control_plane(a).expect("pending")  # what are_peers_pending() waits on
+    testing.control_plane(a).send(m.VotePeersPending())
+    testing.control_plane(a).send(m.VotePeersPending())  # a duplicate vote breaks the protocol
     with pytest.raises(pccl.KickedError):
         await pending
     with pytest.raises(pccl.KickedError):
@@ -369,3 +372,19 @@ async def test_cancelling_an_allreduce_aborts_it_for_the_group(peers, when):
     assert not await _tasks_of(comms)  # no task leaked
     infos = await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
     assert all(i.world_size == 3 for i in infos) and (xs[0] == 6).all()
+
+
+# A data link whose connect failed used to be cached, so it was never retried.
+@pytest.mark.timeout(60)
+async def test_a_refused_data_connect_is_retried_by_the_next_collective(peers):
+    a, b = await peers(2)
+    listener = testing.data_plane(b).listener
+    host, port = b.config.listen_host, listener.port
+    await listener.close()  # b's data port refuses: a cannot reach its ring successor
+    xs = [np.ones(1000, np.float32), np.ones(1000, np.float32)]
+    results = await asyncio.gather(a.all_reduce(xs[0]), b.all_reduce(xs[1]),
+                                   return_exceptions=True)
+    assert all(isinstance(r, pccl.PeerLostError) for r in results), results
+    assert all((x == 1).all() for x in xs)  # restored
+    await listener.start(host, port)  # the listener is back on the same port
+    await reduce_ok([a, b])

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pccl_aio as pccl
 from pccl_aio import _log
+from pccl_aio._peer import testing
 from tests.helpers import FAST, crash, join_peers
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,7 +37,7 @@ def _first_start(comm: pccl.Communicator, monkeypatch: pytest.MonkeyPatch) -> as
 
     def spy(self: Any, seq: int, ring_ids: list[int], me: int, early: bool = False) -> None:
         on_start(self, seq, ring_ids, me, early)
-        if self.env is comm._data:
+        if self.env is testing.data_plane(comm):
             started.set()
 
     monkeypatch.setattr(_collective.Collective, "on_start", spy)
@@ -154,14 +155,14 @@ async def test_metrics_count_bytes_per_neighbour_and_latency_by_size_class(maste
         ports = [c.metrics_port for c in comms]
         assert all(isinstance(p, int) and p > 0 for p in ports) and len(set(ports)) == 3
         c0 = comms[0]
-        ring = [p.peer_id for p in c0._control.membership.ring]
+        ring = [p.peer_id for p in testing.control_plane(c0).membership.ring]
         me = ring.index(c0.peer_id)
         succ, pred = str(ring[(me + 1) % 3]), str(ring[me - 1])
         before = await _metrics(ports[0])
         assert _get(before, "pccl_peer_world_size") == 3
         assert _get(before, "pccl_peer_group_world_size") == 3
-        assert _get(before, "pccl_peer_info", run=c0._control.run_id, peer=str(c0.peer_id),
-                    group="0") == 1
+        assert _get(before, "pccl_peer_info", run=testing.control_plane(c0).run_id,
+                    peer=str(c0.peer_id), group="0") == 1
 
         n = 1 << 16  # 256 KiB of float32: the ring, size class <1MiB
         infos = []

@@ -13,6 +13,7 @@ import trustme
 
 import pccl_aio as pccl
 from pccl_aio._net.handshake import HandshakeError, greet
+from pccl_aio._peer import testing
 from pccl_aio._wire import auth
 from tests.helpers import FAST, join_peers, raw_master
 
@@ -156,8 +157,8 @@ async def test_outsiders_cannot_reach_data_or_state_listeners(secret_master):
     comms = await join_peers(secret_master, 2, secret=SECRET)
     try:
         b = comms[1]
-        for role, port in ((auth.ROLE_DATA, b._data.listener.port),
-                           (auth.ROLE_STATE, b._sync.server.port)):
+        for role, port in ((auth.ROLE_DATA, testing.data_plane(b).listener.port),
+                           (auth.ROLE_STATE, testing.shared_state_sync(b).server.port)):
             for key in (b"", auth.secret_key(SECRET)):  # nothing, or even the run secret
                 assert await _attempt(port, role, key, comms[0].peer_id, b.peer_id) == auth.REFUSED
             # a peer id that is not a member is refused before any proof
@@ -173,12 +174,14 @@ async def test_a_member_cannot_pose_as_another_members_ring_neighbour(secret_mas
     predecessor) fails the handshake, whichever of its own keys it presents."""
     a, b, c = comms = await join_peers(secret_master, 3, secret=SECRET)
     try:
-        assert [p.peer_id for p in b._control.membership.ring] == [a.peer_id, b.peer_id, c.peer_id]
-        for key in (c._keys.key(b.peer_id), c._keys.key(a.peer_id)):
-            for role, port in ((auth.ROLE_DATA, b._data.listener.port),
-                               (auth.ROLE_STATE, b._sync.server.port)):
+        ring = testing.control_plane(b).membership.ring
+        assert [p.peer_id for p in ring] == [a.peer_id, b.peer_id, c.peer_id]
+        for key in (testing.pair_key(c, b.peer_id), testing.pair_key(c, a.peer_id)):
+            for role, port in ((auth.ROLE_DATA, testing.data_plane(b).listener.port),
+                               (auth.ROLE_STATE, testing.shared_state_sync(b).server.port)):
                 assert await _attempt(port, role, key, a.peer_id, b.peer_id) == auth.REFUSED
-            reader, writer = await asyncio.open_connection("127.0.0.1", b._data.listener.port)
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", testing.data_plane(b).listener.port)
             with pytest.raises(HandshakeError, match="secrets differ"):  # the library's client
                 await greet(reader, writer, auth.ROLE_DATA, key, a.peer_id, b.peer_id)
             writer.close()
@@ -194,7 +197,7 @@ async def test_slow_and_held_connections_do_not_stall_master_or_listener(secret_
     comms = await join_peers(secret_master, 2, secret=SECRET)
     held: list[asyncio.StreamWriter] = []
     try:
-        for port in (secret_master.port, comms[1]._data.listener.port):
+        for port in (secret_master.port, testing.data_plane(comms[1]).listener.port):
             for i in range(250):
                 _, w = await asyncio.open_connection("127.0.0.1", port)
                 if i % 2:
@@ -260,10 +263,10 @@ async def test_tls_master_and_data_plane_give_exact_results(ca):
         comms = await join_peers(m, 3, secret=SECRET, ssl=client, ssl_server=server)
         try:
             for c in comms:
-                assert c._control._writer.get_extra_info("ssl_object") is not None
+                assert testing.control_plane(c).writer.get_extra_info("ssl_object") is not None
             await _exact(comms, 1 << 20)
             for c in comms:  # the data links are TLS too
-                for link in c._data._links.values():
+                for link in testing.data_plane(c).links.values():
                     assert all(s.transport.get_extra_info("ssl_object") is not None
                                for s in link.senders)
             states = [pccl.SharedState({"w": np.full(1 << 16, float(i), np.float32)},
@@ -326,16 +329,18 @@ async def test_a_member_holds_at_most_16_connections_to_a_state_server(secret_ma
     a, b = comms = await join_peers(secret_master, 2, secret=SECRET)
     held = []
     try:
-        port = b._sync.server.port
+        port = testing.shared_state_sync(b).server.port
         for _ in range(MAX_PER_PEER):
             r, w = await asyncio.open_connection("127.0.0.1", port)
-            await greet(r, w, auth.ROLE_STATE, a._keys.key(b.peer_id), a.peer_id, b.peer_id)
+            await greet(r, w, auth.ROLE_STATE, testing.pair_key(a, b.peer_id), a.peer_id,
+                        b.peer_id)
             held.append(w)
         r, w = await asyncio.open_connection("127.0.0.1", port)
-        await greet(r, w, auth.ROLE_STATE, a._keys.key(b.peer_id), a.peer_id, b.peer_id)
+        await greet(r, w, auth.ROLE_STATE, testing.pair_key(a, b.peer_id), a.peer_id,
+                    b.peer_id)
         held.append(w)
         assert await closed(r)  # one too many
-        assert b._sync.server._by_peer[a.peer_id] == MAX_PER_PEER
+        assert testing.shared_state_sync(b).server.connections(a.peer_id) == MAX_PER_PEER
         await _exact(comms)
     finally:
         for w in held:

@@ -1,4 +1,6 @@
-"""``timeout=`` on every blocking call: PcclTimeoutError, and the communicator still usable."""
+"""``timeout=`` on every blocking call: PcclTimeoutError, and the communicator still usable.
+A call cancelled from outside (``asyncio.wait_for``) takes its vote back the same way, and
+``connect`` to a master that accepts and never answers times out."""
 
 from __future__ import annotations
 
@@ -85,3 +87,41 @@ async def test_sync_times_out_and_its_vote_is_taken_back(peers):
     await reduce_ok([a, b])  # a's sync vote no longer counts: not a mismatch, not a kick
     infos = await asyncio.gather(a.sync_shared_state(sa), b.sync_shared_state(sb))
     assert [i.revision for i in infos] == [0, 0]
+
+
+# A cancelled vote used to stay counted at the master, and the peer's next call got it kicked.
+async def test_a_cancelled_topology_vote_is_withdrawn(peers):
+    a, b = await peers(2)
+    with pytest.raises(TimeoutError):  # b never votes: the vote cannot complete
+        await asyncio.wait_for(a.update_topology(), 0.3)
+    await reduce_ok([a, b])  # before: "collective tag 0 already running" and a was kicked
+    await asyncio.gather(a.update_topology(), b.update_topology())  # a fresh joint vote
+    await reduce_ok([a, b])
+
+
+async def test_a_cancelled_pending_vote_is_withdrawn(peers):
+    a, b = await peers(2)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(a.are_peers_pending(), 0.3)
+    await reduce_ok([a, b])
+    # before: a's withdrawn vote still counted, so this one was a duplicate and a was kicked
+    assert await asyncio.gather(a.are_peers_pending(), b.are_peers_pending()) == [False, False]
+    await reduce_ok([a, b])
+
+
+# It used to hang for ever.
+async def test_connect_to_a_master_that_never_answers_times_out():
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepts, reads the Hello, never answers
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    comm = pccl.Communicator(f"127.0.0.1:{port}", **{**FAST, "heartbeat_timeout": 0.5})
+    t0 = time.monotonic()
+    with pytest.raises(pccl.PcclTimeoutError, match="did not answer"):
+        await asyncio.wait_for(comm.connect(attempts=1), 10)
+    assert time.monotonic() - t0 < 5
+    await comm.close()
+    server.close()
+    await server.wait_closed()

@@ -11,6 +11,7 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._net.handshake import HandshakeError, connect
+from pccl_aio._peer import testing
 from pccl_aio._peer.data import measure
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
@@ -31,7 +32,7 @@ async def test_three_peers_measure_every_pair_once_and_agree(peers, master):
     assert all(bps > 0 and 0 <= lat < 1 for bps, lat in links.values())
     assert master.state.ring(0) == list(info.ring)
     for c in comms:  # each peer sizes its links (automatic connections) with what it measured
-        assert c._data._bandwidth == {b: links[(c.peer_id, b)][0] for b in ids
+        assert testing.data_plane(c).bandwidths == {b: links[(c.peer_id, b)][0] for b in ids
                                       if b != c.peer_id}
     await reduce_ok(comms)
     again = await asyncio.gather(*(c.optimize_topology(timeout=30) for c in comms))
@@ -48,7 +49,7 @@ async def test_with_a_run_secret_the_measurement_connections_authenticate():
             assert infos[0] == infos[1] and infos[0].measured == 2
             assert all(bps > 0 for bps, _ in master.state.links().values())
             # a connection that does not hold the pair key is refused before any byte counts
-            listener = comms[0]._data.listener
+            listener = testing.data_plane(comms[0]).listener
             with pytest.raises(HandshakeError):
                 await connect("127.0.0.1", listener.port, None, auth.ROLE_MEASURE, b"\0" * 32,
                               comms[1].peer_id, comms[0].peer_id, measure._MeasureSource())
@@ -72,7 +73,7 @@ async def test_misuse_and_cancellation(peers):
 async def test_optimize_next_to_an_all_reduce_is_a_typed_error_not_a_hang(peers, master):
     a, b = await peers(2)
     vote = asyncio.ensure_future(a.optimize_topology(timeout=30))
-    await asyncio.wait_for(_until(lambda: master.state._topo.busy(a.peer_id)), 10)
+    await asyncio.wait_for(_until(lambda: master.state.access.optimizing(a.peer_id)), 10)
     x = np.ones(8, np.float32)
     reduce = asyncio.ensure_future(b.all_reduce(x, timeout=30))
     with pytest.raises(pccl.DeadlockError, match="optimize_topology"):
@@ -86,13 +87,13 @@ async def test_the_sink_caps_the_window_and_the_connections(peers, monkeypatch):
     a, b = await peers(2)
     monkeypatch.setattr(m, "MAX_MEASURE_SECONDS", 0.3)
     probe = measure._MeasureSource()
-    port = a._data.listener.port
+    port = testing.data_plane(a).listener.port
     await connect("127.0.0.1", port, None, auth.ROLE_MEASURE, b"", b.peer_id, a.peer_id, probe)
     t0 = time.monotonic()
     nbytes, ns, rtt = await asyncio.wait_for(probe.run(3600.0, 2), 10)  # asks for an hour
     assert time.monotonic() - t0 < 5 and 0.1e9 <= ns < 2e9 and nbytes > 0 and rtt < 1
     probe.close()
-    await asyncio.wait_for(_until(lambda: not a._measure._sinks), 10)
+    await asyncio.wait_for(_until(lambda: not testing.measurer(a).receiving), 10)
     held = [measure._MeasureSource() for _ in range(measure.MAX_SINKS + 1)]
     for p in held:
         await connect("127.0.0.1", port, None, auth.ROLE_MEASURE, b"", b.peer_id, a.peer_id, p)
@@ -100,7 +101,7 @@ async def test_the_sink_caps_the_window_and_the_connections(peers, monkeypatch):
     assert sum(p.closed for p in held) == 1
     for p in held:
         p.close()
-    await asyncio.wait_for(_until(lambda: not a._measure._sinks), 10)
+    await asyncio.wait_for(_until(lambda: not testing.measurer(a).receiving), 10)
     info = await asyncio.gather(a.optimize_topology(timeout=30), b.optimize_topology(timeout=30))
     assert info[0].measured == 2
 

@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 
 
 def emit(event: str, **kw: object) -> None:
@@ -39,7 +40,7 @@ async def command() -> list[str]:
 
 
 def ring(comm: pccl.Communicator) -> list[int]:
-    ms = comm._control.membership
+    ms = testing.control_plane(comm).membership
     return [p.peer_id for p in ms.ring] if ms else []
 
 

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 
 
 async def master(host: str) -> None:
@@ -32,8 +33,8 @@ async def peer(addr: str, host: str, k: str) -> None:
         x = np.full(1 << 18, 1.0, np.float32)
         await comm.all_reduce(x)
         assert float(x[0]) == float(x[-1]) == 2.0
-        report = {"k": comm._data.link_connections(),
-                  "rtt": [lk.rtt for lk in comm._data._links.values()]}
+        report = {"k": testing.data_plane(comm).link_connections(),
+                  "rtt": [lk.rtt for lk in testing.data_plane(comm).links.values()]}
         await comm.all_reduce(x)  # a barrier: neither leaves (closing the other's link) before
         print(json.dumps(report), flush=True)  # both took their report
 

@@ -26,6 +26,7 @@ import numpy as np
 import xxhash
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 
 PACE = float(os.environ.get("STEP_SECONDS", "0"))  # compute time of a step (default none)
 
@@ -109,7 +110,8 @@ async def big(comm: pccl.Communicator, mib: int) -> None:
             a[:] = np.arange(a.size, dtype=np.float32) * (i + 1)
     state = pccl.SharedState(entries, revision=0 if joiner else 5)
     if not joiner:
-        server = comm._sync.server  # private: no public hook tells "a range was requested"
+        # (the test hook: no public API tells "a range was requested")
+        server = testing.shared_state_sync(comm).server
         orig = server.lookup
         assert orig is not None
         told = False

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 
 
 def emit(**kw: object) -> None:
@@ -44,11 +45,12 @@ def launched(comm: pccl.Communicator, n: int) -> asyncio.Future[None]:
     """A future set once ``comm`` has launched ``n`` collectives (sent their votes).
 
     all_reduce_multiple_with_retry has no public "window launched" signal, so this wraps the
-    private launch of the communicator's control plane; what the process test asserts (the
-    window size) is read from its equally private ``colls`` anyway.
+    ``launch`` of the communicator's control plane (reached through the test hook
+    ``pccl_aio._peer.testing``); what the process test asserts (the window size) is read from
+    its ``colls`` too.
     """
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    control = comm._control
+    control = testing.control_plane(comm)
     launch, count = control.launch, 0
 
     def counting(coll: Any) -> None:
@@ -70,12 +72,11 @@ def arm_cut_on_sigusr1(comm: pccl.Communicator) -> None:
 
     def cutting(self: Any, *args: Any) -> None:
         on_segment(self, *args)
-        if armed[0] and self.env is comm._data:
+        if armed[0] and self.env is testing.data_plane(comm):
             armed[0] = False
-            conns = list(comm._data.listener.conns)
+            conns = list(testing.data_plane(comm).listener.conns)
             for r in conns:  # abort: the kernel sends a reset, as `ss -K` would
-                if r._transport is not None:
-                    r._transport.abort()
+                r.close()
             emit(event="cut", sockets=len(conns))
 
     _collective.Collective.on_segment = cutting  # type: ignore[method-assign]
@@ -119,7 +120,7 @@ async def main() -> None:
                 comm.all_reduce_multiple_with_retry(ts, max_in_flight=in_flight))
             await asyncio.wait([task, window], return_when=asyncio.FIRST_COMPLETED)
             window.cancel()
-            emit(event="started", in_flight=len(comm._control.colls))
+            emit(event="started", in_flight=len(testing.control_plane(comm).colls))
             infos = await task
             emit(event="done", ws=[i.world_size for i in infos],
                  hash=digest(np.concatenate(ts)), firsts=[float(t[0]) for t in ts])

@@ -31,6 +31,7 @@ import msgspec
 from pccl_aio._errors import RemoteProtocolError
 from pccl_aio._master.core import deadlock
 from pccl_aio._master.core import state as ms
+from pccl_aio._master.core.records import Peer
 from pccl_aio._wire import messages as m
 
 PV = m.PROTOCOL_VERSION
@@ -130,12 +131,19 @@ class Fuzzer:
         if not self.live:
             return None
         conn = self.rng.choice(self.live)
-        if not self.st._peers[conn].registered and self.rng.random() < 0.97:
+        if not self.peer(conn).registered and self.rng.random() < 0.97:
             conn = self.rng.choice(self.live)
         return conn
 
     def accepted(self) -> list[int]:
         return self.st.accepted()
+
+    def peer(self, conn: int) -> Peer:
+        """The master's record of connection ``conn`` (KeyError if it has none)."""
+        p = self.st.access.peer(conn)
+        if p is None:
+            raise KeyError(conn)
+        return p
 
     def step(self, kind: str) -> None:
         r = self.rng
@@ -146,7 +154,7 @@ class Fuzzer:
                 self.live.append(conn)
                 self.event(ms.Connected(conn, r.choice(HOSTS), self.now))
         elif kind == "hello":
-            fresh = [c for c in self.live if not self.st._peers[c].registered]
+            fresh = [c for c in self.live if not self.peer(c).registered]
             conn = r.choice(fresh) if fresh else self.pick() if r.random() < 0.05 else None
             if conn is not None:
                 self.send(conn, m.Hello(PV if r.random() < 0.95 else PV + 1,
@@ -154,22 +162,22 @@ class Fuzzer:
                                         r.choice((0, 0, 41000 + conn % 1000))))
         elif kind in ("topology", "pending"):
             acc = self.accepted()
-            idle = [c for c in acc if not self.st._peers[c].tags and not (
-                self.st._peers[c].voted_topology if kind == "topology"
-                else self.st._peers[c].voted_pending)]
+            idle = [c for c in acc if not self.peer(c).tags and not (
+                self.peer(c).voted_topology if kind == "topology"
+                else self.peer(c).voted_pending)]
             if acc:
                 msg = m.VoteUpdateTopology() if kind == "topology" else m.VotePeersPending()
                 self.send(r.choice(idle if idle and r.random() < 0.95 else acc), msg)
         elif kind == "group topology":
             for conn in self.accepted():
-                p = self.st._peers.get(conn)  # (an earlier vote may have kicked it)
+                p = self.st.access.peer(conn)  # (an earlier vote may have kicked it)
                 if p is not None and not p.tags:
                     self.send(conn, m.VoteUpdateTopology())
         elif kind == "init":
             acc = self.accepted()
             if acc:
                 conn, tag = r.choice(acc), r.choice(TAGS)
-                p = self.st._peers[conn]
+                p = self.peer(conn)
                 if (tag in p.tags or p.voted_topology) and r.random() < 0.95:
                     return  # mostly legal launches: an illegal one is a kick
                 self.send(conn, m.CollectiveInit(tag, 8, 10, 0)
@@ -177,20 +185,20 @@ class Fuzzer:
         elif kind == "group init":
             acc = self.accepted()
             if acc:
-                group, tag = self.st._peers[r.choice(acc)].group, r.choice(TAGS)
+                group, tag = self.peer(r.choice(acc)).group, r.choice(TAGS)
                 wait = r.random() < 0.5
                 init = m.CollectiveInit(tag, 8, 10, 0)
                 for conn in self.st.accepted(group):
-                    p = self.st._peers.get(conn)
+                    p = self.st.access.peer(conn)
                     if p is not None and tag not in p.tags and not p.voted_topology:
                         self.send(conn, init if r.random() < 0.95 else self.corrupt(init))
-                        if wait and conn in self.st._peers:
+                        if wait and self.st.access.peer(conn) is not None:
                             self.send(conn, m.CollectiveWait(tag))
         elif kind == "wait":
             acc = self.accepted()
             if acc:
                 conn = r.choice(acc)
-                tags = sorted(self.st._peers[conn].tags) or [r.choice(TAGS)]
+                tags = sorted(self.peer(conn).tags) or [r.choice(TAGS)]
                 self.send(conn, m.CollectiveWait(r.choice(tags)))
         elif kind == "done":
             self.done()
@@ -198,24 +206,25 @@ class Fuzzer:
             acc = self.accepted()
             if acc:
                 conn = r.choice(acc)
-                p = self.st._peers[conn]
-                if (p.tags or p.voted_topology or self.st._sync.busy(conn)) and r.random() < 0.9:
+                p = self.peer(conn)
+                busy = p.tags or p.voted_topology or self.st.access.sync_busy(conn)
+                if busy and r.random() < 0.9:
                     return
                 self.send(conn, self.sync_msg(r.random() < 0.1, p.group))
         elif kind == "group sync":
             acc = self.accepted()
             if acc:
-                group = self.st._peers[r.choice(acc)].group
+                group = self.peer(r.choice(acc)).group
                 vote = self.sync_msg(False, group)
                 for conn in self.st.accepted(group):
-                    p = self.st._peers.get(conn)
+                    p = self.st.access.peer(conn)
                     if (p is not None and not p.tags and not p.voted_topology
-                            and not self.st._sync.busy(conn)):
+                            and not self.st.access.sync_busy(conn)):
                         x = r.random()
                         self.send(conn, vote if x < 0.8 else self.sync_msg(False, group)
                                   if x < 0.9 else self.corrupt(vote))
         elif kind == "sync done":
-            syncing = sorted(self.st._sync._syncing)
+            syncing = self.st.access.syncing()
             acc = syncing if syncing or r.random() < 0.05 else []
             if acc:
                 self.send(r.choice(acc), m.SyncDone(r.random() < 0.9, "x"))
@@ -261,7 +270,7 @@ class Fuzzer:
         if not acc:
             return
         conn = r.choice(acc)
-        p = self.st._peers[conn]
+        p = self.peer(conn)
         running = self.st.running(p.group)
         tags = [t for t in running if t in p.tags]
         if tags and r.random() < 0.85:
@@ -290,7 +299,7 @@ class Fuzzer:
             content = r.choice((1, 1, 2))
             entries = [m.SyncEntry("w", 0, 64, bytes([content]) * 16),
                        m.SyncEntry("m", 10, 8, b"", True)][: r.choice((1, 2, 2))]
-            last = self.st._sync._revisions.get(group, 0)
+            last = self.st.access.revisions().get(group, 0)
             return m.VoteSync(max(0, last + r.choice((0, 0, 1, 1, 2, -1))),
                               r.choice((0,) * 8 + (1, 2)), entries, r.random() < 0.3)
         h = self.hostile_int
@@ -404,13 +413,13 @@ class Fuzzer:
 
     def check_state(self) -> None:
         st = self.st
-        peers = st._peers
+        peers = {p.conn: p for p in st.access.peers()}
         for conn, p in peers.items():
             if (p.voted_topology or p.voted_pending or p.tags) and not p.accepted:
                 raise AssertionError(f"peer {conn} votes but is not accepted: {p}")
             if p.accepted and not p.registered:
                 raise AssertionError(f"peer {conn} accepted before its Hello")
-        for (group, tag), op in st._colls.ops.items():
+        for (group, tag), op in st.access.collectives().items():
             who = op.participants if op.seq else tuple(op.descs)
             if not who or op.waits - set(op.descs):
                 raise AssertionError(f"op ({group}, {tag}) is inconsistent: {op}")
@@ -418,7 +427,7 @@ class Fuzzer:
                 p = peers.get(conn)
                 if p is None or not p.accepted or p.group != group or tag not in p.tags:
                     raise AssertionError(f"op ({group}, {tag}) names peer {conn}: {op}, {p}")
-        for conn in st._sync.voters():
+        for conn in st.access.sync_voters():
             if conn not in peers or not peers[conn].accepted:
                 raise AssertionError(f"sync vote of peer {conn}, not accepted")
         if deadlock.find(st.access) is not None:

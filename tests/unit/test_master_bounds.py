@@ -49,17 +49,17 @@ def test_a_flood_of_distinct_collective_inits_kicks_the_member_and_frees_its_ope
     assert cap == 1024
     for tag in range(1, cap + 1):
         assert h.send(a, m.CollectiveInit(tag, 8, 10, 0)) == []  # legal: waits for b
-    assert len(h.st._colls.ops) == cap
+    assert len(h.st.access.collectives()) == cap
     acts = h.send(a, m.CollectiveInit(cap + 1, 8, 10, 0))
     assert_kicked(acts, a)
     assert "1024 collectives" in acts[0].msg.reason  # type: ignore[union-attr]
-    assert h.st._colls.ops == {} and h.st.accepted() == [b]
+    assert h.st.access.collectives() == {} and h.st.accepted() == [b]
     for tag in range(cap + 2, 300_001):  # the rest of the flood reaches a closed session
         assert h.st.handle(ms.Received(a, m.CollectiveInit(tag, 8, 10, 0), h.now)) == []
-    assert h.st._colls.ops == {}
+    assert h.st.access.collectives() == {}
     c, _ = h.join(0)  # the next membership change: no operation to walk through
     acts = h.send(b, m.VoteUpdateTopology())
-    assert sorted(msgs(acts, m.Membership)) == [b, c] and h.st._colls.ops == {}
+    assert sorted(msgs(acts, m.Membership)) == [b, c] and h.st.access.collectives() == {}
     assert h.start([b, c], 7) > 0  # the survivors go on
 
 

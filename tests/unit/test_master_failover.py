@@ -321,4 +321,4 @@ def test_a_topology_round_is_counted_before_its_membership():
     acts = h.vote_topology_all()
     (ms_a,) = sent_to(acts, a, m.Membership)
     (done,) = sent_to(acts, a, m.TopologyUpdated)
-    assert ms_a.topology_round == done.round == h.st._votes.rounds["topology"]  # type: ignore[attr-defined]
+    assert ms_a.topology_round == done.round == h.st.access.vote_rounds()["topology"]

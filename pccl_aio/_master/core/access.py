@@ -13,8 +13,9 @@ from .collectives import Collectives
 from .deadlock import Item
 from .events import Action
 from .failover import Failover
+from .joint import JointVotes
 from .limits import Admission
-from .records import Peer
+from .records import Op, Peer
 from .topology import Topology
 
 __all__ = ["StateAccess"]
@@ -31,6 +32,7 @@ class _State(Protocol):
     _sync: SyncBarrier
     _topo: Topology
     _fo: Failover
+    _votes: JointVotes
 
     def accepted(self, group: int | None = None) -> list[int]: ...
     def publish(self, out: list[Action]) -> int: ...
@@ -95,6 +97,31 @@ class StateAccess:
         that started and has not ended."""
         return [(g, tag, op.seq, sorted(set(op.participants) - op.done))
                 for (g, tag), op in self._state._colls.ops.items() if op.seq]
+
+    def collectives(self) -> dict[tuple[int, int], Op]:
+        """(group, tag) -> the record of each collective voted or started and not ended (a
+        copy of the table, of the live records: read them, never change them)."""
+        return dict(self._state._colls.ops)
+
+    def sync_voters(self) -> list[int]:
+        """Peers whose shared-state sync vote is counted (waiting for the sync to start)."""
+        return self._state._sync.voters()
+
+    def syncing(self) -> list[int]:
+        """Peers in a running shared-state sync that have not reported it done, ascending."""
+        return self._state._sync.syncing()
+
+    def sync_busy(self, conn: int) -> bool:
+        """``conn`` has a sync vote counted or has not finished its part of a sync."""
+        return self._state._sync.busy(conn)
+
+    def vote_rounds(self) -> dict[str, int]:
+        """Joint vote kind (``"pending"``, ``"topology"``) -> the rounds answered so far."""
+        return dict(self._state._votes.rounds.items())
+
+    def optimizing(self, conn: int) -> bool:
+        """``conn`` voted ``optimize_topology`` or takes part in a running one."""
+        return self._state._topo.busy(conn)
 
     def revisions(self) -> dict[int, int]:
         """Group -> its last elected shared-state revision."""

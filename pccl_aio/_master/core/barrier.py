@@ -66,6 +66,10 @@ class SyncBarrier:
         """Group -> its last elected revision."""
         return dict(self._revisions)
 
+    def syncing(self) -> list[int]:
+        """Peers that got a ``SyncPlan`` and have not reported ``SyncDone`` yet, ascending."""
+        return sorted(self._syncing)
+
     def busy(self, conn: int) -> bool:
         """True while ``conn`` has a sync vote counted or has not finished its sync part."""
         return conn in self._votes or conn in self._syncing

@@ -9,7 +9,8 @@ come from the master's latest ``Membership``; reports go to the master through `
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from ..._errors import InvalidUsageError
 from ..._net.handshake import Gate
@@ -53,6 +54,16 @@ class DataPlane:
         fixed = self.config.p2p_connections
         return fixed if fixed is not None else max((k.k for k in self._links.values()),
                                                    default=1)
+
+    @property
+    def links(self) -> Mapping[int, Link]:
+        """Peer id -> the link to it, open or broken (a read-only view)."""
+        return MappingProxyType(self._links)
+
+    @property
+    def bandwidths(self) -> dict[int, float]:
+        """Peer id -> the bandwidth ``set_bandwidth`` holds for it (bits/s; a copy)."""
+        return dict(self._bandwidth)
 
     def link_connections(self) -> dict[int, int]:
         """Peer id -> connections of the open link to it (for benchmarks and tests)."""

@@ -265,6 +265,11 @@ class Measurer:
         self._sinks: set[_MeasureSink] = set()
         self._tasks = TaskSet("pccl_aio link measurement")
 
+    @property
+    def receiving(self) -> int:
+        """Measurement connections open on this side now (at most ``MAX_SINKS``)."""
+        return len(self._sinks)
+
     def accept(self, conn: Handoff) -> None:
         """Take over an authenticated measurement connection (closed beyond ``MAX_SINKS``)."""
         if len(self._sinks) >= MAX_SINKS:

@@ -89,7 +89,8 @@ class ControlPlane:
         return self._session.where if self._session is not None else ""
 
     @property
-    def _writer(self) -> asyncio.StreamWriter | None:
+    def writer(self) -> asyncio.StreamWriter | None:
+        """The master connection of the last session (None without one)."""
         return self._session.writer if self._session is not None else None
 
     @property
@@ -160,7 +161,7 @@ class ControlPlane:
     def abort(self) -> None:
         """Drop the master connection at once (no goodbye), as a killed process would."""
         self._closing = True
-        if (writer := self._writer) is not None:
+        if (writer := self.writer) is not None:
             writer.transport.abort()
 
     async def close(self) -> None:
@@ -168,7 +169,7 @@ class ControlPlane:
         self._closing = True
         await self._tasks.close()
         await goodbye(self._session)
-        close_quietly(writer := self._writer)
+        close_quietly(writer := self.writer)
         if writer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
@@ -187,9 +188,9 @@ class ControlPlane:
         being replaced."""
         if self.failure is not None:
             raise self.failure
-        if not self.up or self._writer is None or self._writer.is_closing():
+        if not self.up or self.writer is None or self.writer.is_closing():
             raise MasterLostError("the master is lost; this peer is rejoining the run")
-        self._writer.write(b"".join(frame(m.encode(msg)) for msg in msgs))
+        self.writer.write(b"".join(frame(m.encode(msg)) for msg in msgs))
 
     def fail_all(self, exc: PcclError) -> None:
         """The session ended for good: every vote, the join, every collective (and every
@@ -213,7 +214,7 @@ class ControlPlane:
             return
         self._gen += 1  # the session's tasks see it ended
         self.arrivals.lost()
-        close_quietly(self._writer)
+        close_quietly(self.writer)
         if (self._closing or isinstance(exc, KickedError) or self.config.master_timeout <= 0
                 or self.outage.hello is None):
             self.fail_all(exc)

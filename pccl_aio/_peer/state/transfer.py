@@ -71,6 +71,11 @@ class StateServer:
             ssl_handshake_timeout=self._gate.timeout if tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
 
+    def connections(self, peer_id: int) -> int:
+        """The connections ``peer_id`` holds open to this server now (at most
+        ``MAX_PER_PEER``)."""
+        return self._by_peer[peer_id]
+
     def abort(self) -> None:
         """Stop listening and drop every connection at once."""
         if self._server is not None:

@@ -1,7 +1,12 @@
-"""Issue 17's findings, each reproduced against a real master and peers on 127.0.0.1 and
-shown refused or harmless. (Injection and the seq flood: ``test_dataplane_guard.py``; the
-master's memory: ``tests/process/test_findings_memory.py``; outsiders and sybils in a run
-with a secret: ``test_security.py``.)"""
+"""What a hostile or misbehaving client can make a master or a peer's state server do:
+nothing harmful. Each attack (issue 17's findings) runs against a real master and peers on
+127.0.0.1 and is refused or harmless: the state server serves only planned fetchers at the
+planned revision, a flood of Hellos costs a training loop no admission round, a connection
+that never says Hello expires, ``advertise_host`` must be the connection's own address, and
+a client that does not read is closed before the master grows. (Injection and the seq
+flood: ``test_dataplane_guard.py``; the master's memory under partial frames:
+``tests/process/test_master_memory.py``; outsiders and sybils in a run with a secret:
+``test_security.py``.)"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._net.handshake import greet
+from pccl_aio._peer import testing
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.framing import frame
@@ -42,7 +48,7 @@ async def test_the_state_server_serves_only_planned_fetchers_at_the_planned_revi
     n = 8192
     wa, wb = np.arange(n // 4, dtype=np.float32), np.zeros(n // 4, np.float32)
     sa, sb = pccl.SharedState({"w": wa}, revision=3), pccl.SharedState({"w": wb}, revision=0)
-    server = a._sync.server
+    server = testing.shared_state_sync(a).server
     real = server.lookup
     assert real is not None
     probes: dict[str, int] = {}
@@ -135,7 +141,7 @@ async def test_advertise_host_must_be_the_connections_own_address(allow):
         try:
             if allow:
                 await c.connect(attempts=1)
-                assert c._control.membership.ring[0].host == "127.0.0.2"
+                assert testing.control_plane(c).membership.ring[0].host == "127.0.0.2"
             else:
                 with pytest.raises(pccl.MasterConnectionError, match="advertise_host"):
                     await c.connect(attempts=1)

@@ -1,5 +1,6 @@
-"""Typed errors at the door: argument errors of the public API are InvalidUsageError, raised
-before anything is sent (issue 16's list of traps, the peer side)."""
+"""Typed errors at the door: argument errors of the public API, and calls from another
+event loop or thread, are InvalidUsageError, raised before anything is sent (issue 16's
+list of traps, the peer side)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._peer.core.config import PeerConfig
-from tests.helpers import record_sends
+from tests.helpers import record_sends, reduce_ok
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -89,3 +90,34 @@ async def test_bad_arguments_of_calls_are_invalid_usage_and_send_nothing(peers):
     assert sent == []
     infos = await asyncio.gather(a.all_reduce(x), b.all_reduce(x.copy()))
     assert infos[0].world_size == 2 and (x == 2).all()
+
+
+# Such a call used to corrupt the group.
+@pytest.mark.timeout(60)
+async def test_a_call_from_another_loop_or_thread_raises_and_sends_nothing(peers):
+    a, b = await peers(2)
+    sent = record_sends(a)
+    x = np.ones(16, np.float32)
+
+    def from_a_thread() -> list[type[BaseException]]:
+        seen: list[type[BaseException]] = []
+
+        async def other_loop() -> None:
+            for call in (lambda: a.all_reduce(x), a.update_topology, a.are_peers_pending,
+                         lambda: a.sync_shared_state(pccl.SharedState({"x": x})), a.close):
+                try:
+                    await asyncio.wait_for(call(), 5)
+                except BaseException as exc:
+                    seen.append(type(exc))
+
+        asyncio.run(other_loop())
+        try:  # no event loop at all in this thread
+            a.all_reduce_async(x)
+        except BaseException as exc:
+            seen.append(type(exc))
+        return seen
+
+    seen = await asyncio.to_thread(from_a_thread)
+    assert seen == [pccl.InvalidUsageError] * 6
+    assert sent == []
+    await reduce_ok([a, b])  # the group did not notice

@@ -1,6 +1,6 @@
-"""Issue 17's memory finding, against a master process: 48 connections each holding a
-16 MiB partial control frame grew the master by 958 MiB. Now frames above 64 KiB share one
-32 MiB budget (and before ``Hello`` no frame may exceed 64 KiB)."""
+"""A master process's memory stays bounded under partial control frames: frames above
+64 KiB share one 32 MiB budget (and before ``Hello`` no frame may exceed 64 KiB). Issue 17
+found 48 connections each holding a 16 MiB partial frame growing the master by 958 MiB."""
 
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+"""Test hooks of a ``Communicator``: its parts, a crash, a spy on what it tells the master.
+
+For tests and fault injection; not part of the stable API. A test reaches a communicator's
+insides only through these functions (``tests/unit/test_private_access.py`` checks it), so that the
+production classes keep their private attributes private and a change of their layout is
+one change here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._wire import messages as m
+from .communicator import Communicator
+from .data.dataplane import DataPlane
+from .data.measure import Measurer
+from .session.control import ControlPlane
+from .state.sync import SharedStateSync
+
+__all__ = ["control_plane", "crash", "data_plane", "measurer", "pair_key", "record_sends",
+           "shared_state_sync"]
+
+
+def control_plane(comm: Communicator) -> ControlPlane:
+    """The master session of ``comm``: membership, collectives in flight (``colls``), votes."""
+    return comm._control
+
+
+def data_plane(comm: Communicator) -> DataPlane:
+    """The data plane of ``comm``: its listener (``listener.port``), links, receive table
+    (``registry``) and scratch buffers; a collective's ``env`` is it."""
+    return comm._data
+
+
+def shared_state_sync(comm: Communicator) -> SharedStateSync:
+    """Shared-state sync of ``comm``: its state server (``server.port``)."""
+    return comm._sync
+
+
+def measurer(comm: Communicator) -> Measurer:
+    """The link measurements of ``comm``: probes sent, measurement connections received."""
+    return comm._measure
+
+
+def pair_key(comm: Communicator, peer_id: int) -> bytes:
+    """The key ``comm`` shares with ``peer_id`` (empty in a run without a secret)."""
+    return comm._keys.key(peer_id)
+
+
+def crash(comm: Communicator) -> None:
+    """Make ``comm`` vanish like a killed process: drop every connection at once (master,
+    data, state server), no goodbye; its state server serves nothing from now on. Its tasks
+    end through ``close``."""
+    comm._control.abort()
+    comm._data.abort()
+    comm._sync.server.lookup = None  # a dead process serves nothing
+    comm._sync.server.abort()
+
+
+def record_sends(comm: Communicator) -> list[m.PeerToMaster]:
+    """Every message ``comm`` sends to the master from now on, in order (a spy on its
+    control plane's ``send``; what it sends is unchanged)."""
+    sent: list[m.PeerToMaster] = []
+    control = comm._control
+    send = control.send
+
+    def spy(*msgs: Any) -> None:
+        sent.extend(msgs)
+        send(*msgs)
+
+    control.send = spy  # type: ignore[method-assign]
+    return sent
