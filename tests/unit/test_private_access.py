@@ -38,10 +38,10 @@ NAMED = frozenset({
     "_keys", "_loop", "_writer", "_up", "_session", "_tasks", "_links", "_bandwidth", "_ring",
     "_report",
 })
-# MasterState's components and tables (its ``view`` reads them); named, not read from the
+# MasterState's components and tables (its ``access`` reads them); named, not read from the
 # class, because some of its names (``_votes``, ``_settle``) recur in other classes a test
 # owns or patches (``Story``, the model checker's fault injection).
-MASTER = frozenset({"_peers", "_colls", "_sync", "_topo", "_fo", "_gate"})
+MASTER = frozenset({"_peers", "_colls", "_sync", "_topo", "_fo", "_admission"})
 
 
 def _private(name: str) -> bool:
