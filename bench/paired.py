@@ -44,7 +44,7 @@ async def _pccl_peer(addr: str, world: int, seconds: float, nbytes: int, out: bo
         import importlib
 
         for name in ("pccl_aio._peer.data.paths.ring",  # one data path per kind
-                     "pccl_aio._peer.data.collective",  # the layout of issue 30
+                     "pccl_aio._peer.data.collective",  # _peer/ by concern, before the paths
                      "pccl_aio._peer.collective", "pccl_aio._collective"):  # older checkouts
             try:
                 _collective = importlib.import_module(name)
