@@ -50,6 +50,9 @@ class Collective:
         self.seq = self.ticket = 0  # the attempt's seq (0: none yet); the ticket's seq
         self._phase = Phase.VOTING
         self.cancelled = False  # the caller gave up (the verdict still comes)
+        # Started, not ended, and the caller still wants it: kept by ``_set`` and ``cancel``
+        # (a plain attribute: the receiver reads it on every recv)
+        self.active = False
         self.awaited = False  # the caller waits on it (the master was told: CollectiveWait)
         self.hooks: list[Callable[[Collective], None]] = []
         self._pipe: Pipeline | None = None  # the attempt's data flow (kept after it ended)
@@ -70,12 +73,11 @@ class Collective:
 
     def _move(self, to: Phase) -> None:
         """The one setter of the phase: refuses a move the life cycle does not allow."""
-        self._phase = _phase.move(self._phase, to)
+        self._set(_phase.move(self._phase, to))
 
-    @property
-    def active(self) -> bool:
-        """Started, not ended, and the caller still wants it."""
-        return self._phase in _phase.STARTED and not self.cancelled
+    def _set(self, to: Phase) -> None:  # (``to`` checked by ``_phase``'s move or helpers)
+        self._phase = to
+        self.active = to in _phase.STARTED and not self.cancelled
 
     @property
     def confirmed(self) -> bool:
@@ -129,7 +131,7 @@ class Collective:
     def cancel(self) -> None:
         """The caller stopped waiting: fail it for the group (its tag is held till the verdict)."""
         active = self.active
-        self.cancelled = True
+        self.cancelled, self.active = True, False
         if not self.seq:  # still voting: withdraw, the master aborts it for the group
             self.env.report(self.tag, 0, False, "cancelled by the caller")
         elif active:
@@ -164,14 +166,14 @@ class Collective:
 
     def _confirm(self) -> None:
         if self._phase in _phase.EARLY:
-            self._phase = _phase.confirmed(self._phase)
+            self._set(_phase.confirmed(self._phase))
         if not self.started.done():
             self.started.set_result(None)
         if self._pipe is not None:  # (an early failure held meanwhile is reported now)
             self._pipe.confirm(self.active)
 
     def _data_done(self) -> None:
-        self._phase = _phase.finished(self._phase)
+        self._set(_phase.finished(self._phase))
 
     def on_complete(self) -> None:
         self._finish(None)
