@@ -22,6 +22,10 @@ from typing import Final
 class Phase(enum.Enum):
     """Where one collective is in its life cycle."""
 
+    # Members are singletons: hash by identity, in C (``Enum.__hash__`` is a Python call,
+    # and every move looks the phase up in ``MOVES`` and the sets below).
+    __hash__ = object.__hash__
+
     VOTING = "voting"
     EARLY = "early"
     EARLY_DONE = "early, data done"
