@@ -97,7 +97,18 @@ class MasterLostError(PeerLostError):
     that. An all-reduce's in-place input has been restored; a collective that finished its
     data on every peer is not failed but completed by the next master. After
     ``master_timeout`` calls raise ``MasterConnectionError`` instead.
+
+    Retry the call that raised, not the step around it: the other peers may have had the
+    answers this peer missed, and they go on from there. ``new_member`` True: this peer's
+    membership did not survive the outage (its master stepped down, or the rebuilt run went
+    on without it) and it rejoined as a new member, admitted by the others' next
+    ``update_topology()``: go on as a peer that has just connected does (sync the shared
+    state first), not with the retry.
     """
+
+    def __init__(self, *args: object, new_member: bool = False) -> None:
+        super().__init__(*args)
+        self.new_member = new_member
 
 
 class TooFewPeersError(PcclError):

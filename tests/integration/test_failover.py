@@ -49,8 +49,9 @@ async def test_calls_wait_for_the_next_master_and_a_vote_in_doubt_is_retryable()
     done, _ = await asyncio.wait([*calls, vote], timeout=0.3)
     assert not done  # no master: the calls wait, the vote is in doubt
     async with running(new_master(port)) as second:
-        with pytest.raises(pccl.MasterLostError):  # retryable: a PeerLostError
+        with pytest.raises(pccl.MasterLostError) as lost:  # retryable: a PeerLostError
             await vote
+        assert not lost.value.new_member  # a member still: retry the call
         await asyncio.gather(*calls)
         assert all((x == 3.0).all() for x in xs)
         assert a.peer_id != b.peer_id and second.state.accepted() == sorted(
@@ -175,7 +176,8 @@ def test_a_master_refuses_a_bad_run_id(run_id):
 async def test_a_master_that_finds_the_run_at_a_higher_term_steps_down():
     """Split brain healed: master A serves two peers of run "r"; master B serves two others
     of the same run, and was restarted (term 2). A watches B (``others``), steps down, and
-    its peers move to B, where the group admits them: one group."""
+    its peers move to B, where the group admits them: one group. A vote waiting on A raises
+    ``MasterLostError`` with ``new_member``."""
     async with running(new_master(run_id="r")) as b:
         port_b = b.port
         qs = await join_peers(b, 2, run_id="r")
@@ -185,10 +187,15 @@ async def test_a_master_that_finds_the_run_at_a_higher_term_steps_down():
         await ps[0].connect()
         await admit([ps[0]], ps[1])
         assert a.state.term == 1
+        vote = asyncio.ensure_future(ps[0].are_peers_pending())  # ps[1] never votes
         async with running(new_master(port_b, run_id="r")) as b2:  # qs rejoin: term 2
             while sorted(b2.state.pending()) != sorted(p.peer_id for p in ps):
                 await asyncio.sleep(0.05)  # polling: A steps down, its peers come to B
             assert a.state.accepted() == [] and a.state.term == 2
+            # its membership did not survive: it goes on as a joiner, not with the retry
+            with pytest.raises(pccl.MasterLostError, match="new member") as lost:
+                await vote
+            assert lost.value.new_member
             await asyncio.gather(*(q.update_topology() for q in qs))
             assert len(b2.state.accepted()) == 4 and b2.state.term == 2
             xs = [np.full(10, 1.0, np.float32) for _ in range(4)]

@@ -21,6 +21,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import numpy as np
 import xxhash
@@ -42,11 +44,29 @@ def state_hash(state: pccl.SharedState) -> str:
     return h.hexdigest()
 
 
+T = TypeVar("T")
+
+
+async def again(call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``, made again after a lost master: the call that raised, not the step around
+    it (the others may have had the answers this peer missed). A peer that rejoined as a
+    new member goes on as a joiner instead: the error is raised."""
+    while True:
+        try:
+            return await call()
+        except pccl.MasterLostError as exc:
+            emit(event="retry", kind=type(exc).__name__, error=str(exc)[:300],
+                 new_member=exc.new_member)
+            if exc.new_member:
+                raise
+
+
 async def admit_round(comm: pccl.Communicator, first: bool) -> None:
-    if not first and comm.peer_group_world_size >= 2 and await comm.are_peers_pending():
-        await comm.update_topology()
+    if not first and comm.peer_group_world_size >= 2 and await again(comm.are_peers_pending):
+        emit(event="admitting")
+        await again(comm.update_topology)
     while comm.peer_group_world_size < 2:
-        await comm.update_topology()
+        await again(comm.update_topology)
         if comm.peer_group_world_size < 2:
             # Pacing, not synchronisation: alone, update_topology() returns after one master
             # round trip whether or not anybody is waiting, so without a pause this loop would
@@ -54,16 +74,25 @@ async def admit_round(comm: pccl.Communicator, first: bool) -> None:
             await asyncio.sleep(0.05)
 
 
+async def sync(comm: pccl.Communicator, state: pccl.SharedState) -> pccl.SyncInfo:
+    """Sync, again after a failure (the group's verdict: every peer retries it)."""
+    while True:
+        try:
+            return await again(lambda: comm.sync_shared_state(state))
+        except pccl.SharedStateError as exc:
+            emit(event="retry", kind=type(exc).__name__, error=str(exc)[:300])
+
+
 async def ddp(comm: pccl.Communicator, revisions: int) -> None:
     n = int(os.environ.get("STATE_ELEMS", 1 << 16))  # float32 elements of w, m and g
     w, mom, step = np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(1, np.int64)
     state = pccl.SharedState({"w": w, "m": mom, "step": step})
-    first = True
+    first = True  # a joiner's first step syncs at once: the others admitted it
     while True:
         try:
             await admit_round(comm, first)
             first = False
-            info = await comm.sync_shared_state(state)
+            info = await sync(comm, state)
             emit(event="synced", revision=state.revision, hash=state_hash(state),
                  rx=info.rx_bytes, tx=info.tx_bytes, ws=comm.peer_group_world_size,
                  nbytes=state.nbytes, step=int(step[0]), peer=comm.peer_id)
@@ -77,9 +106,10 @@ async def ddp(comm: pccl.Communicator, revisions: int) -> None:
             rng = np.random.default_rng(comm.peer_id * 100_003 + state.revision)
             g = rng.standard_normal(n).astype(np.float32)
             await retrying(comm, g, pccl.ReduceOp.AVG, 0)
-        except (pccl.TooFewPeersError, pccl.MasterLostError, pccl.SharedStateError) as exc:
-            # alone for now, or the master was lost (a sync it left in doubt may fail for the
-            # group: SharedStateError): admit, then sync the same revision again
+        except pccl.MasterLostError:  # rejoined as a new member (again()): a joiner again
+            first = True
+            continue
+        except pccl.TooFewPeersError as exc:  # alone for now: admit, then sync again
             emit(event="retry", kind=type(exc).__name__, error=str(exc)[:300])
             continue
         if PACE:
@@ -92,13 +122,16 @@ async def ddp(comm: pccl.Communicator, revisions: int) -> None:
 
 
 async def retrying(comm: pccl.Communicator, x: np.ndarray, op: pccl.ReduceOp, tag: int) -> None:
-    """All-reduce in place, retrying on the survivors after a lost peer (x is restored)."""
+    """All-reduce in place, retrying on the survivors after a lost peer or master (x is
+    restored); a peer that rejoined as a new member raises."""
     while True:
         try:
             await comm.all_reduce(x, op=op, tag=tag)
             return
-        except pccl.PeerLostError:
-            continue
+        except pccl.PeerLostError as exc:
+            emit(event="lost", tag=tag, kind=type(exc).__name__, error=str(exc)[:300])
+            if isinstance(exc, pccl.MasterLostError) and exc.new_member:
+                raise
 
 
 async def big(comm: pccl.Communicator, mib: int) -> None:

@@ -149,6 +149,9 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
                 ev = json.loads(await p.line(timeout=3600))
             except AssertionError:
                 ev = {"event": "exited"}
+            if p.log is not None:  # with --logdir: NAME.events beside NAME.log
+                with open(p.log.with_suffix(".events"), "a") as f:
+                    f.write(json.dumps(ev) + "\n")
             await queue.put((p.name, ev))
             if ev["event"] in ("exited", "error", "finished"):
                 return
@@ -294,7 +297,8 @@ def main() -> None:
                     help="the restarted master's recovery grace, s (default: its own)")
     ap.add_argument("--logdir", type=Path, default=None,
                     help="keep every process's stderr in DIR/NAME.log (with PCCL_TEST_LOG=INFO "
-                         "in the environment: the library's log)")
+                         "in the environment: the library's log), a peer's events in "
+                         "DIR/NAME.events")
     args = ap.parse_args()
     global LOGDIR
     if args.logdir:

@@ -88,6 +88,28 @@ def test_a_waiting_peer_rejoins_waiting_and_a_stale_ring_makes_a_joiner():
     assert h.st.pending() == [3, 5]
 
 
+def test_a_waiting_peers_rejoin_alone_does_not_rebuild_the_run():
+    """A restarted master that first hears a peer that was waiting to join (it knows no
+    ring) waits for the members: the run is theirs, not a new one from revision 0 (churn
+    with master restarts found this: the joiner became the run and the members its joiners)."""
+    h = fresh()
+    rejoin(h, 3, ring=[], accepted=False)
+    assert h.st.accepted() == []
+    assert msgs(h.tick(1.0), m.Membership) == {} and h.st.accepted() == []
+    rejoin(h, 4)
+    rejoin(h, 7)
+    acts = rejoin(h, 9)
+    assert sorted(msgs(acts, m.Membership)) == sorted(RING)
+    assert h.st.accepted() == sorted(RING) and h.st.pending() == [3]
+
+
+def test_a_waiting_peer_alone_is_admitted_after_the_grace():
+    h = fresh()
+    rejoin(h, 3, ring=[], accepted=False)
+    assert msgs(h.tick(4.9), m.Membership) == {} and h.st.accepted() == []
+    assert list(msgs(h.tick(5.0), m.Membership)) == [3] and h.st.accepted() == [3]
+
+
 def test_doubts_complete_only_when_every_reporting_member_finished():
     h = fresh()
     rejoin(h, 4, doubts=[m.Doubt(0, 1, 90, True), m.Doubt(0, 2, 91, True)])

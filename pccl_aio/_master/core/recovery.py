@@ -91,8 +91,10 @@ class Recovery:
         return (rings | self._expected) - here
 
     def ready(self, now: float) -> bool:
-        """Every member of the last rings is back, or the grace period is over."""
-        return not self.missing() or now - self.started >= self.grace
+        """Every member of the last rings is back, or the grace period is over. Peers that
+        were waiting to join know no ring: until a member rejoins, the run is awaited."""
+        back = bool(self._rings()) and not self.missing()
+        return back or now - self.started >= self.grace
 
     def outcome(self) -> Outcome:
         """The rebuilt run (see ``Outcome``); call once ``ready``."""

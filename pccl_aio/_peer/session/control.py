@@ -189,7 +189,8 @@ class ControlPlane:
         if self.failure is not None:
             raise self.failure
         if not self.up or self.writer is None or self.writer.is_closing():
-            raise MasterLostError("the master is lost; this peer is rejoining the run")
+            raise MasterLostError("the master is lost; this peer is rejoining the run",
+                                  new_member=self.outage.demoted)
         self.writer.write(b"".join(frame(m.encode(msg)) for msg in msgs))
 
     def fail_all(self, exc: PcclError) -> None:
@@ -252,8 +253,8 @@ class ControlPlane:
             joined = self.outage.joined
             await self.wait_up()  # a master is being found: the vote goes to the next one
             if self.outage.joined != joined:
-                raise MasterLostError(f"{m.VOTE_CALLS[kind]} was made before this "
-                                      "peer rejoined the run as a new member: call again")
+                raise MasterLostError(f"{m.VOTE_CALLS[kind]} was made before this peer "
+                                      "rejoined the run as a new member", new_member=True)
         fut = self.expect(kind)
         try:
             self.send(msg)

@@ -126,8 +126,9 @@ class Outage:
             log.warning("peer %d: master %s lost (%s); rejoining the run for up to %g s",
                         cp.peer_id, cp.master, why, cp.config.master_timeout,
                         extra=cp.ids(master=cp.master, term=cp.term, cause=str(why)))
-        lost = MasterLostError(f"the master was lost ({why}); retry: this peer rejoins the run")
         keep = not self.demoted  # (a superseded peer's run gave way: nothing of it is in doubt)
+        lost = MasterLostError(f"the master was lost ({why}); retry: this peer rejoins the run"
+                               + ("" if keep else " as a new member"), new_member=not keep)
         settled, doubts = cp.votes.in_doubt(keep, lost)
         self.failed += doubts
         cp.settle(settled, retrieve=True)  # retrieved: a sync mid-fetch raises from SyncDone
@@ -173,12 +174,14 @@ class Outage:
         self.since = None
         self.failed = []
         self.demoted = False
-        lost = MasterLostError("the master was lost before this vote was answered: call again")
+        lost = MasterLostError("the master was lost before this vote was answered" + (
+            ", and this peer rejoined the run as a new member" if self.as_joiner else
+            ": call again"), new_member=self.as_joiner)
         cp.settle(cp.votes.rejoined(lost))  # votes in doubt that the next master did not answer
         if self.as_joiner:  # admitted anew: what was launched meanwhile belongs to before
             self.joined += 1
             void = MasterLostError("launched before this peer rejoined the run as a new "
-                                   "member: launch it again")
+                                   "member", new_member=True)
             for coll in self.deferred:
                 coll.on_lost(void)
             self.deferred = []
