@@ -159,10 +159,13 @@ class Collective:
         world, rank = len(ring_ids), ring_ids.index(me)
         ring = Ring(world, ring_ids[rank - 1], ring_ids[(rank + 1) % world])
         path = paths.start(rank, world, self.src, self.dst, self.op, self.quant,
-                           self.env.scratch, self._backup, self.env.p2p_connections)
+                           self.env.scratch, self._backup, self._connections)
         self._pipe = Pipeline(self.env, self.tag, seq, path, ring, not early, self._data_done)
         self.env.registry.add(seq, self)
         self._pipe.spawn()
+
+    def _connections(self) -> int:
+        return self.env.p2p_connections
 
     def _confirm(self) -> None:
         if self._phase in _phase.EARLY:

@@ -29,6 +29,10 @@ from .paths.base import DataPath
 log = logging.getLogger("pccl_aio.collective")
 
 
+def _nothing() -> None:
+    """A released pipeline's ``done``."""
+
+
 class Ring(NamedTuple):
     """Where this peer sits in the attempt's ring."""
 
@@ -78,9 +82,12 @@ class Pipeline:
         self._poke()
 
     def release(self) -> None:
-        """End the attempt: cancel its task, give back the path's buffers (idempotent)."""
+        """End the attempt: cancel its task, give back the path's buffers (idempotent).
+        ``done`` is dropped: it is the collective's (which holds this pipeline), and a cycle
+        would leave both to the garbage collector, a pass every few hundred collectives."""
         if self._run is not None and not self._run.done():
             self._run.cancel()
+        self._done = _nothing
         self.path.release()
 
     # ---- driven by the receiver -------------------------------------------------------------

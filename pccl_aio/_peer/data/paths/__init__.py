@@ -19,6 +19,8 @@ life cycle, the pipeline and the receiver stay as they are.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...._types import Quantization, ReduceOp
 from ...core.buffers import Buffer
 from ..core.backup import InputBackup
@@ -32,14 +34,11 @@ from .ring import RingPath
 
 def start(rank: int, world: int, src: Buffer, dst: Buffer, op: ReduceOp,
           quant: Quantization | None, pool: Pool, backup: InputBackup | None,
-          connections: int) -> DataPath:
+          connections: Callable[[], int]) -> DataPath:
     """The data path of rank ``rank`` of ``world`` (the choice depends only on what every
-    peer agrees on: count, dtype, quantization and world size), laid out."""
-    kind: type[RingPath] | type[GatherPath]
-    if quant is not None:
-        kind = QuantRingPath
-    elif _small(dst.count * dst.dtype.itemsize, world, False):
-        kind = GatherPath
-    else:
-        kind = RingPath
-    return kind(rank, world, src, dst, op, quant, pool, backup, connections)
+    peer agrees on: count, dtype, quantization and world size), laid out; ``connections()``
+    (per link: the ring sizes its receive slots by it) is asked only by the ring kinds."""
+    if quant is None and _small(dst.count * dst.dtype.itemsize, world, False):
+        return GatherPath(rank, world, src, dst, op, pool, backup)
+    kind = RingPath if quant is None else QuantRingPath
+    return kind(rank, world, src, dst, op, quant, pool, backup, connections())

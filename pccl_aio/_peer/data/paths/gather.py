@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...._compute import ops as _ops
-from ...._types import Quantization, ReduceOp
+from ...._types import ReduceOp
 from ...core.buffers import Buffer
 from ..core.backup import InputBackup
 from ..core.gather import GATHER, GatherPlan
@@ -24,8 +24,7 @@ class GatherPath:
     """One rank's part of a small all-reduce of ``dst`` (``src``: its input)."""
 
     def __init__(self, rank: int, world: int, src: Buffer, dst: Buffer, op: ReduceOp,
-                 quant: Quantization | None, pool: Pool, backup: InputBackup | None,
-                 connections: int) -> None:
+                 pool: Pool, backup: InputBackup | None) -> None:
         self._g = g = GatherPlan(rank, world, dst.count * dst.dtype.itemsize)
         self._expected, self.remaining = g.expected(), world - 1
         self._pool, self._backup, self._dst = pool, backup, dst.view
@@ -33,7 +32,8 @@ class GatherPath:
         owner, scratch = pool.take(g.nbytes * world)
         self._owner: bytearray | None = owner
         self._scratch = scratch
-        _ops.copy(scratch[g.mine() : g.mine() + g.nbytes], src.view)
+        self._mine = mine = g.mine()
+        _ops.copy(scratch[mine : mine + g.nbytes], src.view)
         self.own_first = self.defers = False
 
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
@@ -52,8 +52,9 @@ class GatherPath:
 
     def first_sends(self) -> Iterator[Forward]:
         """Our whole input, from its slot."""
-        mine, n = self._g.mine(), self._g.nbytes
-        yield Forward(GATHER, mine, self._scratch[mine : mine + n], 0.0, 0.0, None)
+        mine = self._mine
+        return iter((Forward(GATHER, mine, self._scratch[mine : mine + self._g.nbytes],
+                             0.0, 0.0, None),))
 
     def sent(self, sender: Sent, end: int, slot: memoryview) -> None:
         """No slots here."""
