@@ -299,6 +299,8 @@ class Master:
                 self._handle(ms.Received(conn, msg, loop.time()))
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
+        except Exception:  # a bug: this connection ends, the master serves the others
+            log.exception("master: connection %d failed", conn)
         finally:
             if self._owners.get(conn) is writer:  # (a rejoining peer may hold its id now)
                 del self._owners[conn]

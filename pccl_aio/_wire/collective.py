@@ -14,7 +14,7 @@ from typing import Annotated
 import msgspec
 
 from .base import Msg
-from .fields import MAX_EVICTED, U64, Algo, DType, Op, QDType, Reason
+from .fields import MAX_EVICTED, U63, U64, Algo, DType, Op, QDType, Reason
 
 __all__ = ["CollectiveAbort", "CollectiveComplete", "CollectiveDone", "CollectiveInit",
            "CollectiveRejected", "CollectiveStart", "CollectiveWait"]
@@ -34,7 +34,7 @@ class CollectiveInit(Msg, frozen=True, tag=5):
     op: Op
     quant_algo: Algo = 0
     quant_dtype: QDType = 0
-    seq: U64 = 0
+    seq: U63 = 0
     spoiled: bool = False
 
 
@@ -43,10 +43,10 @@ class CollectiveDone(Msg, frozen=True, tag=6):
     ``suspect`` the peer whose data connection broke, if that is why (else 0)."""
 
     tag: U64
-    seq: U64
+    seq: U63
     ok: bool
     reason: Reason = ""
-    suspect: U64 = 0
+    suspect: U63 = 0
 
 
 class CollectiveWait(Msg, frozen=True, tag=11):
@@ -63,8 +63,8 @@ class CollectiveStart(Msg, frozen=True, tag=69):
     ``epoch``."""
 
     tag: U64
-    seq: U64
-    epoch: U64
+    seq: U63
+    epoch: U63
 
 
 class CollectiveComplete(Msg, frozen=True, tag=70):
@@ -75,17 +75,17 @@ class CollectiveComplete(Msg, frozen=True, tag=70):
     ``evicted``: tags whose tickets the master dropped (too many held), void from now on."""
 
     tag: U64
-    seq: U64
-    next_seq: U64 = 0
-    epoch: U64 = 0
-    evicted: Annotated[list[U64], msgspec.Meta(max_length=MAX_EVICTED)] = []
+    seq: U63
+    next_seq: U63 = 0
+    epoch: U63 = 0
+    evicted: Annotated[list[U63], msgspec.Meta(max_length=MAX_EVICTED)] = []
 
 
 class CollectiveAbort(Msg, frozen=True, tag=71):
     """Collective ``tag`` (``seq`` 0 if it never started) was aborted; the caller may retry."""
 
     tag: U64
-    seq: U64
+    seq: U63
     reason: str
 
 

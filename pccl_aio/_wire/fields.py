@@ -46,8 +46,12 @@ def _codes(cls: type[enum.IntEnum], members: Iterable[enum.IntEnum] | None = Non
     return msgspec.Meta(ge=values[0], le=values[-1])
 
 
-#: Non-negative; msgpack carries no integer above 2**64 - 1.
+#: Non-negative; msgpack carries no integer above 2**64 - 1 (a tag, an element count).
 U64: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
+#: Non-negative, below 2**63: a peer id, term, epoch, seq, round or revision. Whatever a peer
+#: claims stays there, so the master's increments and its ids above every id seen never
+#: leave 64 bits (one ``Rejoin`` with ring [2**64 - 1] made every later id unencodable).
+U63: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 U32: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 Port: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 #: A port or 0 (none).

@@ -37,6 +37,7 @@ from .fields import (
     PROTOCOL_VERSION as PROTOCOL_VERSION,
     VOTE_CALLS as VOTE_CALLS,
     VoteKind as VoteKind,
+    U63 as U63,
     U64 as U64,
     U32 as U32,
     Port as Port,
@@ -79,7 +80,7 @@ class Hello(Msg, frozen=True, tag=1):
     state_port: OptPort = 0
     tls: bool = False
     run_id: RunId = ""
-    term: U64 = 0
+    term: U63 = 0
     rejoin: Rejoin | None = None
 
 
@@ -112,7 +113,7 @@ class SyncEntry(Record, frozen=True):
 class VoteSync(Msg, frozen=True, tag=8):
     """Vote to synchronise the group's shared state; ``fresh``: never synced by this peer."""
 
-    revision: U64
+    revision: U63
     strategy: Strategy
     entries: Annotated[list[SyncEntry], msgspec.Meta(max_length=MAX_SYNC_ENTRIES)]
     fresh: bool = False
@@ -144,8 +145,8 @@ class MeasureReport(Msg, frozen=True, tag=13):
     """The measurement ``MeasurePlan(round)`` asked for: this peer -> ``to``, ``bits_per_s``
     (0: unreachable) and one-way ``latency`` in seconds."""
 
-    round: U64
-    to: U64
+    round: U63
+    to: U63
     bits_per_s: BitsPerS
     latency: Latency
 
@@ -154,7 +155,7 @@ class MeasureReport(Msg, frozen=True, tag=13):
 class PeerAddr(Record, frozen=True):
     """Where a peer's data-plane listener is."""
 
-    peer_id: U64
+    peer_id: U63
     host: str
     port: Port
     state_port: OptPort = 0
@@ -165,10 +166,10 @@ class Welcome(Msg, frozen=True, tag=64):
     ``term`` and ``run_id``: the master's (a peer follows terms upwards only); ``rebuild``:
     this rejoining peer takes part in the run's rebuild as a member (else it is a joiner)."""
 
-    peer_id: U64
+    peer_id: U63
     accepted: bool
     version: U32 = PROTOCOL_VERSION
-    term: U64 = 0
+    term: U63 = 0
     run_id: RunId = ""
     rebuild: bool = False
 
@@ -187,30 +188,30 @@ class Membership(Msg, frozen=True, tag=66):
     ``term``: the master's term (the same for every member of the run); the rounds: how many
     joint votes of each kind the run had answered (a rejoining peer reports them)."""
 
-    epoch: U64
-    global_world_size: U64
-    num_groups: U64
-    largest_group_world_size: U64
+    epoch: U63
+    global_world_size: U63
+    num_groups: U63
+    largest_group_world_size: U63
     ring: list[PeerAddr]
     keys: list[Key] = []
-    term: U64 = 0
-    pending_round: U64 = 0
-    topology_round: U64 = 0
+    term: U63 = 0
+    pending_round: U63 = 0
+    topology_round: U63 = 0
 
 
 class TopologyUpdated(Msg, frozen=True, tag=67):
     """Answer to VoteUpdateTopology, sent after the new Membership; ``round``: the run's
     count of update_topology rounds (a rejoining peer reports the last it saw)."""
 
-    epoch: U64
-    round: U64 = 0
+    epoch: U63
+    round: U63 = 0
 
 
 class PeersPendingAnswer(Msg, frozen=True, tag=68):
     """Answer to VotePeersPending; ``round``: the run's count of such rounds."""
 
     pending: bool
-    round: U64 = 0
+    round: U63 = 0
 
 
 class PeersWaiting(Msg, frozen=True, tag=84):
@@ -236,18 +237,18 @@ class SyncPlan(Msg, frozen=True, tag=76):
     key) from ``sources``. ``fetchers`` are the peers that fetch: a source serves them only.
     ``kicked``: "peer N was kicked: why" for each voter this election kicked."""
 
-    revision: U64
+    revision: U63
     keys: list[str]
     hashes: list[Hash]
     sources: list[PeerAddr]
-    fetchers: list[U64] = []
+    fetchers: list[U63] = []
     kicked: list[str] = []
 
 
 class SyncComplete(Msg, frozen=True, tag=77):
     """Every peer of the group finished the sync."""
 
-    revision: U64
+    revision: U63
 
 
 class SyncFailed(Msg, frozen=True, tag=78):
@@ -271,7 +272,7 @@ class MeasurePlan(Msg, frozen=True, tag=80):
     ``seconds``, then answer ``MeasureReport(round, ...)``. In one round every peer sends to
     at most one peer and receives from at most one."""
 
-    round: U64
+    round: U63
     to: PeerAddr
     seconds: MeasureSeconds
     streams: MeasureStreams
@@ -281,9 +282,9 @@ class TopologyOptimized(Msg, frozen=True, tag=81):
     """Answer to ``VoteOptimize``, sent after the new ``Membership`` (``epoch``): the group's
     ``ring`` (peer ids), the ordered pairs measured for this vote, the ring's slowest link."""
 
-    epoch: U64
-    ring: list[U64]
-    measured: U64
+    epoch: U63
+    ring: list[U63]
+    measured: U63
     bottleneck_bps: BitsPerS
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Final
 import msgspec
 
 from .base import Msg, Record
-from .fields import U64, HostName, Reason
+from .fields import U63, U64, HostName, Reason
 
 __all__ = ["MAX_DOUBTS", "MAX_RING", "Doubt", "Probe", "ProbeAnswer", "Rejoin", "Round",
            "RunId", "Superseded"]
@@ -36,7 +36,7 @@ class Doubt(Record, frozen=True):
 
     kind: Annotated[int, msgspec.Meta(ge=0, le=1)]
     tag: U64
-    seq: U64
+    seq: U63
     done: bool
 
 
@@ -45,7 +45,7 @@ class Round(Record, frozen=True):
     answered: its number and, for "pending", the answer."""
 
     kind: Annotated[str, msgspec.Meta(max_length=16)]
-    round: U64
+    round: U63
     answer: bool
     known: bool = True  # False: the round was heard of (a Membership), not answered here
     waiting: bool = False  # this peer's vote of this kind waits for its answer (in doubt)
@@ -58,13 +58,13 @@ class Rejoin(Record, frozen=True):
     collective seq it saw, its shared-state ``revision`` (-1: never synced) and the
     operations in doubt."""
 
-    peer_id: U64
+    peer_id: U63
     accepted: bool
-    term: U64
-    epoch: U64
-    ring: Annotated[list[U64], msgspec.Meta(max_length=MAX_RING)]
-    max_seq: U64
-    revision: Annotated[int, msgspec.Meta(ge=-1)]
+    term: U63
+    epoch: U63
+    ring: Annotated[list[U63], msgspec.Meta(max_length=MAX_RING)]
+    max_seq: U63
+    revision: Annotated[int, msgspec.Meta(ge=-1, le=2**63 - 1)]
     doubts: Annotated[list[Doubt], msgspec.Meta(max_length=MAX_DOUBTS)] = []
     rounds: Annotated[list[Round], msgspec.Meta(max_length=4)] = []
 
@@ -77,9 +77,9 @@ class ProbeAnswer(Msg, frozen=True, tag=82):
     """Answer to ``Probe``: the master's ``term`` (0: it serves no run yet), its ``run_id``,
     its ring members and whether it stepped down (``superseded``: a higher term exists)."""
 
-    term: U64
+    term: U63
     run_id: RunId
-    members: U64
+    members: U63
     superseded: bool = False
 
 
@@ -87,6 +87,6 @@ class Superseded(Msg, frozen=True, tag=83):
     """This master learned of a master of a higher ``term`` and stepped down: the session
     ends, and the peer rejoins the run where it is now served."""
 
-    term: U64
+    term: U63
     reason: Reason = ""
     where: HostName = ""

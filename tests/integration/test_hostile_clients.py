@@ -18,12 +18,13 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._net.handshake import greet
+from pccl_aio._net.stream import read_frame
 from pccl_aio._peer import testing
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.framing import frame
 from pccl_aio._wire.state import NOT_SERVING, RESP, pack_request, parse_response
-from tests.helpers import FAST, join_peers, raw_master
+from tests.helpers import FAST, closed, join_peers, raw_master, reduce_ok
 
 
 async def _request(port: int, me: int, source: int, key: str, revision: int, n: int) -> int:
@@ -171,3 +172,46 @@ async def test_a_client_that_does_not_read_is_closed_before_the_master_grows(mas
     assert sent < 150
     assert master.state.accepted() == []  # and its peer record is gone
     writer.close()
+
+
+def _hello(**kw: object) -> bytes:
+    rejoin = kw.pop("rejoin", None)
+    return frame(m.encode(m.Hello(m.PROTOCOL_VERSION, 0, 40000, rejoin=rejoin,
+                                  **kw)))  # type: ignore[arg-type]
+
+
+async def test_a_hello_claiming_an_id_past_63_bits_is_refused_and_others_still_join(master):
+    """Finding: "one Hello(rejoin.ring=[2**64 - 1]) poisons the next id: every later peer is
+    allocated 2**64, encode(Welcome) raises OverflowError and no peer can join that master
+    again". Ids, terms and ring entries are bounded at decode: the frame is refused, the
+    connection closed; peers still join, with ids that fit."""
+    reader, writer = await raw_master(master.port)
+    try:
+        writer.write(_hello(rejoin=m.Rejoin(5, True, 1, 3, [5, 2**64 - 1], 0, 0)))
+        assert await closed(reader)
+    finally:
+        writer.close()
+    comms = await join_peers(master, 2)
+    try:
+        assert all(0 < c.peer_id < 2**63 for c in comms)
+        await reduce_ok(comms)
+    finally:
+        await asyncio.gather(*(c.close() for c in comms))
+
+
+async def test_a_members_higher_term_does_not_end_the_others_sessions(master):
+    """Finding: "one Hello(term=T+1) makes the master step down, end every member's session
+    and welcome the sender as the only member of a new run". A peer's word is no evidence of
+    a newer master: the members keep their sessions and go on; the sender waits as a joiner."""
+    comms = await join_peers(master, 2)
+    try:
+        await reduce_ok(comms)  # the run is past its first moments
+        reader, writer = await raw_master(master.port)
+        writer.write(_hello(run_id=master.state.run_id, term=master.state.term + 1))
+        welcome = m.decode_master_to_peer(await read_frame(reader, 1 << 16))
+        assert isinstance(welcome, m.Welcome) and not welcome.accepted
+        assert master.state.accepted() == sorted(c.peer_id for c in comms)
+        await reduce_ok(comms)  # nobody was superseded: the same group goes on
+        writer.close()
+    finally:
+        await asyncio.gather(*(c.close() for c in comms))

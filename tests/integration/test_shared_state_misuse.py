@@ -75,6 +75,12 @@ async def test_bad_arguments(peers):
         pccl.SharedState({})
     with pytest.raises(pccl.InvalidUsageError):
         pccl.SharedState({"k": u8(1)}, revision=-1)
+    with pytest.raises(pccl.InvalidUsageError, match="2\\*\\*63"):  # what the wire carries
+        pccl.SharedState({"k": u8(1)}, revision=2**63)
+    big = pccl.SharedState({"k": u8(1)}, revision=2**63 - 1)
+    big.revision += 1
+    with pytest.raises(pccl.InvalidUsageError, match="2\\*\\*63"):
+        await a.sync_shared_state(big)
     with pytest.raises(pccl.InvalidUsageError):
         pccl.SharedState({"k": u8(1)}, allow_content_inequality=["nope"])
     ro = u8(1)

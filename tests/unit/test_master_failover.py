@@ -168,18 +168,41 @@ def test_a_rejoin_into_a_live_run_is_a_joiner_and_its_doubts_fail():
     assert h.st.pending() == [8] and h.st.accepted() == [a, b]
 
 
-def test_a_master_steps_down_for_a_higher_term():
+def test_a_peers_higher_term_does_not_make_a_master_with_members_step_down():
+    """One member's ``Hello`` naming a higher term used to end every member's session and
+    make the sender the run; a peer's word is no evidence: the master takes the term (so the
+    peer may follow it) and the sender waits as a joiner."""
     h = Harness()
     a, b = h.run(0, 0)
     assert h.st.term == 1
+    h.now = 5.0  # the run is no longer provisional (its grace passed)
+    h.send(a, m.Heartbeat())
+    h.send(b, m.Heartbeat())
     conn = h.st.allocate(12)
     h.handle(ms.Connected(conn, "127.0.0.1", h.now))
     acts = h.send(conn, rejoin_hello(12, ring=[12, 13], term=3, run="test-run"))
-    for c in (a, b):  # its sessions end: the run is served at term 3 elsewhere
-        assert isinstance(sent_to(acts, c)[0], m.Superseded), acts
-        assert ms.Close(c, "superseded") in acts
-    assert h.st.accepted() == [] and h.st.term == 4  # now rebuilding above term 3
-    assert sent_to(acts, 12) == [m.Welcome(12, False, PV, 4, "test-run", True)]
+    for c in (a, b):
+        assert not sent_to(acts, c, m.Superseded) and ms.Close(c, "superseded") not in acts
+    assert h.st.accepted() == [a, b] and h.st.pending() == [conn] and h.st.term == 3
+    assert sent_to(acts, conn) == [m.Welcome(conn, False, PV, 3, "test-run")]
+    conn = h.st.allocate(0)  # a new peer's Hello with a huge term: the same
+    h.handle(ms.Connected(conn, "127.0.0.1", h.now))
+    h.send(conn, m.Hello(PV, 0, 40000 + conn, "", 0, False, "test-run", 2**63 - 1))
+    assert h.st.accepted() == [a, b] and h.st.term == 2**63 - 1
+
+
+def test_a_claimed_id_at_the_top_never_makes_an_unencodable_id():
+    """A ``Rejoin`` naming ring [2**63 - 1] (the largest id a frame may carry) used to push
+    every later id past 64 bits; ids stay below 2**63."""
+    h = fresh()
+    rejoin(h, 4, ring=[4, 2**63 - 1])
+    ids = []
+    for _ in range(3):
+        ids.append(h.st.allocate())
+        h.handle(ms.Connected(ids[-1], "127.0.0.1", h.now))
+    assert all(0 < i < 2**63 for i in ids) and len(set(ids)) == 3, ids
+    for i in ids:
+        m.encode(m.Welcome(i, False, PV, 2, "run-a"))
 
 
 def test_peers_of_another_run_are_refused():

@@ -488,27 +488,44 @@ def test_out_of_range_master_to_peer_field_is_a_protocol_error_naming_it(body: b
     assert f"{field}:" in str(info.value)
 
 
+I63_MAX = 2**63 - 1  # ids, terms, epochs, seqs, rounds, revisions (tags and counts: U64_MAX)
 EDGES_PEER_TO_MASTER = [
     m.Hello(0, 0, 1),
-    m.Hello(2**32 - 1, 2**32 - 1, 65535, "h", 65535),
+    m.Hello(2**32 - 1, 2**32 - 1, 65535, "h", 65535, term=I63_MAX),
     m.Hello(PV, 0, 1, "", 0),
     m.CollectiveInit(U64_MAX, U64_MAX, 11, 4, 2, 2),
     m.CollectiveInit(0, 0, 0, 0, 1, 0),
-    m.CollectiveDone(U64_MAX, U64_MAX, False, ""),
+    m.CollectiveDone(U64_MAX, I63_MAX, False, ""),
     m.CollectiveWait(U64_MAX),
     m.CollectiveWait(0),
-    m.VoteSync(U64_MAX, 2, [m.SyncEntry("w", 11, U64_MAX, b""), m.SyncEntry("", 0, 0, H16)]),
+    m.VoteSync(I63_MAX, 2, [m.SyncEntry("w", 11, U64_MAX, b""), m.SyncEntry("", 0, 0, H16)]),
 ]
 EDGES_MASTER_TO_PEER = [
-    m.Welcome(U64_MAX, False, 2**32 - 1),
-    m.Membership(U64_MAX, U64_MAX, U64_MAX, U64_MAX,
-                 [m.PeerAddr(U64_MAX, "h", 1, 65535), m.PeerAddr(0, "h", 65535, 0)]),
-    m.CollectiveStart(U64_MAX, U64_MAX, U64_MAX),
+    m.Welcome(I63_MAX, False, 2**32 - 1),
+    m.Membership(I63_MAX, I63_MAX, I63_MAX, I63_MAX,
+                 [m.PeerAddr(I63_MAX, "h", 1, 65535), m.PeerAddr(0, "h", 65535, 0)]),
+    m.CollectiveStart(U64_MAX, I63_MAX, I63_MAX),
     m.CollectiveAbort(0, 0, ""),
     m.VoteRejected("pending", "r"),
-    m.SyncPlan(U64_MAX, ["a", "b"], [b"", H16], []),
+    m.SyncPlan(I63_MAX, ["a", "b"], [b"", H16], []),
     m.SyncComplete(0),
 ]
+
+
+@pytest.mark.parametrize("msg", [
+    m.Hello(PV, 0, 1, term=2**63),
+    m.Hello(PV, 0, 1, rejoin=m.Rejoin(2**63, True, 1, 1, [1], 0, 0)),
+    m.Hello(PV, 0, 1, rejoin=m.Rejoin(1, True, 1, 1, [1, 2**64 - 1], 0, 0)),
+    m.Hello(PV, 0, 1, rejoin=m.Rejoin(1, True, 1, 1, [1], 2**63, 0)),
+    m.Hello(PV, 0, 1, rejoin=m.Rejoin(1, True, 1, 1, [1], 0, 2**63)),
+    m.CollectiveDone(0, 2**63, False, ""),
+    m.VoteSync(2**63, 2, []),
+], ids=repr)
+def test_ids_terms_seqs_and_revisions_past_63_bits_are_refused(msg: m.PeerToMaster) -> None:
+    """What a peer claims stays below 2**63, so the master's increments and the ids it hands
+    out above every id seen stay within 64 bits."""
+    with pytest.raises(RemoteProtocolError):
+        m.decode_peer_to_master(m.encode(msg))
 
 
 @pytest.mark.parametrize("msg", EDGES_PEER_TO_MASTER + EDGES_MASTER_TO_PEER, ids=repr)

@@ -5,11 +5,13 @@ close, restore, publish), as the collectives and the sync barrier do through the
 
 Terms. A master's ``term`` is 0 until it serves a run; a run it starts is term 1, a run it
 rebuilds from rejoining peers (``recovery.py``) gets one above every term they followed.
-Peers follow terms upwards only (``Membership.term``). A master that hears of a higher term
-than its own while it has members steps down: it ends every session with ``Superseded`` (the
-peers rejoin wherever the run is served now, the highest term they can reach) and serves
-that term's run from then on only as a fresh rebuild. Hence two masters never hold one
-peer at once, and a peer never goes back to an older term.
+Peers follow terms upwards only (``Membership.term``). A master that finds another master
+of its run serving a higher term with members (its own probe of that master, ``heard``)
+steps down: it ends every session with ``Superseded`` (the peers rejoin wherever the run is
+served now, the highest term they can reach) and serves that term's run from then on only
+as a fresh rebuild. A peer's ``Hello`` naming a higher term is no such evidence (any member
+could send one): the master takes the term and keeps its members. Hence a peer never goes
+back to an older term, and no member ends the others' sessions.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from .events import Action, Send
 from .recovery import Outcome, Recovery
 
 __all__ = ["Failover", "Master"]
+
+_ID_END = 2**63  # peer ids are below it (``_wire.fields.U63``)
 
 
 class Master(Protocol):
@@ -85,8 +89,10 @@ class Failover:
     def allocate(self, wanted: int, used: Container[int]) -> int:
         """The peer id of a new connection: ``wanted`` (a rejoining peer's own) if not
         ``used``, else one above every id used or reported."""
-        if not (0 < wanted < 2**63) or wanted in used:
+        if not (0 < wanted < _ID_END) or wanted in used:
             wanted = self._max_id + 1
+            if wanted >= _ID_END:  # claimed ids reached the top: the lowest free one
+                wanted = next(i for i in range(1, _ID_END) if i not in used)
         self._max_id = max(self._max_id, wanted)
         return wanted
 
@@ -107,7 +113,10 @@ class Failover:
             return (f"this peer belongs to run {msg.run_id!r}; "
                     f"this master serves run {self.run_id!r}")
         if msg.term > self.term and (self._master.accepted() or self.rebuilding):
-            self.step_down(msg.term, out)
+            # One peer's word is no evidence that the run is served elsewhere (any member can
+            # send any term): the master takes the term, so the peer may follow it, and keeps
+            # its members. It steps down only on a probe of that master (``heard``).
+            self.term = msg.term
         return None
 
     def take_over(self, msg: m.Hello, out: list[Action]) -> None:
@@ -150,7 +159,7 @@ class Failover:
             self.run_id = self.run_id or run_id
         if self._recovery is not None:
             self._recovery.add(conn, group, rejoin)
-            self.term = max(self.term, rejoin.term + 1)
+            self.term = max(self.term, min(rejoin.term + 1, _ID_END - 1))
             return True
         for d in rejoin.doubts:
             if not d.done:

@@ -103,6 +103,9 @@ class SharedStateSync:
             strategy = SyncStrategy(strategy)
         except ValueError:
             raise InvalidUsageError(f"unknown sync strategy {strategy!r}") from None
+        if not isinstance(state.revision, int) or not 0 <= state.revision < 2**63:
+            raise InvalidUsageError("SharedState.revision must be an int in [0, 2**63), not "
+                                    f"{state.revision!r}")
         if control.colls:
             raise InvalidUsageError("sync_shared_state() while collectives are in flight")
         if self.serving is not None:

@@ -45,8 +45,8 @@ class SharedState:
 
     def __init__(self, tensors: Mapping[str, Any], revision: int = 0, *,
                  allow_content_inequality: Iterable[str] = ()) -> None:
-        if not isinstance(revision, int) or revision < 0:
-            raise InvalidUsageError(f"revision must be a non-negative int, not {revision!r}")
+        if not isinstance(revision, int) or not 0 <= revision < 2**63:
+            raise InvalidUsageError(f"revision must be an int in [0, 2**63), not {revision!r}")
         self._loose = frozenset(allow_content_inequality)
         self._source: Callable[[], Mapping[str, Any]] | None = None
         self._entries: list[_Entry] = []
