@@ -271,3 +271,50 @@ async def test_a_lone_torch_peer_sleeps(tmp_path: Path, procs: list[Proc]):
         rate = (received[conn] - heard.get(conn, 0)) / seconds
     assert used < 0.05, f"{used:.1%} of a core while waiting alone"
     assert rate < 10, f"{rate:.1f} messages/s to the master while waiting alone"
+
+
+async def _use_line(p: Proc, pattern: str, lines: list[str], timeout: float = 60) -> str:
+    """The first line of a Use-block peer matching ``pattern`` (every line read is kept)."""
+    while True:
+        lines.append(await p.line(timeout))
+        if re.search(pattern, lines[-1]):
+            return lines[-1]
+
+
+@pytest.mark.timeout(150)
+async def test_the_use_example_rides_out_a_master_restart_and_a_frozen_peer(
+        tmp_path: Path, procs: list[Proc]):
+    """The README loop, verbatim, on three peers: once they reduce, the master (a process of
+    its own) is SIGKILLed and restarted on its port; later one peer is SIGSTOPped for 7 s,
+    past every heartbeat timeout, and resumed. Every peer exits 0 at the run's last step with
+    the same weights (before, all three died with MasterLostError from sync_shared_state)."""
+    path = tmp_path / "use_block.py"
+    path.write_text(USE.code)
+    master = await spawn("master", str(ROOT / "tests/process/masterproc.py"), "2.0", "0")
+    procs.append(master)
+    port = await master.line()
+    env = {**ENV, "MASTER": f"127.0.0.1:{port}", "STEPS": "700"}
+    peers = []
+    for name in "abc":
+        procs.append(p := await spawn(name, str(path), env=env))
+        peers.append(p)
+    lines: dict[str, list[str]] = {p.name: [] for p in peers}
+    a, b, c = peers
+    await _use_line(a, r": step 100, 3 peers$", lines["a"])
+    master.signal(signal.SIGKILL)
+    await master.proc.wait()
+    procs.append(master := await spawn("master2", str(ROOT / "tests/process/masterproc.py"),
+                                       "2.0", port))
+    assert await master.line() == port
+    await _use_line(a, r": step 200, ", lines["a"])
+    c.signal(signal.SIGSTOP)
+    await _use_line(a, r": step 300, 2 peers$", lines["a"])  # the others went on without it
+    c.signal(signal.SIGCONT)
+    finals = []
+    for p in peers:
+        final = await _use_line(p, r" all-reduces, stopped at step ", lines[p.name], 90)
+        assert await p.proc.wait() == 0, (p.name, lines[p.name])
+        finals.append(FINAL.fullmatch(final))
+    assert all(finals), lines
+    assert {int(f.group(3)) for f in finals} == {700}, lines  # all at the run's last step
+    assert len({f.group(4) for f in finals}) == 1, lines  # with the same weights
