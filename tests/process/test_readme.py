@@ -299,7 +299,7 @@ async def test_the_use_example_rides_out_a_master_restart_and_a_frozen_peer(
         procs.append(p := await spawn(name, str(path), env=env))
         peers.append(p)
     lines: dict[str, list[str]] = {p.name: [] for p in peers}
-    a, b, c = peers
+    a, _, c = peers
     await _use_line(a, r": step 100, 3 peers$", lines["a"])
     master.signal(signal.SIGKILL)
     await master.proc.wait()
