@@ -215,3 +215,24 @@ async def test_a_members_higher_term_does_not_end_the_others_sessions(master):
         writer.close()
     finally:
         await asyncio.gather(*(c.close() for c in comms))
+
+
+async def test_a_member_with_another_element_count_is_kicked_and_the_others_go_on(master):
+    """Finding: "a member with another element count (4,097 where the others use 4,096)
+    makes every honest collective fail with InvalidUsageError, forever; it is never
+    removed". The master kicks it (the reason in its error) and the others' all-reduce
+    completes on the ring without it, exact."""
+    a, b, c = await join_peers(master, 3)
+    try:
+        xs = [np.full(4096, 1.0, np.float32), np.full(4096, 2.0, np.float32),
+              np.full(4097, 5.0, np.float32)]
+        got = await asyncio.gather(*(p.all_reduce(x) for p, x in zip((a, b, c), xs)),
+                                   return_exceptions=True)
+        assert isinstance(got[2], pccl.KickedError), got
+        assert "disagrees with every other member's" in str(got[2])
+        assert [info.world_size for info in got[:2]] == [2, 2], got  # type: ignore[union-attr]
+        assert all((x == 3.0).all() for x in xs[:2])
+        assert master.state.accepted() == sorted([a.peer_id, b.peer_id])
+        await reduce_ok([a, b])
+    finally:
+        await asyncio.gather(*(p.close() for p in (a, b, c)), return_exceptions=True)

@@ -68,6 +68,30 @@ def test_concurrent_tags_have_independent_consensus() -> None:
 
 @pytest.mark.parametrize("field", ["count", "dtype", "op", "quant_algo", "quant_dtype"])
 def test_descriptor_mismatch_rejects_for_every_voter_and_frees_the_tag(field: str) -> None:
+    """Two against two: nobody is known to be wrong, every voter is refused."""
+    h = Harness()
+    a, b, c, d = h.run(0, 0, 0, 0)
+    good = m.CollectiveInit(3, 100, 10, 0, 0, 0)
+    bad = msgspec.structs.replace(good, **{field: getattr(good, field) + 1})
+    assert h.send(a, good) == []
+    assert h.send(b, bad) == []
+    assert h.send(c, bad) == []
+    acts = h.send(d, good)
+    rej = msgs(acts, m.CollectiveRejected)
+    assert sorted(rej) == [a, b, c, d]
+    for (r,) in rej.values():
+        assert r.tag == 3 and "disagree" in r.reason
+    assert msgs(acts, m.CollectiveStart) == {}
+    assert closes(acts) == []
+    assert h.st.running(0) == {}
+    assert h.start([a, b, c, d], 3) >= 1  # tag freed, nobody kicked
+
+
+@pytest.mark.parametrize("field", ["count", "dtype", "op", "quant_algo"])
+def test_a_lone_dissenter_is_kicked_and_the_others_start_without_it(field: str) -> None:
+    """Issue 31: a member whose descriptor disagrees with every other member's (which agree)
+    made every collective of the group fail, forever; it is kicked, with the reason, and the
+    others' collective starts on the ring without it."""
     h = Harness()
     a, b, c = h.run(0, 0, 0)
     good = m.CollectiveInit(3, 100, 10, 0, 0, 0)
@@ -75,14 +99,11 @@ def test_descriptor_mismatch_rejects_for_every_voter_and_frees_the_tag(field: st
     assert h.send(a, good) == []
     assert h.send(b, bad) == []
     acts = h.send(c, good)
-    rej = msgs(acts, m.CollectiveRejected)
-    assert sorted(rej) == [a, b, c]
-    for (r,) in rej.values():
-        assert r.tag == 3 and "disagree" in r.reason
-    assert msgs(acts, m.CollectiveStart) == {}
-    assert closes(acts) == []
-    assert h.st.running(0) == {}
-    assert h.start([a, b, c], 3) >= 1  # tag freed, nobody kicked
+    kicked = sent_to(acts, b, m.Kicked)
+    assert len(kicked) == 1 and "disagrees with every other member's" in kicked[0].reason
+    assert closes(acts) == [b] and msgs(acts, m.CollectiveRejected) == {}
+    assert sorted(msgs(acts, m.CollectiveStart)) == [a, c]
+    assert h.st.accepted() == [a, c]
 
 
 @pytest.mark.parametrize(("descs", "words"), [

@@ -12,12 +12,13 @@ whole group hands out the tag's next ticket; a new epoch voids them all (``void_
 
 from __future__ import annotations
 
+import collections
 from typing import Protocol
 
 from ..._errors import RemoteProtocolError
 from ..._wire import messages as m
 from .events import Action, Send
-from .records import Op, Peer, describe
+from .records import Desc, Op, Peer, describe
 
 __all__ = ["MAX_TICKETS", "Collectives", "Roster"]
 
@@ -37,6 +38,9 @@ class Roster(Protocol):
 
     def peer(self, conn: int) -> Peer | None:
         """The peer of connection ``conn``, if it is still there."""
+
+    def kick(self, conn: int, reason: str, out: list[Action]) -> None:
+        """End ``conn``'s session (a misbehaving member) and treat it as departed."""
 
 
 class Collectives:
@@ -121,6 +125,13 @@ class Collectives:
             return
         voters = sorted(op.descs)
         if len(set(op.descs.values())) > 1:
+            odd = _lone_dissenter(op.descs)
+            if odd is not None:  # the others agree: it is removed, they start without it
+                c, agreed = odd
+                self._roster.kick(c, f"collective tag {tag}: its count/dtype/op/quantization "
+                                  f"({describe(op.descs[c])}) disagrees with every other "
+                                  f"member's ({describe(agreed)})", out)
+                return
             reason = "peers disagree on count/dtype/op/quantization: " + ", ".join(
                 f"peer {c}: {describe(op.descs[c])}" for c in voters)
             self.end_vote(group, tag, reason, out)
@@ -201,3 +212,15 @@ class Collectives:
             return False
         peer.tags.discard(tag)
         return True
+
+
+def _lone_dissenter(descs: dict[int, Desc]) -> tuple[int, Desc] | None:
+    """The one voter whose descriptor differs from all the others', which agree (three voters
+    at least: of two, neither is known to be the wrong one), and theirs; else None."""
+    if len(descs) < 3:
+        return None
+    counts = collections.Counter(descs.values())
+    (agreed, n), = counts.most_common(1)
+    if n != len(descs) - 1:
+        return None
+    return next(c for c, d in descs.items() if d != agreed), agreed

@@ -10,7 +10,10 @@ from ..._types import DataType, QuantAlgo, ReduceOp
 from ..._wire import messages as m
 from .limits import advertise_error
 
-__all__ = ["Op", "Peer", "describe", "is_loopback", "membership", "registration_error",
+#: A collective's descriptor as a voter gave it: (count, dtype, op, quant algo, quant dtype).
+Desc = tuple[int, ...]
+
+__all__ = ["Desc", "Op", "Peer", "describe", "is_loopback", "membership", "registration_error",
            "version_reason"]
 
 
@@ -43,7 +46,7 @@ class Op:
     (handed out with the tag's previous verdict); ``early``: the voters already running it so;
     ``done`` may fill before the start with their reports."""
 
-    descs: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    descs: dict[int, Desc] = dataclasses.field(default_factory=dict)
     seq: int = 0
     participants: tuple[int, ...] = ()
     done: set[int] = dataclasses.field(default_factory=set)
@@ -99,7 +102,7 @@ def _name(cls: type[IntEnum], code: int, lower: bool = False) -> str:
     return name.lower() if lower else name
 
 
-def describe(desc: tuple[int, ...]) -> str:
+def describe(desc: Desc) -> str:
     """A collective's descriptor in words: ``1024 x float32 SUM`` (+ its quantization)."""
     count, dtype, op, algo, qdtype = desc
     text = f"{count} x {_name(DataType, dtype, True)} {_name(ReduceOp, op)}"
