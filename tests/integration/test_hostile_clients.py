@@ -236,3 +236,41 @@ async def test_a_member_with_another_element_count_is_kicked_and_the_others_go_o
         await reduce_ok([a, b])
     finally:
         await asyncio.gather(*(p.close() for p in (a, b, c)), return_exceptions=True)
+
+
+async def test_a_member_that_votes_but_sends_no_data_is_kicked_on_the_first_stall(master):
+    """Finding: "a member that votes but sends no data aborts every collective after
+    data_timeout; the master knows the suspect and never removes it". Its successor, which
+    got nothing of the attempt within the data timeout, names it; the master kicks it and
+    the others' retry completes without it, within data_timeout + 2 s."""
+    a, b, c = await join_peers(master, 3, data_timeout=1.0)
+    try:
+        async def never(peer_id: int) -> object:
+            await asyncio.Event().wait()  # its run task never gets a link: it sends nothing
+            raise AssertionError
+
+        testing.data_plane(c).link = never  # type: ignore[method-assign]
+        xs = [np.full(1 << 16, i + 1.0, np.float32) for i in range(3)]
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+
+        async def honest(p: pccl.Communicator, x: np.ndarray) -> pccl.ReduceInfo:
+            while True:
+                try:
+                    return await p.all_reduce(x)
+                except pccl.PeerLostError:
+                    continue  # aborted by the kick: retried on the survivors
+
+        got = await asyncio.gather(honest(a, xs[0]), honest(b, xs[1]), c.all_reduce(xs[2]),
+                                   return_exceptions=True)
+        took = loop.time() - t0
+        # (its own call may have been aborted before the kick came)
+        assert isinstance(got[2], (pccl.KickedError, pccl.PeerLostError)), got
+        assert [info.world_size for info in got[:2]] == [2, 2], got  # type: ignore[union-attr]
+        assert all((x == 3.0).all() for x in xs[:2])
+        assert took < 1.0 + 2.0, took
+        assert master.state.accepted() == sorted([a.peer_id, b.peer_id])
+        with pytest.raises(pccl.KickedError, match="sent no data of collective tag 0"):
+            await c.all_reduce(xs[2])
+    finally:
+        await asyncio.gather(*(p.close() for p in (a, b, c)), return_exceptions=True)

@@ -335,3 +335,26 @@ def test_consensus_with_fewer_than_two_voters_aborts_with_seq_zero() -> None:
     # the tag is free: the next init is answered (again with seq 0), not kicked
     acts = h.send(a, m.CollectiveInit(6, 8, 10, 0))
     assert [(x.conn, type(x.msg)) for x in acts] == [(a, m.CollectiveAbort)]
+
+
+@pytest.mark.parametrize("first_plain", [False, True])
+def test_a_stalled_predecessor_is_kicked_even_when_another_report_came_first(
+        first_plain: bool) -> None:
+    """Issue 31: a member named by its successor as having sent nothing of the attempt
+    within the data timeout (``stalled``) is kicked, also when a plain failure report of
+    another participant aborted the attempt first (the stall report is then stale)."""
+    h = Harness()
+    a, b, c = h.run(0, 0, 0)
+    seq = h.start([a, b, c], 5)
+    out: list[ms.Action] = []
+    if first_plain:  # b's timer fired first (it had some data from a): a plain abort
+        out += h.send(b, m.CollectiveDone(5, seq, False, "stalled"))
+        assert sorted(msgs(out, m.CollectiveAbort)) == [a, b, c] and closes(out) == []
+        out += h.init([a, b], 5)  # the survivors' retry votes come before a's report
+    out += h.send(a, m.CollectiveDone(5, seq, False, "stalled", c, True))
+    kicked = sent_to(out, c, m.Kicked)
+    assert len(kicked) == 1 and "sent no data of collective tag 5" in kicked[0].reason
+    assert c in closes(out) and h.st.accepted() == [a, b]
+    # a stall report naming a non-participant or itself kicks nobody
+    out = h.send(a, m.CollectiveDone(5, seq, False, "stalled", a, True))
+    assert closes(out) == []

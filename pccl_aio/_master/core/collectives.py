@@ -52,6 +52,10 @@ class Collectives:
         self.ops: dict[tuple[int, int], Op] = {}
         self._seq = 0
         self._tickets: dict[int, dict[int, tuple[int, int]]] = {}  # group -> tag -> seq, epoch
+        # (group, tag) -> (seq, participants) of its last aborted attempt: a stall report
+        # that arrives after another participant's report aborted it still names the culprit
+        self._aborted: collections.OrderedDict[tuple[int, int], tuple[int, tuple[int, ...]]] = (
+            collections.OrderedDict())
 
     def running(self, group: int) -> dict[int, int]:
         """tag -> seq of the group's collectives that started."""
@@ -97,6 +101,11 @@ class Collectives:
         """A participant's report; a stale one (of an attempt already ended) is ignored."""
         group, tag = peer.group, msg.tag
         op = self.ops.get((group, tag))
+        if msg.stalled and (op is None or op.seq != msg.seq):  # an attempt aborted already
+            seq, parts = self._aborted.get((group, tag), (0, ()))
+            if msg.seq == seq and peer.conn in parts:
+                self._stalled(peer.conn, msg.suspect, tag, parts, out)
+            return
         if op is not None and not op.seq:
             if not msg.seq and not msg.ok and peer.conn in op.descs:  # withdrawn before start
                 self.end_vote(group, tag, f"peer {peer.conn}: {msg.reason}", out, abort=True)
@@ -112,8 +121,20 @@ class Collectives:
         if msg.ok:
             op.done.add(peer.conn)
             self._check_complete(group, tag, out)
+        elif msg.stalled and self._stalled(peer.conn, msg.suspect, tag, op.participants, out):
+            return  # its departure aborted the attempt for the others
         else:
             self.abort(group, tag, f"peer {peer.conn} failed: {msg.reason}", out)
+
+    def _stalled(self, reporter: int, suspect: int, tag: int, parts: tuple[int, ...],
+                 out: list[Action]) -> bool:
+        """``reporter`` got nothing of an attempt from its predecessor ``suspect`` within the
+        data timeout: a participant that voted and sends no data is kicked (True)."""
+        if suspect == reporter or suspect not in parts or self._roster.peer(suspect) is None:
+            return False
+        self._roster.kick(suspect, f"sent no data of collective tag {tag} to peer {reporter} "
+                          "within the data timeout", out)
+        return True
 
     def check_start(self, group: int, tag: int, out: list[Action]) -> None:
         """Start (or reject) the collective once every member of the group voted."""
@@ -163,6 +184,10 @@ class Collectives:
     def abort(self, group: int, tag: int, reason: str, out: list[Action]) -> None:
         """Abort a running collective for every participant still there."""
         op = self.ops.pop((group, tag))
+        self._aborted[(group, tag)] = (op.seq, op.participants)
+        self._aborted.move_to_end((group, tag))
+        while len(self._aborted) > MAX_TICKETS:
+            self._aborted.popitem(last=False)
         for c in op.participants:
             if self._untag(c, tag):
                 out.append(Send(c, m.CollectiveAbort(tag, op.seq, reason)))

@@ -29,8 +29,9 @@ from .receiver import Registry
 class DataPlane:
     """Listener, links, buffers and collective tasks of one communicator."""
 
-    def __init__(self, config: PeerConfig, report: Callable[[int, int, bool, str, int], None],
-                 keys: KeyRing, gate: Gate, registry: Registry, measure: Measurer) -> None:
+    def __init__(self, config: PeerConfig,
+                 report: Callable[[int, int, bool, str, int, bool], None], keys: KeyRing,
+                 gate: Gate, registry: Registry, measure: Measurer) -> None:
         self.config = config
         self._report = report  # CollectiveDone to the master
         self.registry = registry  # shared with the control plane (its tickets' seqs)
@@ -44,8 +45,9 @@ class DataPlane:
         self._ring: list[m.PeerAddr] = []
         self.peer_id = 0
 
-    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
-        self._report(tag, seq, ok, reason, suspect)
+    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0,
+               stalled: bool = False) -> None:
+        self._report(tag, seq, ok, reason, suspect, stalled)
 
     @property
     def p2p_connections(self) -> int:

@@ -48,5 +48,6 @@ class CollectiveEnv(Protocol):
     async def link(self, peer_id: int) -> Link:
         """The open link to ``peer_id`` (connecting it if needed)."""
 
-    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
+    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0,
+               stalled: bool = False) -> None:
         """Tell the master this peer's part of (tag, seq) ended (``CollectiveDone``)."""

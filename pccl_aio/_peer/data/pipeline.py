@@ -29,6 +29,10 @@ from .paths.base import DataPath
 log = logging.getLogger("pccl_aio.collective")
 
 
+class _Stalled(PcclTimeoutError):
+    """The data deadline passed: nothing arrived from the predecessor for ``data_timeout``."""
+
+
 def _nothing() -> None:
     """A released pipeline's ``done``."""
 
@@ -147,8 +151,12 @@ class Pipeline:
         except Exception as exc:  # report, then wait for the master's abort
             log.debug("collective tag=%d seq=%d failed locally: %r", self._tag, self.seq, exc)
             suspect = self._suspect or (succ if isinstance(exc, ConnectionError) else 0)
+            # nothing at all from the predecessor within the data timeout: it is named
+            stalled = isinstance(exc, _Stalled) and self.rx == 0 and not suspect
+            if stalled:
+                suspect = self.ring.predecessor
             if self.confirmed:
-                self._env.report(self._tag, self.seq, False, repr(exc), suspect)
+                self._env.report(self._tag, self.seq, False, repr(exc), suspect, stalled)
             else:  # an early start: the master's start decides (reported then, if it stands)
                 self._held = (repr(exc), suspect)
             return
@@ -180,7 +188,7 @@ class Pipeline:
                 return
             left = self._last_rx + timeout - loop.time() if self.confirmed else None
             if left is not None and left <= 0:
-                raise PcclTimeoutError(
+                raise _Stalled(
                     f"no data for {timeout:.1f} s (seq {self.seq}); predecessor stalled")
             self._wake = loop.create_future()
             try:

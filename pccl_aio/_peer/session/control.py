@@ -367,10 +367,11 @@ class ControlPlane:
         self.votes.reported(ok)
         self.send(m.SyncDone(ok, reason))
 
-    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0) -> None:
+    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0,
+               stalled: bool = False) -> None:
         """``CollectiveDone`` for (tag, seq); dropped if the session is over."""
         with contextlib.suppress(PcclError):
-            self.send(m.CollectiveDone(tag, seq, ok, reason[:200], suspect))
+            self.send(m.CollectiveDone(tag, seq, ok, reason[:200], suspect, stalled))
 
     # ---- tasks ----------------------------------------------------------------------------
     async def _heartbeat_loop(self, session: Session, gen: int) -> None:
