@@ -3,8 +3,10 @@
 
 It answers ``GET`` and ``HEAD`` of a fixed set of paths, one request per connection
 (``Connection: close``), and nothing else; h11 parses the request and writes the response.
-A request line and headers above 8 KiB (h11's ``max_incomplete_event_size``), a client slower
-than ``timeout`` or beyond ``max_clients`` at once get the connection closed (or a 4xx/5xx).
+A request line and headers above 8 KiB (h11's ``max_incomplete_event_size``), a head that
+takes longer than ``head_timeout``, a client slower than ``timeout`` in all, or one beyond
+``max_clients`` at once (``per_address`` from one address) get the connection closed (or a
+4xx/5xx): stalled clients hold a slot for seconds, and one address cannot hold them all.
 A route is a plain function called on the event loop, so it must be quick (it
 reads in-memory state): serving never blocks the loop for longer than a route takes.
 A route may read the request's ``Host`` (``request_host``); a path in ``missing`` is a 404
@@ -60,12 +62,15 @@ class HttpServer:
 
     def __init__(self, routes: Mapping[str, Route], host: str = "127.0.0.1", port: int = 0, *,
                  name: str = "pccl_aio http", timeout: float = 10.0, max_clients: int = 32,
+                 head_timeout: float = 2.0, per_address: int = 4,
                  ssl: _ssl.SSLContext | None = None,
                  missing: Mapping[str, str] | None = None) -> None:
         self.routes = dict(routes)
         self.missing = dict(missing or {})  # path -> the body of its 404 (a hint)
         self.host, self._port, self.name = host, port, name
         self._timeout, self._max, self._ssl = timeout, max_clients, ssl
+        self._head_timeout, self._per_address = min(head_timeout, timeout), per_address
+        self._clients: dict[str, int] = {}  # address -> connections being served
         self._server: asyncio.Server | None = None
         self._tasks = TaskSet(name)
 
@@ -93,15 +98,19 @@ class HttpServer:
             self._server = None
 
     def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._tasks) >= self._max:
-            writer.close()  # beyond max_clients at once: shed it
+        addr = str((writer.get_extra_info("peername") or ("?",))[0])
+        if len(self._tasks) >= self._max or self._clients.get(addr, 0) >= self._per_address:
+            writer.close()  # beyond max_clients (or per_address) at once: shed it
             return
-        self._tasks.spawn(self._serve(reader, writer), name=f"{self.name} request")
+        self._clients[addr] = self._clients.get(addr, 0) + 1
+        self._tasks.spawn(self._serve(reader, writer, addr), name=f"{self.name} request")
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     addr: str) -> None:
         try:
             async with asyncio.timeout(self._timeout):
-                conn, request = await _read_request(reader)
+                async with asyncio.timeout(self._head_timeout):
+                    conn, request = await _read_request(reader)
                 if conn is None:
                     return  # oversized or cut short: nothing to answer
                 status, headers, body = self._answer(request)
@@ -112,6 +121,8 @@ class HttpServer:
             pass  # a slow or vanished client: nothing to answer
         finally:
             writer.close()
+            if (left := self._clients.pop(addr, 1) - 1) > 0:
+                self._clients[addr] = left
 
     def _answer(self, request: h11.Request | None
                 ) -> tuple[HTTPStatus, dict[str, str], bytes]:

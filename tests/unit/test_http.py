@@ -105,3 +105,30 @@ async def test_a_route_reads_the_host_its_request_was_sent_to(header, host):
         assert request_host() == ""  # outside a request
     finally:
         await s.close()
+
+
+async def test_stalled_clients_from_one_address_do_not_lock_the_page():
+    """Finding: "32 stalled HTTP clients lock the status and metrics ports for the 10 s
+    timeout". One address holds at most ``per_address`` connections, and a head must come
+    within ``head_timeout``: a client from another address is answered at once, and the
+    stalled ones are closed after the head timeout, not the whole timeout."""
+    s = HttpServer({"/": lambda: ("text/plain", b"ok")})  # the defaults: 32, 4 per address
+    await s.start()
+    loop = asyncio.get_running_loop()
+    try:
+        stalled = [await asyncio.open_connection("127.0.0.1", s.port) for _ in range(32)]
+        for _, w in stalled:
+            w.write(b"GET / HTTP/1.1\r\n")  # and never the end of the head
+        t0 = loop.time()
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port,
+                                                       local_addr=("127.0.0.2", 0))
+        writer.write(b"GET / HTTP/1.1\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 5)).endswith(b"\r\n\r\nok")
+        assert loop.time() - t0 < 1.0
+        writer.close()
+        for r, w in stalled:  # shed at once (beyond 4), or closed at the 2 s head timeout
+            assert await asyncio.wait_for(r.read(), 5) == b""
+            w.close()
+        assert loop.time() - t0 < 4.0
+    finally:
+        await s.close()
