@@ -5,8 +5,11 @@ processes."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
+import stat
+import subprocess
 import sys
 
 import trustme
@@ -113,3 +116,32 @@ async def test_cli_refuses_a_bad_secret_file_or_half_a_tls_pair(tmp_path):
         _, err = await asyncio.wait_for(p.communicate(), 20)
         assert p.returncode == 2, err
         assert b"secret file" in err or b"--tls-cert and --tls-key go together" in err, err
+
+
+def _secret_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pccl_aio.secret", *args], capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_the_secret_cli_prints_a_fresh_256_bit_secret():
+    one, two = _secret_cli(), _secret_cli()
+    assert one.returncode == two.returncode == 0 and one.stderr == ""
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}\n", one.stdout), one.stdout
+    assert one.stdout != two.stdout
+    assert _secret_cli("--help").stdout.startswith("usage: python -m pccl_aio.secret")
+
+
+async def test_the_secret_cli_writes_an_owner_only_file_a_master_and_peers_use(tmp_path, procs):
+    """``python -m pccl_aio.secret --file F``: mode 0600, never overwritten; the master's
+    ``--secret-file`` and a peer's ``$PCCL_AIO_SECRET_FILE`` take it: the peer joins."""
+    path = tmp_path / "run.secret"
+    assert _secret_cli("--file", str(path)).returncode == 0
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    first = path.read_text()
+    again = _secret_cli("--file", str(path))
+    assert again.returncode == 1 and "cannot create" in again.stderr and "exists" in again.stderr
+    assert path.read_text() == first  # never replaced
+    _, addr = await _master(procs, "--secret-file", str(path))
+    rogue = await spawn("peer", "-c", ROGUE, addr, env={"PCCL_AIO_SECRET_FILE": str(path)})
+    procs.append(rogue)
+    assert (await rogue.line(timeout=30)).startswith("joined ")
