@@ -42,26 +42,20 @@ def test_nothing_leaves_ended_and_every_phase_can_end():
     assert all(X in ph.MOVES[p] for p in Phase if p is not X)
 
 
-@pytest.mark.parametrize("now,to", [(E, R), (ED, D)])
-def test_the_masters_start_confirms_an_early_attempt(now, to):
-    assert ph.confirmed(now) is to
+# each helper's legal moves; from every other phase it refuses
+HELPERS = {"the master's start confirms an early attempt": (ph.confirmed, {E: R, ED: D}),
+           "the data finishing moves a running attempt": (ph.finished, {E: ED, R: D})}
 
 
-@pytest.mark.parametrize("now", [V, R, D, X])
-def test_only_an_early_attempt_is_confirmed(now):
-    with pytest.raises(IllegalMove):
-        ph.confirmed(now)
-
-
-@pytest.mark.parametrize("now,to", [(E, ED), (R, D)])
-def test_the_data_finishing_moves_a_running_attempt(now, to):
-    assert ph.finished(now) is to
-
-
-@pytest.mark.parametrize("now", [V, ED, D, X])
-def test_the_data_finishes_only_while_it_moves(now):
-    with pytest.raises(IllegalMove):
-        ph.finished(now)
+@pytest.mark.parametrize("helper", HELPERS)
+@pytest.mark.parametrize("now", list(Phase))
+def test_each_helper_moves_only_its_own_phases(helper, now):
+    move, table = HELPERS[helper]
+    if now in table:
+        assert move(now) is table[now]
+    else:
+        with pytest.raises(IllegalMove):
+            move(now)
 
 
 def test_the_groups_partition_the_started_phases():
