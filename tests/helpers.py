@@ -16,6 +16,10 @@ __all__ = ["FAST", "admit", "closed", "crash", "join_peers", "master", "peers", 
            "record_sends", "reduce_ok", "rss"]
 
 FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
+#: Run secrets for tests: strong enough for ``auth.check_secret`` (made once with
+#: ``python -m pccl_aio.secret``), and two that differ.
+SECRET = "uV4hS0dXcW3tm7pE8Rk2Jf9yLq1Zb6Na5Gs-TeYoHiQ"
+OTHER_SECRET = "Pz7Wq2Xe9Rt4Yu1Io8Ka3Sd6Fg0Hj5Kl-MnBvCxZaQ"
 
 
 @pytest.fixture

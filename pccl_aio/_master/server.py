@@ -18,7 +18,7 @@ from types import TracebackType
 import msgspec
 
 from .._errors import InvalidUsageError, RemoteProtocolError
-from .._net.credentials import load_secret
+from .._net.credentials import run_key
 from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
 from .._net.stream import FrameBudget, at_eof, own_socket, read_frame, set_nodelay
 from .._net.tasks import TaskSet
@@ -109,7 +109,7 @@ class Master:
             recovery_grace=recovery_grace)
         self._max_frame = max_frame_size
         self._budget = FrameBudget(_LARGE_FRAMES)
-        self._key = auth.secret_key(secret if secret is not None else load_secret())
+        self._key = run_key(secret)
         self._run_key = secrets.token_bytes(auth.KEY_SIZE) if self._key else b""  # pair keys
         self._ssl = ssl
         self.gate = Gate("pccl_aio master", handshake_timeout)

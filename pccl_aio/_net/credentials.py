@@ -8,6 +8,7 @@ import ssl
 from typing import Final
 
 from .._errors import InvalidUsageError
+from .._wire import auth
 
 SECRET_ENV: Final = "PCCL_AIO_SECRET"
 SECRET_FILE_ENV: Final = "PCCL_AIO_SECRET_FILE"
@@ -31,6 +32,16 @@ def load_secret(path: str | None = None) -> bytes | None:
         return secret
     value = os.environ.get(SECRET_ENV, "").strip()
     return value.encode() if value else None
+
+
+def run_key(secret: str | bytes | None) -> bytes:
+    """The handshake key of ``secret`` (``load_secret()`` when None; empty for no secret):
+    stretched once (``auth.secret_key``, tens of ms). Raises ``InvalidUsageError`` for a
+    secret too weak to keep outsiders out, saying how to make a good one."""
+    try:
+        return auth.secret_key(secret if secret is not None else load_secret())
+    except ValueError as exc:
+        raise InvalidUsageError(str(exc)) from None
 
 
 def tls_contexts(cert: str, key: str, ca: str | None = None

@@ -24,7 +24,6 @@ log = logging.getLogger("pccl_aio.security")
 
 HANDSHAKE_TIMEOUT: Final = 5.0
 MAX_PENDING: Final = 64
-DOUBT_TIMEOUT: Final = 1.0  # a client's wait for the verdict on its doubt (``auth.doubt``)
 LOG_BURST, LOG_WINDOW = 10, 10.0  # refusals logged one by one per window; then a count
 
 #: The server's key for an ``OPEN``, or None to refuse it as not a member (may wait).
@@ -33,8 +32,9 @@ KeyFor = Callable[[auth.Opening], Awaitable[bytes | None]]
 
 class HandshakeError(ConnectionError):
     """The other side refused this connection's handshake (``status``, ``auth.STATUS``), or
-    could not complete it (status -1). ``mismatch``: why the other side could not prove the
-    key (``auth.MISSING``, ``UNEXPECTED``, ``DIFFER``), else ""."""
+    could not complete it (status -1). ``mismatch``: why the keys do not match
+    (``auth.MISSING``: this side has none; ``UNEXPECTED``: the other side has none;
+    ``DIFFER``; ``WRONG``: the other side accepted and could not prove its own), else ""."""
 
     def __init__(self, message: str, status: int = -1, mismatch: str = "") -> None:
         super().__init__(message)
@@ -133,24 +133,19 @@ async def greet(reader: Reader, writer: Writer, role: int,
     """The client's handshake on a fresh connection; returns the session key.
 
     Blocks for two round trips (bound it with a timeout). Raises ``HandshakeError`` if the
-    server refuses or does not prove the key, or closes the connection meanwhile (another
-    protocol, TLS on one side only). Cancelling leaves the connection for the caller to close.
+    server refuses this side's proof or does not prove the key, or closes the connection
+    meanwhile (another protocol, TLS on one side only). Cancelling leaves the connection for
+    the caller to close.
     """
     opening = auth.open_message(role, me, them)
     writer.write(opening)
     mismatch = ""
     try:
-        challenge = await reader.readexactly(auth.CHALLENGE.size)
-        status, proof, nonce = auth.answer(key, opening, challenge)
-        if proof is not None:
-            writer.write(proof)
-            status = auth.parse_verdict(await reader.readexactly(auth.VERDICT.size))
-        elif status == auth.REFUSED:  # the server did not prove the key: doubt, then give up
-            mismatch = auth.client_mismatch(key, opening, challenge)
-            writer.write(auth.doubt(key, opening, nonce))
-            with contextlib.suppress(TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-                async with asyncio.timeout(DOUBT_TIMEOUT):  # its verdict: it read the doubt
-                    await reader.readexactly(auth.VERDICT.size)
+        status, nonce = auth.parse_challenge(await reader.readexactly(auth.CHALLENGE.size))
+        if status == auth.OK:
+            writer.write(auth.proof(key, opening, nonce))
+            status, mismatch = auth.check_verdict(
+                key, opening, nonce, await reader.readexactly(auth.VERDICT.size))
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         raise HandshakeError(
             "the other side closed the connection during the handshake (a wrong run secret, "
@@ -158,10 +153,11 @@ async def greet(reader: Reader, writer: Writer, role: int,
     if status != auth.OK:
         why = auth.STATUS.get(status, "not a pccl_aio handshake")
         if mismatch:
-            why = "the other side could not prove the run secret " + {
-                auth.MISSING: "(it has one, and this side has none)",
-                auth.UNEXPECTED: "(it has none, and this side has one)",
-            }.get(mismatch, "(the secrets differ)")
+            why = {auth.MISSING: "refused: the other side has a secret, and this side has none",
+                   auth.UNEXPECTED: "refused: the other side has no secret, and this side has one",
+                   auth.DIFFER: "refused: the secrets differ",
+                   }.get(mismatch, "accepted, but the other side could not prove the secret "
+                                   "(not the side this one meant to reach)")
         raise HandshakeError(f"handshake {why}", status, mismatch)
     return auth.session_key(key, opening, nonce)
 
@@ -259,13 +255,14 @@ class Gate:
             writer.write(auth.refusal(auth.UNKNOWN_PEER))
             return (f"{auth.ROLES[opening.role]} connection from peer {opening.client_id}, "
                     f"which may not connect here"), None
-        message, nonce = auth.challenge(key, opening)
+        message, nonce = auth.challenge(opening)
         writer.write(message)
         proof = await reader.readexactly(auth.PROOF.size)
         if not auth.verify(key, opening, nonce, proof):
-            writer.write(auth.verdict(auth.REFUSED))
-            return _mismatch(auth.server_mismatch(key, opening, nonce, proof), opening.role), None
-        writer.write(auth.verdict(auth.OK))
+            why = auth.server_mismatch(key, opening, nonce, proof)
+            writer.write(auth.verdict(key, opening, nonce, auth.REFUSED, why))
+            return _mismatch(why, opening.role), None
+        writer.write(auth.verdict(key, opening, nonce, auth.OK))
         return "", (opening, auth.session_key(key, opening.raw, nonce))
 
 
@@ -274,9 +271,8 @@ def _mismatch(why: str, role: int) -> str:
     key, here = ("run secret", "this master") if role == auth.ROLE_MASTER else ("pair key",
                                                                                "this side")
     return {auth.MISSING: f"the peer has no {key} ({here} requires one)",
-            auth.DIFFER: f"the peer's {key} differs from {here}'s",
             auth.UNEXPECTED: f"the peer has a {key}, and {here} has none",
-            }.get(why, f"wrong {key} (or a replayed handshake)")
+            }.get(why, f"the peer's {key} differs from {here}'s (or a replayed handshake)")
 
 
 def _address(writer: Writer) -> str:

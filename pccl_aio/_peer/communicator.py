@@ -17,10 +17,9 @@ from typing import Any, Literal
 
 from .. import _log
 from .._errors import InvalidUsageError
-from .._net.credentials import load_secret
+from .._net.credentials import run_key
 from .._net.handshake import Gate
 from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
-from .._wire import auth
 from .._wire import messages as m
 from . import deadline
 from .core.config import PeerConfig
@@ -107,7 +106,7 @@ class Communicator:
             listen_host=listen_host, advertise_host=advertise_host,
             heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
             data_timeout=data_timeout, master_timeout=master_timeout, run_id=run_id or "",
-            key=auth.secret_key(secret if secret is not None else load_secret()),
+            key=run_key(secret),
             ssl=ssl, ssl_server=ssl_server)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._keys = KeyRing(bool(self.config.key))

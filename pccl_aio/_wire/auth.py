@@ -1,36 +1,42 @@
 """The handshake every connection opens with, and the run's pair keys (sans-IO).
 
-A mutual challenge-response over HMAC-SHA256; the key never crosses the wire::
+A mutual challenge-response over HMAC-SHA256 in which the connecting side proves first; the
+key never crosses the wire::
 
     client -> server  OPEN       magic, version, role, client nonce, client id, server id
-    server -> client  CHALLENGE  magic, status, server nonce,
-                                 HMAC(key, "server" | OPEN | server nonce)
+    server -> client  CHALLENGE  magic, status, server nonce
     client -> server  PROOF      HMAC(key, "client" | OPEN | server nonce)
-    server -> client  VERDICT    magic, status
+    server -> client  VERDICT    magic, status, reason,
+                                 HMAC(key, "server" | OPEN | server nonce) if accepted
 
-A client that cannot verify the server's MAC never sends a proof of its key: its ``PROOF`` is
-then a *doubt* (``doubt``): the empty key's proof if it has no key, else zeros; neither
-reveals anything, and the server learns which side lacks the key (``server_mismatch``).
+The server proves the key only to a client that proved it first, so a listener is never a
+guessing oracle: an outsider sees a nonce and a refusal, nothing it could test guesses of the
+secret against. (A client that dials an impostor does hand it a proof to guess against; the
+secret's strength, ``check_secret``, and its stretching, ``secret_key``, are what protect it
+then.) A refusal's ``reason`` says which side lacks the key (``MISSING``, ``UNEXPECTED``) or
+that the keys differ (``DIFFER``), so both sides can say what to fix.
 
 Each side proves it knows the key over the other side's fresh nonce, so a recorded handshake
 replayed in either direction fails. The MACs cover the role and both peer ids, so a proof made
-for one connection is worth nothing on another. The key is the run secret for the master
+for one connection is worth nothing on another. The key is the run secret's key for the master
 connection and the pair key the master issued for two peers (``pair_key``) for connections
 between peers; in a run without a secret it is empty (the handshake then proves nothing, but
 keeps one code path). Both sides derive a session key from the transcript (``session_key``);
-the master wraps pair keys with it before sending them (``wrap``).
+the master wraps pair keys and tickets with it before sending them (``wrap``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import math
 import secrets
 import struct
 from typing import Final, NamedTuple
 
 MAGIC: Final = 0x50434831  # "PCH1"
-VERSION: Final = 1
+VERSION: Final = 2  # 1: the server proved first (an oracle for guessing the secret)
 NONCE_SIZE: Final = 32
 KEY_SIZE: Final = 32
 
@@ -43,15 +49,22 @@ STATUS: Final = {OK: "accepted", REFUSED: "refused: wrong run secret",
                  UNKNOWN_PEER: "refused: not a member of this run (or not yet)",
                  BAD_VERSION: "refused: another handshake version"}
 
-#: Why a handshake's keys do not match (``client_mismatch``, ``server_mismatch``): the client
-#: has no key, the server has none, both have one and they differ, or none of these (a proof
-#: that fails: a replay or a forgery).
+#: Why a handshake's keys do not match (a ``VERDICT``'s reason): the client has no key, the
+#: server has none, both have one and they differ (or a replay), or the server accepted the
+#: client and could not prove the key itself (an impostor).
 MISSING, UNEXPECTED, DIFFER, WRONG = "missing", "unexpected", "differ", "wrong"
+_REASONS: Final = ("", MISSING, UNEXPECTED, DIFFER)
 
 OPEN: Final = struct.Struct("<IHBx32sQQ")  # magic, version, role, nonce, client id, server id
-CHALLENGE: Final = struct.Struct("<IB3x32s32s")  # magic, status, nonce, server MAC
+CHALLENGE: Final = struct.Struct("<IB3x32s")  # magic, status, nonce
 PROOF: Final = struct.Struct("<32s")  # client MAC
-VERDICT: Final = struct.Struct("<IB3x")  # magic, status
+VERDICT: Final = struct.Struct("<IBB2x32s")  # magic, status, reason, server MAC
+
+#: The least a run secret may hold (``check_secret``), and the stretching every secret gets:
+#: scrypt with 16 MiB of memory (the standard library's, so nothing to install).
+MIN_SECRET_BITS: Final = 128
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
+MAKE_SECRET: Final = "python -m pccl_aio.secret"
 
 
 class Opening(NamedTuple):
@@ -64,12 +77,50 @@ class Opening(NamedTuple):
     server_id: int
 
 
+def _class(c: int) -> tuple[str, int]:
+    """A byte's character class and its size."""
+    if 97 <= c <= 122:
+        return "lower", 26
+    if 65 <= c <= 90:
+        return "upper", 26
+    if 48 <= c <= 57:
+        return "digit", 10
+    return ("other ASCII", 33) if c < 128 else ("other", 128)
+
+
+def secret_bits(secret: str | bytes) -> float:
+    """A generous estimate of a secret's entropy: the bits of a character drawn from the
+    classes it uses (lower case, upper case, digits, other ASCII, other bytes) times its
+    length, a character that repeats the one before it counting for nothing. It cannot tell
+    a quotation from a random string; it does catch the short and the simple."""
+    raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+    pool = sum(dict(_class(c) for c in raw).values())
+    length = sum(1 for i, c in enumerate(raw) if i == 0 or c != raw[i - 1])
+    return length * math.log2(pool) if pool else 0.0
+
+
+def check_secret(secret: str | bytes) -> None:
+    """Raise ``ValueError`` (saying how to make a good one) for a secret estimated below
+    ``MIN_SECRET_BITS`` (``secret_bits``)."""
+    bits = secret_bits(secret)
+    if bits < MIN_SECRET_BITS:
+        raise ValueError(
+            f"the run secret is too weak (about {bits:.0f} bits; at least {MIN_SECRET_BITS} "
+            f"are needed, so it cannot be guessed): make one with `{MAKE_SECRET}` (or "
+            f"`{MAKE_SECRET} --file run.secret`)")
+
+
+@functools.lru_cache(maxsize=16)
 def secret_key(secret: str | bytes | None) -> bytes:
-    """The key of a run secret (empty without one): SHA-256 of its bytes."""
+    """The key of a run secret (empty without one): the secret stretched with scrypt
+    (``SCRYPT_N``; ~16 MiB and tens of ms once per process and secret), so that each guess
+    costs an attacker as much. Raises ``ValueError`` for a weak secret (``check_secret``)."""
     if not secret:
         return b""
     raw = secret.encode() if isinstance(secret, str) else bytes(secret)
-    return hashlib.sha256(b"pccl_aio run secret\0" + raw).digest()
+    check_secret(raw)
+    return hashlib.scrypt(raw, salt=b"pccl_aio run secret", n=SCRYPT_N, r=SCRYPT_R,
+                          p=SCRYPT_P, maxmem=64 * 2**20, dklen=KEY_SIZE)
 
 
 def _mac(key: bytes, label: bytes, opening: bytes, nonce: bytes) -> bytes:
@@ -89,70 +140,58 @@ def parse_open(raw: bytes) -> Opening | None:
     return Opening(bytes(raw), version, role, client, server)
 
 
-def challenge(key: bytes, opening: Opening) -> tuple[bytes, bytes]:
-    """(the server's ``CHALLENGE``, its nonce): proves the server holds ``key``."""
+def challenge(opening: Opening) -> tuple[bytes, bytes]:
+    """(the server's ``CHALLENGE``, its nonce): nothing about the key yet."""
     nonce = secrets.token_bytes(NONCE_SIZE)
-    return CHALLENGE.pack(MAGIC, OK, nonce, _mac(key, b"server", opening.raw, nonce)), nonce
+    return CHALLENGE.pack(MAGIC, OK, nonce), nonce
 
 
 def refusal(status: int) -> bytes:
     """A ``CHALLENGE`` carrying only a refusal ``status``."""
-    return CHALLENGE.pack(MAGIC, status, bytes(NONCE_SIZE), bytes(32))
+    return CHALLENGE.pack(MAGIC, status, bytes(NONCE_SIZE))
 
 
-def answer(key: bytes, opening: bytes, raw_challenge: bytes) -> tuple[int, bytes | None, bytes]:
-    """The client's check of a ``CHALLENGE``: (status, ``PROOF`` or None, server nonce).
-
-    ``PROOF`` is None when the server refused (``status``) or failed to prove the key (status
-    ``REFUSED``); the client then closes. A bad magic is status -1.
-    """
-    magic, status, nonce, mac = CHALLENGE.unpack(raw_challenge)
-    if magic != MAGIC:
-        return -1, None, nonce
-    if status != OK:
-        return status, None, nonce
-    if not hmac.compare_digest(mac, _mac(key, b"server", opening, nonce)):
-        return REFUSED, None, nonce
-    return OK, PROOF.pack(_mac(key, b"client", opening, nonce)), nonce
+def parse_challenge(raw: bytes) -> tuple[int, bytes]:
+    """(status, server nonce) of a ``CHALLENGE``; status -1 for a bad magic."""
+    magic, status, nonce = CHALLENGE.unpack(raw)
+    return (status if magic == MAGIC else -1), nonce
 
 
-def client_mismatch(key: bytes, opening: bytes, raw_challenge: bytes) -> str:
-    """Why the server's MAC failed the client's check: ``MISSING`` (the client has no key),
-    ``UNEXPECTED`` (the server proved the empty key: it has none) or ``DIFFER``."""
-    if not key:
-        return MISSING
-    _, _, nonce, mac = CHALLENGE.unpack(raw_challenge)
-    return UNEXPECTED if hmac.compare_digest(mac, _mac(b"", b"server", opening, nonce)) else DIFFER
+def proof(key: bytes, opening: bytes, nonce: bytes) -> bytes:
+    """The client's ``PROOF`` that it holds ``key``."""
+    return PROOF.pack(_mac(key, b"client", opening, nonce))
 
 
-def doubt(key: bytes, opening: bytes, nonce: bytes) -> bytes:
-    """The client's ``PROOF`` when the server failed to prove the key: the empty key's proof
-    without a key, else zeros (never a proof of a real key to an unproven server)."""
-    return PROOF.pack(bytes(32) if key else _mac(b"", b"client", opening, nonce))
-
-
-def server_mismatch(key: bytes, opening: Opening, nonce: bytes, proof: bytes) -> str:
-    """Why a ``PROOF`` failed ``verify``: ``MISSING`` (the empty key's proof), ``DIFFER``
-    or ``UNEXPECTED`` (a doubt: the client has another key, or one where the server has
-    none), else ``WRONG``."""
-    if proof == bytes(32):
-        return DIFFER if key else UNEXPECTED
-    return MISSING if key and verify(b"", opening, nonce, proof) else WRONG
-
-
-def verify(key: bytes, opening: Opening, nonce: bytes, proof: bytes) -> bool:
+def verify(key: bytes, opening: Opening, nonce: bytes, raw_proof: bytes) -> bool:
     """The server's check of the client's ``PROOF``."""
-    return hmac.compare_digest(proof, _mac(key, b"client", opening.raw, nonce))
+    return hmac.compare_digest(raw_proof, _mac(key, b"client", opening.raw, nonce))
 
 
-def verdict(status: int) -> bytes:
-    return VERDICT.pack(MAGIC, status)
+def server_mismatch(key: bytes, opening: Opening, nonce: bytes, raw_proof: bytes) -> str:
+    """Why a ``PROOF`` failed ``verify``: ``MISSING`` (the empty key's proof: the client has
+    no key), ``UNEXPECTED`` (this server has none) or ``DIFFER`` (another key, or a replay)."""
+    if not key:
+        return UNEXPECTED
+    return MISSING if verify(b"", opening, nonce, raw_proof) else DIFFER
 
 
-def parse_verdict(raw: bytes) -> int:
-    """The status of a ``VERDICT`` (-1 for a bad magic)."""
-    magic, status = VERDICT.unpack(raw)
-    return status if magic == MAGIC else -1
+def verdict(key: bytes, opening: Opening, nonce: bytes, status: int, reason: str = "") -> bytes:
+    """The server's ``VERDICT``: with its own proof of ``key`` if ``status`` is ``OK``."""
+    mac = _mac(key, b"server", opening.raw, nonce) if status == OK else bytes(32)
+    return VERDICT.pack(MAGIC, status, _REASONS.index(reason), mac)
+
+
+def check_verdict(key: bytes, opening: bytes, nonce: bytes, raw: bytes) -> tuple[int, str]:
+    """The client's reading of a ``VERDICT``: (status, mismatch). An ``OK`` whose MAC does
+    not prove ``key`` is (``REFUSED``, ``WRONG``); a bad magic is status -1."""
+    magic, status, reason, mac = VERDICT.unpack(raw)
+    if magic != MAGIC:
+        return -1, ""
+    if status != OK:
+        return status, _REASONS[reason] if reason < len(_REASONS) else ""
+    if not hmac.compare_digest(mac, _mac(key, b"server", opening, nonce)):
+        return REFUSED, WRONG
+    return OK, ""
 
 
 def session_key(key: bytes, opening: bytes, nonce: bytes) -> bytes:

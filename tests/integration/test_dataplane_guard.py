@@ -22,7 +22,7 @@ from pccl_aio._peer.data.core import ring
 from pccl_aio._peer.data.paths.ring import SEGMENT_BYTES
 from pccl_aio._wire import auth
 from pccl_aio._wire import data as wire
-from tests.helpers import closed, join_peers
+from tests.helpers import SECRET, closed, join_peers
 
 pytestmark = pytest.mark.timeout(120)
 N = 1 << 14  # float32 elements per all-reduce: one segment per chunk
@@ -60,10 +60,11 @@ async def attacker(comm: pccl.Communicator, claim: int, data: bytes
     r, w = await asyncio.open_connection("127.0.0.1", testing.data_plane(comm).listener.port)
     opening = auth.open_message(auth.ROLE_DATA, claim, comm.peer_id)
     w.write(opening)
-    _, status, nonce, _ = auth.CHALLENGE.unpack(await r.readexactly(auth.CHALLENGE.size))
-    if status == auth.OK:  # prove the empty key, whatever the listener proved
-        w.write(auth.PROOF.pack(auth._mac(b"", b"client", opening, nonce)))
-        status = auth.parse_verdict(await r.readexactly(auth.VERDICT.size))
+    status, nonce = auth.parse_challenge(await r.readexactly(auth.CHALLENGE.size))
+    if status == auth.OK:  # prove the empty key
+        w.write(auth.proof(b"", opening, nonce))
+        status, _ = auth.check_verdict(b"", opening, nonce,
+                                       await r.readexactly(auth.VERDICT.size))
     if status != auth.OK:
         return r, w
     w.write(wire.pack_hello(claim, 0) + data)  # not drained: the victim may never read it all
@@ -129,9 +130,9 @@ async def test_injected_frames_naming_the_predecessor_are_refused_in_a_run_with_
     predecessor. Without a secret nothing can tell it from the predecessor (README,
     Security); with one its handshake fails, and of 42 forged collectives none gives a
     wrong result and none aborts."""
-    async with pccl.Master("127.0.0.1", 0, secret="s", heartbeat_interval=0.2,
+    async with pccl.Master("127.0.0.1", 0, secret=SECRET, heartbeat_interval=0.2,
                            heartbeat_timeout=2.0) as master:
-        comms = await join_peers(master, 3, secret="s")
+        comms = await join_peers(master, 3, secret=SECRET)
         try:
             refused = comms[1].gate.stats["refused"]
             outcomes = await inject(comms, "predecessor")

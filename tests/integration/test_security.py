@@ -15,9 +15,7 @@ import pccl_aio as pccl
 from pccl_aio._net.handshake import HandshakeError, greet
 from pccl_aio._peer import testing
 from pccl_aio._wire import auth
-from tests.helpers import FAST, join_peers, raw_master
-
-SECRET = "correct horse battery staple"
+from tests.helpers import FAST, OTHER_SECRET, SECRET, join_peers, raw_master
 
 
 @pytest.fixture
@@ -44,11 +42,11 @@ async def _attempt(port: int, role: int, key: bytes, client: int, server: int) -
     try:
         opening = auth.open_message(role, client, server)
         writer.write(opening)
-        raw = await reader.readexactly(auth.CHALLENGE.size)
-        _, status, nonce, _ = auth.CHALLENGE.unpack(raw)
+        status, nonce = auth.parse_challenge(await reader.readexactly(auth.CHALLENGE.size))
         if status == auth.OK:
-            writer.write(auth.PROOF.pack(auth._mac(key, b"client", opening, nonce)))
-            status = auth.parse_verdict(await reader.readexactly(auth.VERDICT.size))
+            writer.write(auth.proof(key, opening, nonce))
+            status, _ = auth.check_verdict(key, opening, nonce,
+                                           await reader.readexactly(auth.VERDICT.size))
         if status != auth.OK:
             assert await asyncio.wait_for(reader.read(), 2) == b""  # and closed
         return status
@@ -71,7 +69,7 @@ async def test_members_with_the_secret_reduce_exactly_and_sync(secret_master):
         await asyncio.gather(*(c.close() for c in comms))
 
 
-@pytest.mark.parametrize("secret", [None, "wrong secret"])
+@pytest.mark.parametrize("secret", [None, OTHER_SECRET])
 async def test_a_peer_without_the_secret_cannot_join(secret_master, secret):
     comms = await join_peers(secret_master, 2, secret=SECRET)
     try:
@@ -91,7 +89,8 @@ async def test_a_peer_without_the_secret_cannot_join(secret_master, secret):
 @pytest.mark.parametrize(("secret", "told", "logged"), [
     (None, "the master requires a run secret and this peer has none",
      "the peer has no run secret (this master requires one)"),
-    ("wrong secret", "the run secrets differ", "the peer's run secret differs from this master's"),
+    (OTHER_SECRET, "the run secrets differ",
+     "the peer's run secret differs from this master's (or a replayed handshake)"),
 ])
 async def test_a_refused_peer_is_told_what_to_fix_and_the_master_logs_which(
         secret_master, caplog, secret, told, logged):
@@ -134,18 +133,21 @@ async def test_a_replayed_handshake_is_refused(secret_master):
     reader, writer = await asyncio.open_connection("127.0.0.1", secret_master.port)
     opening = auth.open_message(auth.ROLE_MASTER, 0, 0)
     writer.write(opening)
-    _, proof, _ = auth.answer(key, opening, await reader.readexactly(auth.CHALLENGE.size))
-    assert proof is not None
+    status, nonce = auth.parse_challenge(await reader.readexactly(auth.CHALLENGE.size))
+    assert status == auth.OK
+    proof = auth.proof(key, opening, nonce)
     writer.write(proof)
-    assert auth.parse_verdict(await reader.readexactly(auth.VERDICT.size)) == auth.OK
+    verdict = await reader.readexactly(auth.VERDICT.size)
+    assert auth.check_verdict(key, opening, nonce, verdict) == (auth.OK, "")
     writer.close()
 
     reader, writer = await asyncio.open_connection("127.0.0.1", secret_master.port)
     writer.write(opening)
-    _, status, *_ = auth.CHALLENGE.unpack(await reader.readexactly(auth.CHALLENGE.size))
+    status, nonce = auth.parse_challenge(await reader.readexactly(auth.CHALLENGE.size))
     assert status == auth.OK
     writer.write(proof)
-    assert auth.parse_verdict(await reader.readexactly(auth.VERDICT.size)) == auth.REFUSED
+    verdict = await reader.readexactly(auth.VERDICT.size)
+    assert auth.check_verdict(key, opening, nonce, verdict) == (auth.REFUSED, auth.DIFFER)
     assert await asyncio.wait_for(reader.read(), 2) == b""  # closed
     writer.close()
     assert secret_master.gate.stats["refused"] == 1

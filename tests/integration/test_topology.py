@@ -15,7 +15,7 @@ from pccl_aio._peer import testing
 from pccl_aio._peer.data import measure
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
-from tests.helpers import join_peers, reduce_ok
+from tests.helpers import SECRET, join_peers, reduce_ok
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,9 +41,9 @@ async def test_three_peers_measure_every_pair_once_and_agree(peers, master):
 
 
 async def test_with_a_run_secret_the_measurement_connections_authenticate():
-    async with pccl.Master("127.0.0.1", 0, secret="s3cret", admission_interval=0.0,
+    async with pccl.Master("127.0.0.1", 0, secret=SECRET, admission_interval=0.0,
                            heartbeat_interval=0.2, heartbeat_timeout=2.0) as master:
-        comms = await join_peers(master, 2, secret="s3cret")
+        comms = await join_peers(master, 2, secret=SECRET)
         try:
             infos = await asyncio.gather(*(c.optimize_topology(timeout=30) for c in comms))
             assert infos[0] == infos[1] and infos[0].measured == 2

@@ -26,6 +26,7 @@ import trustme
 
 import pccl_aio as pccl
 from pccl_aio._master.core import state as ms
+from tests.helpers import SECRET
 from tests.process.procs import Proc, spawn
 from tests.process.readme_blocks import Block, blocks, python_blocks
 
@@ -89,10 +90,10 @@ def _secured(tmp: Path) -> tuple[dict[str, Any], dict[str, str]]:
     cert.cert_chain_pems[0].write_to_path(str(tmp / "peer.pem"))
     cert.private_key_pem.write_to_path(str(tmp / "peer.key"))
     ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
-    (tmp / "run.secret").write_text("a secret of this run\n")
+    (tmp / "run.secret").write_text(SECRET + "\n")
     server = pccl.tls_contexts(str(tmp / "peer.pem"), str(tmp / "peer.key"), str(tmp / "ca.pem"))[0]
     env = {"PCCL_AIO_SECRET_FILE": str(tmp / "run.secret"), "TLS_DIR": str(tmp)}
-    return {"secret": "a secret of this run", "ssl": server}, env
+    return {"secret": SECRET, "ssl": server}, env
 
 
 async def _run(block: Block, tmp: Path, peers: int, staggered: bool, steps: int = 30,

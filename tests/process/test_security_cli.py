@@ -14,6 +14,7 @@ import sys
 
 import trustme
 
+from tests.helpers import OTHER_SECRET, SECRET
 from tests.process.procs import HERE, Proc, spawn
 
 ROGUE = """
@@ -48,9 +49,9 @@ async def _rogue(*args: str, env: dict[str, str] | None = None) -> tuple[int, st
 
 
 async def test_cli_master_with_a_secret_file_admits_only_peers_with_the_secret(procs, tmp_path):
-    (tmp_path / "secret").write_text("s3cret-of-this-run\n")
+    (tmp_path / "secret").write_text(SECRET + "\n")
     m, addr = await _master(procs, "--secret-file", str(tmp_path / "secret"))
-    env = {"PCCL_AIO_SECRET": "s3cret-of-this-run"}
+    env = {"PCCL_AIO_SECRET": SECRET}
     peers = []
     for i in range(2):
         p = await spawn(f"peer{i}", str(HERE / "worker.py"), addr, str(i), "2", "reduce",
@@ -64,9 +65,9 @@ async def test_cli_master_with_a_secret_file_admits_only_peers_with_the_secret(p
     assert code != 0 and "AuthenticationError" in err and "joined" not in out, err
     assert "the master requires a run secret and this peer has none" in err, err
     assert "$PCCL_AIO_SECRET_FILE or $PCCL_AIO_SECRET" in err, err
-    code, out, err = await _rogue(addr, env={"PCCL_AIO_SECRET": "a guess"})
+    code, out, err = await _rogue(addr, env={"PCCL_AIO_SECRET": OTHER_SECRET})
     assert code != 0 and "AuthenticationError" in err and "joined" not in out, err
-    assert "the run secrets differ" in err and "a guess" not in err, err
+    assert "the run secrets differ" in err and OTHER_SECRET not in err, err
     code, out, _ = await _rogue(addr, env={"PCCL_AIO_SECRET_FILE": str(tmp_path / "secret")})
     assert code == 0 and out.startswith("joined"), out
 
@@ -77,7 +78,7 @@ async def test_cli_master_with_a_secret_file_admits_only_peers_with_the_secret(p
     assert log.count("refused a connection from 127.0.0.1") == 2, log
     assert "the peer has no run secret (this master requires one)" in log, log
     assert "the peer's run secret differs from this master's" in log, log
-    assert "s3cret-of-this-run" not in log and "a guess" not in log, log
+    assert SECRET not in log and OTHER_SECRET not in log, log
 
 
 async def test_cli_master_over_mutual_tls(procs, tmp_path):
@@ -108,14 +109,17 @@ async def test_cli_warns_without_a_secret_on_a_public_address(procs):
 
 
 async def test_cli_refuses_a_bad_secret_file_or_half_a_tls_pair(tmp_path):
+    (tmp_path / "weak").write_text("correcthorse77\n")
     for args in (["--secret-file", str(tmp_path / "missing")],
+                 ["--secret-file", str(tmp_path / "weak")],
                  ["--tls-cert", str(tmp_path / "cert.pem")]):
         p = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pccl_aio.master", "--port", "0", *args,
             stderr=asyncio.subprocess.PIPE)
         _, err = await asyncio.wait_for(p.communicate(), 20)
         assert p.returncode == 2, err
-        assert b"secret file" in err or b"--tls-cert and --tls-key go together" in err, err
+        assert (b"secret file" in err or b"--tls-cert and --tls-key go together" in err
+                or b"too weak" in err and b"python -m pccl_aio.secret" in err), err
 
 
 def _secret_cli(*args: str) -> subprocess.CompletedProcess[str]:

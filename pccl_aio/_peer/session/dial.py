@@ -109,11 +109,14 @@ def _refused(where: str, exc: HandshakeError) -> str:
                 f"and this peer has none; {_GIVE}")
     if exc.mismatch == auth.DIFFER:
         return (f"the master at {where} refused this peer: the run secrets differ (this "
-                f"peer's is not the master's; the master could not prove it); {_GIVE}")
+                f"peer's is not the master's); {_GIVE}")
     if exc.mismatch == auth.UNEXPECTED:
         return (f"the master at {where} could not prove the run secret: it runs without one "
                 f"and this peer has one (a master started without --secret-file, or not "
                 f"this run's master)")
+    if exc.mismatch == auth.WRONG:
+        return (f"the master at {where} accepted this peer but could not prove the run "
+                f"secret: it is not this run's master (check the address)")
     return f"the master at {where} refused this peer: {exc}"
 
 
