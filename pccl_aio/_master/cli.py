@@ -95,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     sec.add_argument("--secret-file", metavar="PATH",
                      help="file holding the run secret every peer must prove (default: "
                           "$PCCL_AIO_SECRET_FILE, else $PCCL_AIO_SECRET, else no secret)")
+    sec.add_argument("--master-secret-file", metavar="PATH",
+                     help="file holding a second secret that only the run's masters hold: "
+                          "memberships are sealed with it, and a restarted master believes "
+                          "a rejoining peer's id only with its seal")
     sec.add_argument("--allow-any-advertise-host", action="store_true",
                      help="let peers advertise an address other than the one they connect "
                           "from (behind NAT or proxies)")
@@ -113,6 +117,7 @@ async def _run_cli(args: argparse.Namespace) -> int:
         context = (tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)[0] if args.tls_cert
                    else None)
         secret = load_secret(args.secret_file)
+        sealer = load_secret(args.master_secret_file) if args.master_secret_file else None
     except InvalidUsageError as exc:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)
         return 2
@@ -122,7 +127,8 @@ async def _run_cli(args: argparse.Namespace) -> int:
                         allow_any_advertise_host=args.allow_any_advertise_host,
                         run_id=args.run_id, recovery_grace=args.recovery_grace,
                         others=args.other_master, status_port=args.status_port,
-                        metrics_port=args.metrics_port, http_host=args.http_host)
+                        metrics_port=args.metrics_port, http_host=args.http_host,
+                        master_secret=sealer)
     except InvalidUsageError as exc:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)
         return 2

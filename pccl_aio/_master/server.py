@@ -10,12 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import ssl as _ssl
 from collections.abc import Sequence
 from types import TracebackType
-
-import msgspec
 
 from .._errors import InvalidUsageError, RemoteProtocolError
 from .._net.credentials import run_key
@@ -28,6 +25,7 @@ from .._wire.address import parse_address
 from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
 from .core.records import is_loopback
+from .keys import MasterKeys
 from .status import Status, http_servers
 from .story import Story
 from .watch import watch
@@ -53,6 +51,10 @@ class Master:
             is set. A connection that fails the handshake is closed before anything else
             is read (README, "Security").
         ssl: a server ``ssl.SSLContext``: every peer connection is TLS.
+        master_secret: a second secret, given to the run's masters only (never to peers):
+            every ``Membership`` then carries a seal of the peer's place, and a restarted
+            master believes a rejoining peer's id, term and ring only with a valid seal, so
+            no member can claim another's place (README, "Security"). None: no seals.
         handshake_timeout: a connection must complete the handshake within this many seconds.
         hello_timeout: ... and then say ``Hello`` within this many seconds.
         allow_any_advertise_host: accept a peer's ``advertise_host`` that is not the address
@@ -92,7 +94,8 @@ class Master:
                  max_collectives_per_peer: int = 1024, admission_interval: float = 1.0,
                  run_id: str | None = None, recovery_grace: float | None = None,
                  others: Sequence[str] = (), status_port: int | None = None,
-                 metrics_port: int | None = None, http_host: str = "127.0.0.1") -> None:
+                 metrics_port: int | None = None, http_host: str = "127.0.0.1",
+                 master_secret: str | bytes | None = None) -> None:
         if run_id is not None and not (isinstance(run_id, str) and 0 < len(run_id) <= 128
                                        and run_id.isprintable()):
             raise InvalidUsageError(f"run_id must be 1-128 printable characters, not {run_id!r}")
@@ -110,7 +113,8 @@ class Master:
         self._max_frame = max_frame_size
         self._budget = FrameBudget(_LARGE_FRAMES)
         self._key = run_key(secret)
-        self._run_key = secrets.token_bytes(auth.KEY_SIZE) if self._key else b""  # pair keys
+        self._keys = MasterKeys(bool(self._key), run_key(master_secret) if master_secret
+                                else b"")
         self._ssl = ssl
         self.gate = Gate("pccl_aio master", handshake_timeout)
         self._sessions: dict[int, bytes] = {}  # conn -> session key (wraps its pair keys)
@@ -205,8 +209,8 @@ class Master:
             if isinstance(act, ms.Send):
                 if not writer.is_closing():
                     msg = act.msg
-                    if isinstance(msg, m.Membership) and self._run_key:
-                        msg = self._with_keys(act.conn, msg)
+                    if isinstance(msg, m.Membership):
+                        msg = self._membership(act.conn, msg)
                     writer.write(frame(m.encode(msg)))
                     if writer.transport.get_write_buffer_size() > _BACKLOG:
                         log.warning("closing connection %d: it does not read what the master "
@@ -219,13 +223,11 @@ class Master:
                 self._writers.pop(act.conn, None)
                 writer.close()
 
-    def _with_keys(self, conn: int, msg: m.Membership) -> m.Membership:
-        """``msg`` with the key ``conn`` shares with each peer of its ring, wrapped for its
-        session: only the two peers of a pair can prove that pair's key."""
-        session = self._sessions[conn]
-        keys = [auth.wrap(session, msg.epoch, p.peer_id,
-                          auth.pair_key(self._run_key, conn, p.peer_id)) for p in msg.ring]
-        return msgspec.structs.replace(msg, keys=keys)
+    def _membership(self, conn: int, msg: m.Membership) -> m.Membership:
+        """``msg`` with ``conn``'s pair keys and seal (``MasterKeys.membership``)."""
+        peer = self.state.access.peer(conn)
+        return self._keys.membership(msg, conn, self._sessions[conn],
+                                     peer.group if peer is not None else 0, self.state.run_id)
 
     def _handle(self, event: ms.Event) -> None:
         actions = self.state.handle(event)
@@ -265,6 +267,8 @@ class Master:
         if first is None:
             return
         body, msg = first
+        if isinstance(msg, m.Hello):  # (with a master secret: a rejoin's claims need a seal)
+            msg = self._keys.screen(msg, str(peername[0]))
         rejoin = msg.rejoin if isinstance(msg, m.Hello) else None
         if rejoin is not None and isinstance(msg, m.Hello):  # a run it takes over frees its id
             self._handle(ms.Rejoining(msg, loop.time()))

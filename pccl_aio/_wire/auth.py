@@ -33,6 +33,7 @@ import hmac
 import math
 import secrets
 import struct
+from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 MAGIC: Final = 0x50434831  # "PCH1"
@@ -194,6 +195,11 @@ def check_verdict(key: bytes, opening: bytes, nonce: bytes, raw: bytes) -> tuple
     return OK, ""
 
 
+def same(a: bytes, b: bytes) -> bool:
+    """``a == b`` in constant time (for MACs)."""
+    return hmac.compare_digest(a, b)
+
+
 def session_key(key: bytes, opening: bytes, nonce: bytes) -> bytes:
     """A key both sides derive from the transcript, known to nobody without ``key``."""
     return _mac(key, b"session", opening, nonce)
@@ -203,6 +209,21 @@ def pair_key(run_key: bytes, a: int, b: int) -> bytes:
     """The key peers ``a`` and ``b`` share, from the master's private ``run_key``."""
     lo, hi = min(a, b), max(a, b)
     return hmac.new(run_key, struct.pack("<QQ", lo, hi), hashlib.sha256).digest()
+
+
+def seal_key(master_key: bytes) -> bytes:
+    """The key masters seal memberships with, from the master secret's key (empty: none)."""
+    return hmac.new(master_key, b"pccl_aio membership seal", hashlib.sha256).digest() \
+        if master_key else b""
+
+
+def seal(key: bytes, run_id: str, peer_id: int, group: int, term: int, epoch: int,
+         ring: Sequence[int]) -> bytes:
+    """A master's proof that ``peer_id`` was a member of ``ring`` (group ``group``) at
+    (``term``, ``epoch``) of run ``run_id``: only a holder of the master secret can make
+    one, so a restarted master believes a rejoining peer's id and ring only with its seal."""
+    data = struct.pack(f"<QQQQQ{len(ring)}Q", peer_id, group, term, epoch, len(ring), *ring)
+    return hmac.new(key, b"seal" + data + run_id.encode(), hashlib.sha256).digest()
 
 
 def wrap(session: bytes, epoch: int, peer_id: int, key: bytes) -> bytes:

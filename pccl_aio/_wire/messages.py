@@ -186,7 +186,9 @@ class Membership(Msg, frozen=True, tag=66):
     In a run with a secret, ``keys[i]`` is the key this peer shares with ``ring[i]``,
     wrapped for this peer's master session (``auth.unwrap``); else ``keys`` is empty.
     ``term``: the master's term (the same for every member of the run); the rounds: how many
-    joint votes of each kind the run had answered (a rejoining peer reports them)."""
+    joint votes of each kind the run had answered (a rejoining peer reports them); ``seal``:
+    with a master secret, the master's proof of this peer's place (``auth.seal``), which it
+    shows a restarted master in its ``Rejoin``."""
 
     epoch: U63
     global_world_size: U63
@@ -197,6 +199,7 @@ class Membership(Msg, frozen=True, tag=66):
     term: U63 = 0
     pending_round: U63 = 0
     topology_round: U63 = 0
+    seal: Key = b""
 
 
 class TopologyUpdated(Msg, frozen=True, tag=67):

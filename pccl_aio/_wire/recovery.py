@@ -13,7 +13,7 @@ from typing import Annotated, Final
 import msgspec
 
 from .base import Msg, Record
-from .fields import U63, U64, HostName, Reason
+from .fields import U63, U64, HostName, Key, Reason
 
 __all__ = ["MAX_DOUBTS", "MAX_RING", "Doubt", "Probe", "ProbeAnswer", "Rejoin", "Round",
            "RunId", "Superseded"]
@@ -55,8 +55,9 @@ class Rejoin(Record, frozen=True):
     """Who a peer was under its previous master: its ``peer_id``, whether it was a ring
     member (``accepted``) or waiting to join, the ``term`` and ``epoch`` of the last
     ``Membership`` it saw and its group's ring then (peer ids, in order), the highest
-    collective seq it saw, its shared-state ``revision`` (-1: never synced) and the
-    operations in doubt."""
+    collective seq it saw, its shared-state ``revision`` (-1: never synced), the
+    operations in doubt, and the ``seal`` of that ``Membership`` (with a master secret: a
+    master that has one believes the id, term, epoch and ring only with it)."""
 
     peer_id: U63
     accepted: bool
@@ -67,6 +68,7 @@ class Rejoin(Record, frozen=True):
     revision: Annotated[int, msgspec.Meta(ge=-1, le=2**63 - 1)]
     doubts: Annotated[list[Doubt], msgspec.Meta(max_length=MAX_DOUBTS)] = []
     rounds: Annotated[list[Round], msgspec.Meta(max_length=4)] = []
+    seal: Key = b""
 
 
 class Probe(Msg, frozen=True, tag=14):

@@ -77,7 +77,7 @@ async def test_a_listener_that_accepts_without_proving_the_key_is_an_impostor():
 async def test_a_weak_secret_is_refused_with_the_command_that_makes_one(weak):
     for make in (lambda: pccl.Master("127.0.0.1", 0, secret=weak),
                  lambda: pccl.Communicator("127.0.0.1:1", secret=weak)):
-        with pytest.raises(pccl.InvalidUsageError, match="python -m pccl_aio.secret") as err:
+        with pytest.raises(pccl.InvalidUsageError, match=r"python -m pccl_aio\.secret") as err:
             make()
         assert "too weak" in str(err.value) and weak not in str(err.value)
 

@@ -1,7 +1,8 @@
 """Run a master in its own process and print its port (for tests that kill the master).
 
 Usage: python masterproc.py [HEARTBEAT_TIMEOUT [PORT [RECOVERY_GRACE]]]  (PORT 0: the OS's
-choice, the default; a restarted master is given the port its predecessor printed).
+choice, the default; a restarted master is given the port its predecessor printed). The run
+secret comes from the environment as for any master; ``$MASTER_SECRET`` is the master secret.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ async def main() -> None:
     port = int(args[1]) if len(args) > 1 else 0
     grace = float(args[2]) if len(args) > 2 else None
     async with pccl.Master("127.0.0.1", port, heartbeat_interval=0.2, heartbeat_timeout=timeout,
-                           recovery_grace=grace) as m:
+                           recovery_grace=grace,
+                           master_secret=os.environ.get("MASTER_SECRET")) as m:
         print(m.port, flush=True)
         await asyncio.Event().wait()
 

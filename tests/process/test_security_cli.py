@@ -112,6 +112,7 @@ async def test_cli_refuses_a_bad_secret_file_or_half_a_tls_pair(tmp_path):
     (tmp_path / "weak").write_text("correcthorse77\n")
     for args in (["--secret-file", str(tmp_path / "missing")],
                  ["--secret-file", str(tmp_path / "weak")],
+                 ["--master-secret-file", str(tmp_path / "weak")],
                  ["--tls-cert", str(tmp_path / "cert.pem")]):
         p = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pccl_aio.master", "--port", "0", *args,
@@ -119,7 +120,7 @@ async def test_cli_refuses_a_bad_secret_file_or_half_a_tls_pair(tmp_path):
         _, err = await asyncio.wait_for(p.communicate(), 20)
         assert p.returncode == 2, err
         assert (b"secret file" in err or b"--tls-cert and --tls-key go together" in err
-                or b"too weak" in err and b"python -m pccl_aio.secret" in err), err
+                or (b"too weak" in err and b"python -m pccl_aio.secret" in err)), err
 
 
 def _secret_cli(*args: str) -> subprocess.CompletedProcess[str]:

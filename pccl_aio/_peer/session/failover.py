@@ -161,7 +161,8 @@ class Outage:
         return m.Rejoin(cp.peer_id, member, ms.term if ms else cp.term,
                         ms.epoch if ms else 0, ring,
                         cp.registry.max_seq,
-                        cp.votes.revision, doubts, cp.votes.rounds())
+                        cp.votes.revision, doubts, cp.votes.rounds(),
+                        ms.seal if ms is not None and member else b"")
 
     def end(self, cp: Plane) -> None:
         """The run is rejoined (a ``Membership`` came): send what was launched meanwhile."""

@@ -1,0 +1,62 @@
+"""What a master adds to its messages and checks with its private keys: each member's pair
+keys (from a key only this master holds) and, with a master secret, the seals of memberships
+that a restarted master checks before it believes a rejoining peer's id and ring."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+import msgspec
+
+from .._wire import auth
+from .._wire import messages as m
+
+log = logging.getLogger("pccl_aio.security")
+
+
+class MasterKeys:
+    """Pair keys (``secured``: the run has a secret) and membership seals (``seal_key``:
+    from the master secret, shared by the run's masters; empty: none). Pure computation."""
+
+    def __init__(self, secured: bool, master_key: bytes) -> None:
+        self._run_key = secrets.token_bytes(auth.KEY_SIZE) if secured else b""
+        self._seal_key = auth.seal_key(master_key)
+
+    @property
+    def sealing(self) -> bool:
+        """Memberships are sealed (a master secret was given)."""
+        return bool(self._seal_key)
+
+    def membership(self, msg: m.Membership, conn: int, session: bytes, group: int,
+                   run_id: str) -> m.Membership:
+        """``msg`` for member ``conn``: the key it shares with each peer of its ring, wrapped
+        for its ``session`` (only the two peers of a pair can prove that pair's key), and the
+        seal of its place."""
+        changes: dict[str, object] = {}
+        if self._run_key:
+            changes["keys"] = [auth.wrap(session, msg.epoch, p.peer_id,
+                                         auth.pair_key(self._run_key, conn, p.peer_id))
+                               for p in msg.ring]
+        if self._seal_key:
+            changes["seal"] = auth.seal(self._seal_key, run_id, conn, group, msg.term,
+                                        msg.epoch, [p.peer_id for p in msg.ring])
+        return msgspec.structs.replace(msg, **changes) if changes else msg
+
+    def screen(self, hello: m.Hello, where: str) -> m.Hello:
+        """A ``Hello`` as this master believes it: with sealing on, a ``Rejoin`` without a
+        valid seal claims nothing (no id, ring or term: the peer joins as a new one, as a
+        peer that was waiting to join does), and a claim of membership is logged."""
+        r = hello.rejoin
+        if not self._seal_key or r is None:
+            return hello
+        want = auth.seal(self._seal_key, hello.run_id, r.peer_id, hello.peer_group, r.term,
+                         r.epoch, r.ring)
+        if r.accepted and auth.same(want, r.seal):
+            return hello
+        if r.accepted:
+            log.warning("a peer at %s claimed to rejoin as peer %d of term %d without a valid "
+                        "seal: it joins as a new peer", where, r.peer_id, r.term)
+        bare = msgspec.structs.replace(r, peer_id=0, accepted=False, term=0, epoch=0, ring=[],
+                                       seal=b"")
+        return msgspec.structs.replace(hello, rejoin=bare)

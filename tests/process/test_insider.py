@@ -1,0 +1,94 @@
+"""Issue 31 with real processes: a member holding the run secret, running modified code,
+against three honest ``state_worker.py ddp`` peers and a master process. Each scenario ends
+with the insider refused or kicked, every honest peer finishing, and one state hash per
+revision (``ddp_run.Run.check``)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import pytest
+
+from pccl_aio._net.stream import read_frame
+from pccl_aio._peer.core.config import PeerConfig
+from pccl_aio._peer.session.dial import _probe
+from pccl_aio._wire import auth
+from pccl_aio._wire import messages as m
+from pccl_aio._wire.framing import frame
+from tests.helpers import SECRET, raw_master
+from tests.process.ddp_run import STEP, Event, Run
+from tests.process.procs import HERE, Proc, spawn
+
+MASTER = str(HERE / "masterproc.py")
+MASTER_SECRET = "Xb8-Lw2Qe5Rt7Yu0Ip3As6Df9Gh1Jk4Zx7Cv0Bn3Mq"
+pytestmark = pytest.mark.timeout(150)
+
+
+async def start_master(procs: list[Proc], port: int = 0, name: str = "master") -> tuple[Proc, int]:
+    m_ = await spawn(name, MASTER, "2.0", str(port), env={"PCCL_AIO_SECRET": SECRET,
+                                                          "MASTER_SECRET": MASTER_SECRET})
+    procs.append(m_)
+    return m_, int(await m_.line())
+
+
+async def probe(port: int) -> Any:
+    cfg = PeerConfig(masters=(("127.0.0.1", port),), heartbeat_timeout=10.0,
+                     key=auth.secret_key(SECRET))
+    _, writer, _, answer = await _probe(cfg, "127.0.0.1", port)
+    writer.close()
+    return answer
+
+
+async def claim(port: int, run_id: str, victim: int, term: int) -> int:
+    """The insider's rejoin at a restarted master, before anyone else: it claims to be
+    ``victim``, the only member of a ring at a higher term. Returns the id it was given."""
+    reader, writer = await raw_master(port, SECRET)
+    try:
+        rejoin = m.Rejoin(victim, True, term + 5, 1000, [victim], 0, -1)
+        writer.write(frame(m.encode(m.Hello(m.PROTOCOL_VERSION, 0, 1, run_id=run_id,
+                                            term=term + 5, rejoin=rejoin))))
+        welcome = m.decode_master_to_peer(await asyncio.wait_for(read_frame(reader), 10))
+        assert isinstance(welcome, m.Welcome), welcome
+        return welcome.peer_id
+    finally:
+        writer.close()
+
+
+async def test_a_member_cannot_claim_anothers_id_at_a_restarted_master(procs):
+    """Point 4: the master is SIGKILLed, the honest peers are SIGSTOPped, and the insider is
+    the first to reach the restarted master, claiming a live member's id and a ring of its own
+    at a higher term. With a master secret its claim has no seal: it gets a fresh id as a new
+    peer, and the honest peers, resumed, rebuild the run under their own ids. (Without seals
+    the restarted master rebuilt the run around the insider alone.)"""
+    master, port = await start_master(procs)
+    run = Run(procs, f"127.0.0.1:{port}", env={**STEP, "PCCL_AIO_SECRET": SECRET})
+    for i in range(3):
+        await run.add(f"p{i}")
+    state: dict[str, Any] = {}
+
+    async def events(ev: Event) -> None:
+        if ev["revision"] >= 10 and not run.event_t:
+            before = await probe(port)
+            run.mark()
+            master.signal(signal.SIGKILL)
+            for p in run.peers.values():
+                p.signal(signal.SIGSTOP)
+            await master.proc.wait()
+            await start_master(procs, port, "master2")
+            victim = run.ids["p1"]
+            state["given"] = await claim(port, before.run_id, victim, before.term)
+            state["victim"] = victim
+            for p in run.peers.values():
+                p.signal(signal.SIGCONT)
+        elif run.event_t and ev["t"] > run.event_t and "after" not in state:
+            state["after"] = await probe(port)
+
+    await run.drive(events)
+    run.check()
+    assert state["given"] != state["victim"]
+    assert state["after"].members == 3
+    for name, log in run.logs.items():  # every honest peer kept its id throughout
+        assert {e["peer"] for e in log if e["event"] == "synced"} == {run.ids[name]}, name
+    await run.close()
