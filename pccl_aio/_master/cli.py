@@ -73,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="after a restart, how long to wait for the run's peers to rejoin "
                         "before going on without the missing ones (default: the heartbeat "
                         "timeout)")
+    p.add_argument("--vote-timeout", type=_seconds, default=600.0, metavar="SECONDS",
+                   help="kick a member that withholds a vote every other member waits in "
+                        "this long (default 600)")
+    p.add_argument("--no-vote-timeout", dest="vote_timeout", action="store_const", const=None,
+                   help="never kick a member for withholding a vote")
     p.add_argument("--other-master", action="append", default=[], metavar="HOST:PORT",
                    help="another master of this run (repeatable): it is watched, and if it "
                         "serves the run at a higher term this master steps down")
@@ -126,6 +131,7 @@ async def _run_cli(args: argparse.Namespace) -> int:
                         secret=secret or b"", ssl=context,
                         allow_any_advertise_host=args.allow_any_advertise_host,
                         run_id=args.run_id, recovery_grace=args.recovery_grace,
+                        vote_timeout=args.vote_timeout,
                         others=args.other_master, status_port=args.status_port,
                         metrics_port=args.metrics_port, http_host=args.http_host,
                         master_secret=sealer)

@@ -51,6 +51,10 @@ class Master:
             is set. A connection that fails the handshake is closed before anything else
             is read (README, "Security").
         ssl: a server ``ssl.SSLContext``: every peer connection is TLS.
+        vote_timeout: a member that has not cast a vote (or launched a collective) for this
+            many seconds while every other member of its group waits in it, and waits on
+            nothing itself, is kicked (it stalls the run). Make it longer than the largest
+            honest gap between the peers' arrivals at a vote; None: never kicked.
         master_secret: a second secret, given to the run's masters only (never to peers):
             every ``Membership`` then carries a seal of the peer's place, and a restarted
             master believes a rejoining peer's id, term and ring only with a valid seal, so
@@ -95,7 +99,8 @@ class Master:
                  run_id: str | None = None, recovery_grace: float | None = None,
                  others: Sequence[str] = (), status_port: int | None = None,
                  metrics_port: int | None = None, http_host: str = "127.0.0.1",
-                 master_secret: str | bytes | None = None) -> None:
+                 master_secret: str | bytes | None = None,
+                 vote_timeout: float | None = 600.0) -> None:
         if run_id is not None and not (isinstance(run_id, str) and 0 < len(run_id) <= 128
                                        and run_id.isprintable()):
             raise InvalidUsageError(f"run_id must be 1-128 printable characters, not {run_id!r}")
@@ -109,7 +114,7 @@ class Master:
             max_pending_peers=max_pending_peers,
             max_collectives_per_peer=max_collectives_per_peer,
             admission_interval=admission_interval, run_id=run_id or "",
-            recovery_grace=recovery_grace)
+            recovery_grace=recovery_grace, vote_timeout=vote_timeout)
         self._max_frame = max_frame_size
         self._budget = FrameBudget(_LARGE_FRAMES)
         self._key = run_key(secret)

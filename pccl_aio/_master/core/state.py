@@ -8,17 +8,15 @@ forever, this fails them.
 Rule 2: time arrives only through ``Event.now`` (sans-IO: ``test_layering.py`` checks it).
 
 Theory of operation. A connection becomes a peer with ``Hello``. The first peer is accepted
-at once (the members of a run being rebuilt, when the rebuild ends: ``failover.py``); later
-ones stay *pending* until every accepted peer (all groups) votes ``VoteUpdateTopology``
-(``joint.py``). A collective ``tag`` of a group starts when every
-accepted member of the group voted for it with one descriptor, and every voter gets exactly
-one terminal message (``collectives.py``); ``VoteSync`` and ``VoteOptimize`` are votes of a
-group (``barrier.py``, ``topology.py``). ``WithdrawVote`` takes back a counted vote
-(acknowledged). After every event, calls that can never complete fail at once. A peer silent
-for ``heartbeat_timeout`` is treated as dead. Anything illegal gets ``Kicked`` and a
-``Close``; it never raises out of ``handle``. What a hostile client or member can make the
-master hold is bounded (``limits.py``): joiners count as pending once heard from after
-``Hello`` and are admitted in batches.
+at once (a rebuilt run's members when the rebuild ends: ``failover.py``); later ones stay
+*pending* until every member votes ``VoteUpdateTopology`` (``joint.py``). A collective of a
+group starts when every member of the group voted for it with one descriptor; every voter
+gets one terminal message (``collectives.py``). ``VoteSync`` and ``VoteOptimize`` are votes
+of a group (``barrier.py``, ``topology.py``); ``WithdrawVote`` takes one back. After every
+event, calls that can never complete fail at once; at each tick a peer silent for
+``heartbeat_timeout`` is dropped and a lone holdout of a vote is kicked (``withheld.py``).
+Anything illegal gets ``Kicked`` and a ``Close``, never an exception out of ``handle``;
+what hostile clients and members can make the master hold is bounded (``limits.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +48,7 @@ from .limits import Admission, Limits
 from .records import Peer, membership, registration_error, version_reason
 from .recovery import Outcome
 from .topology import Topology
+from .withheld import VoteTimer
 
 __all__ = ["Action", "Close", "Connected", "Disconnected", "Event", "Heard", "Malformed",
            "MasterState", "Received", "Rejoining", "Send", "Tick"]
@@ -64,10 +63,10 @@ class MasterState:
     def __init__(self, *, heartbeat_timeout: float = 5.0, max_collectives_per_peer: int = 1024,
                  max_pending_peers: int = 256, hello_timeout: float = 5.0,
                  admission_interval: float = 1.0, allow_any_advertise_host: bool = False,
-                 run_id: str = "", recovery_grace: float | None = None) -> None:
-        """The keyword options after ``heartbeat_timeout`` bound what hostile clients and
-        members can make the master hold or do (``limits.Limits``); ``run_id`` and
-        ``recovery_grace`` (default ``heartbeat_timeout``): ``failover.Failover``."""
+                 run_id: str = "", recovery_grace: float | None = None,
+                 vote_timeout: float | None = None) -> None:
+        """Keywords: bounds on hostile clients and members (``limits.Limits``,
+        ``withheld.VoteTimer``) and fail-over's (``failover.Failover``)."""
         self.heartbeat_timeout = heartbeat_timeout
         self.limits = Limits(max_collectives_per_peer=max_collectives_per_peer,
                              max_pending_peers=max_pending_peers, hello_timeout=hello_timeout,
@@ -84,6 +83,7 @@ class MasterState:
         self._fo = Failover(self, run_id, heartbeat_timeout if recovery_grace is None
                             else recovery_grace)
         self._votes = JointVotes(self.access)
+        self._withheld = VoteTimer(vote_timeout)
         self._left = False  # the departure being handled said goodbye
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
@@ -114,8 +114,7 @@ class MasterState:
         return self._fo.probe()
 
     @property
-    def term(self) -> int:
-        """0 until this master serves a run; then the run's term (``failover.py``)."""
+    def term(self) -> int:  # 0 until this master serves a run (``failover.py``)
         return self._fo.term
 
     @property
@@ -123,8 +122,7 @@ class MasterState:
         """The run this master serves ("": none yet)."""
         return self._fo.run_id
 
-    def running(self, group: int) -> dict[int, int]:
-        """tag -> seq of the group's collectives that started (for tests)."""
+    def running(self, group: int) -> dict[int, int]:  # tag -> seq of those started
         return self._colls.running(group)
 
     # ---- membership transitions (``failover.Master`` too) ------------------------------------
@@ -218,6 +216,8 @@ class MasterState:
                     if now - peer.last_seen > self.heartbeat_timeout:
                         self._close(peer.conn, "heartbeat timeout", out)
                 self._topo.tick(now, out)
+                for c, why in self._withheld.check(self.access, now):
+                    self._kick(c, why, out)
                 self._fo.check(out)
                 self._settle(out)
                 self._announce(out)
