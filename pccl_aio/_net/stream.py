@@ -75,3 +75,17 @@ async def read_frame(reader: asyncio.StreamReader, max_size: int = _framing.MAX_
         return await reader.readexactly(n)
     finally:
         budget.reserved -= n
+
+
+async def local_address(host: str, port: int) -> str:
+    """The address of this host's interface that routes to ``host:port`` (a UDP socket's
+    ``connect`` picks it and sends nothing); ``"0.0.0.0"`` when there is none (no route, an
+    unresolvable name). Blocks on name resolution only (in the loop's executor)."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return str(s.getsockname()[0])
+    except (OSError, IndexError):
+        return "0.0.0.0"

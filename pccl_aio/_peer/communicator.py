@@ -19,6 +19,7 @@ from .. import _log
 from .._errors import InvalidUsageError
 from .._net.credentials import run_key
 from .._net.handshake import Gate
+from .._net.stream import local_address
 from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
 from .._wire import messages as m
 from . import deadline
@@ -53,9 +54,9 @@ class Communicator:
             when the link opens: the first connection's RTT times the bandwidth (10 Gbit/s
             assumed until measured) over one stream's window (half of ``tcp_wmem`` max), at
             most 8. Loopback and LANs get 1; a 100 ms RTT gets 8. An int (1..256) fixes it.
-        listen_host: interface of the data-plane listener (default: all interfaces).
-        advertise_host: address other peers use to reach this one (default: as the master
-            sees it).
+        listen_host: interface of the data and state listeners (default: the one that routes
+            to the first master address; ``"0.0.0.0"``: all).
+        advertise_host: address other peers reach this one at (default: the master's view).
         heartbeat_interval, heartbeat_timeout: liveness beacons to and from the master; a
             master silent for ``heartbeat_timeout`` is treated as gone (defaults 0.5 s, 5 s).
             The event loop must not be blocked for longer than that.
@@ -90,7 +91,7 @@ class Communicator:
 
     def __init__(self, master: str | Sequence[str], *, peer_group: int = 0,
                  p2p_connections: int | Literal["auto"] | None = None,
-                 listen_host: str = "0.0.0.0", advertise_host: str = "",
+                 listen_host: str = "", advertise_host: str = "",
                  heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
                  data_timeout: float = 10.0, secret: str | bytes | None = None,
                  ssl: _ssl.SSLContext | None = None,
@@ -201,12 +202,12 @@ class Communicator:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
         try:
+            host = cfg.listen_host or await local_address(cfg.master_host, cfg.master_port)
             try:
-                await self._data.start()
-                await self._sync.server.start(cfg.listen_host, cfg.ssl_server)
+                await self._data.start(host)
+                await self._sync.server.start(host, cfg.ssl_server)
             except OSError as exc:
-                raise InvalidUsageError(
-                    f"cannot listen on {cfg.listen_host!r}: {exc.strerror or exc}") from exc
+                raise InvalidUsageError(f"cannot listen on {host!r}: {exc.strerror}") from exc
             await self._metrics.start()  # (InvalidUsageError if it cannot bind)
             hello = m.Hello(m.PROTOCOL_VERSION, cfg.peer_group, self._data.listener.port,
                             cfg.advertise_host, self._sync.server.port,

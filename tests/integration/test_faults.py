@@ -379,7 +379,7 @@ async def test_cancelling_an_allreduce_aborts_it_for_the_group(peers, when):
 async def test_a_refused_data_connect_is_retried_by_the_next_collective(peers):
     a, b = await peers(2)
     listener = testing.data_plane(b).listener
-    host, port = b.config.listen_host, listener.port
+    host, port = "127.0.0.1", listener.port  # (where b listens: it reaches the master there)
     await listener.close()  # b's data port refuses: a cannot reach its ring successor
     xs = [np.ones(1000, np.float32), np.ones(1000, np.float32)]
     results = await asyncio.gather(a.all_reduce(xs[0]), b.all_reduce(xs[1]),

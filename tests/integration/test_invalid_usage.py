@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._peer import testing
 from pccl_aio._peer.core.config import PeerConfig
 from tests.helpers import record_sends, reduce_ok
 
@@ -57,6 +58,29 @@ async def test_a_listen_host_that_cannot_bind_is_invalid_usage(master):
     with pytest.raises(pccl.InvalidUsageError, match="cannot listen"):
         await comm.connect(attempts=1)
     await comm.close()
+
+
+async def _reachable(host: str, port: int) -> bool:
+    try:
+        _, w = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+    except ConnectionRefusedError:
+        return False
+    w.close()
+    return True
+
+
+@pytest.mark.parametrize(("listen_host", "everywhere"), [("", False), ("0.0.0.0", True)])
+async def test_listeners_bind_the_interface_that_reaches_the_master(master, listen_host,
+                                                                    everywhere):
+    """Issue 31: by default the data and state listeners bind only the interface this host
+    reaches the master through (here loopback's 127.0.0.1: 127.0.0.2, another loopback
+    address, is refused); ``listen_host="0.0.0.0"`` binds all, as the old default did."""
+    async with pccl.Communicator(master.address, listen_host=listen_host) as c:
+        await c.connect()
+        for port in (testing.data_plane(c).listener.port,
+                     testing.shared_state_sync(c).server.port):
+            assert await _reachable("127.0.0.1", port)
+            assert await _reachable("127.0.0.2", port) is everywhere
 
 
 async def test_bad_arguments_of_calls_are_invalid_usage_and_send_nothing(peers):

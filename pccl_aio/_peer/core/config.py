@@ -17,7 +17,7 @@ class PeerConfig:
     masters: tuple[tuple[str, int], ...]  # (host, port) of each master address, in order
     peer_group: int = 0
     p2p_connections: int | None = None  # None: chosen per link (``core/bdp.py``)
-    listen_host: str = "0.0.0.0"
+    listen_host: str = ""  # "": the interface that routes to the first master
     advertise_host: str = ""
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 5.0

@@ -92,9 +92,9 @@ class DataPlane:
     def data_timeout(self) -> float:
         return self.config.data_timeout
 
-    async def start(self) -> None:
-        """Open the listener; ``listener.port`` tells where."""
-        await self.listener.start(self.config.listen_host, tls=self.config.ssl_server)
+    async def start(self, host: str) -> None:
+        """Open the listener on ``host``; ``listener.port`` tells where."""
+        await self.listener.start(host, tls=self.config.ssl_server)
 
     def on_membership(self, msg: m.Membership, peer_id: int) -> None:
         """A new ring: close the links to peers that left it."""
