@@ -163,6 +163,9 @@ def test_a_rejoin_into_a_live_run_is_a_joiner_and_its_doubts_fail():
     h.handle(ms.Connected(conn, "127.0.0.1", h.now))
     acts = h.send(conn, rejoin_hello(8, ring=[8, 2], run="test-run", doubts=[
         m.Doubt(0, 5, 3, True), m.Doubt(1, 0, 4, True)]))
+    # The Welcome first: a peer's session starts with it. With the aborts first (issue 31:
+    # a peer frozen past the heartbeat timeout, its sync in doubt) it redialled forever.
+    assert isinstance(sent_to(acts, 8)[0], m.Welcome)
     assert sent_to(acts, 8, m.CollectiveAbort)[0].tag == 5  # type: ignore[attr-defined]
     assert sent_to(acts, 8, m.SyncFailed)
     assert h.st.pending() == [8] and h.st.accepted() == [a, b]

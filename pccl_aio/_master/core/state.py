@@ -97,8 +97,7 @@ class MasterState:
         return self._topo.order(group, self.accepted(group))
 
     def links(self) -> dict[tuple[int, int], tuple[float, float]]:
-        """The measured links (``optimize_topology``): (src, dst) peer ids -> (bits/s, one-way
-        latency in seconds); 0 bits/s: unreachable. For logs and metrics."""
+        """Measured links: (src, dst) -> (bits/s, one-way latency s); 0 bits/s: unreachable."""
         return dict(self._topo.links)
 
     def pending(self) -> list[int]:
@@ -304,11 +303,12 @@ class MasterState:
             return
         peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
         peer.state_port, peer.tls = msg.state_port, msg.tls
+        at = len(out)  # its Welcome goes before what ``joined`` tells it (aborted doubts)
         first, joiner, member = self._fo.joined(peer.conn, peer.group, msg, out)
         peer.accepted = first
         self._admission.registered(peer.conn, joiner=joiner)
-        out.append(Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
-                                             run_id=self.run_id, rebuild=member)))
+        out.insert(at, Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
+                                                 run_id=self.run_id, rebuild=member)))
         if first:
             self.publish(out)  # (to it alone: the only member)
         self._fo.check(out)

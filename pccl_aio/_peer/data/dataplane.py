@@ -100,6 +100,7 @@ class DataPlane:
         """A new ring: close the links to peers that left it."""
         self._ring, self.peer_id = list(msg.ring), peer_id
         alive = {p.peer_id for p in msg.ring}
+        self._bandwidth = {p: b for p, b in self._bandwidth.items() if p in alive}
         for pid in [p for p in self._links if p not in alive]:
             self._links.pop(pid).close()
 

@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from ..._errors import InvalidUsageError
 from ..._net.http import HttpServer, Response, check_port
-from .core.stats import PeerStats
+from .core.stats import FORMER, PeerStats
 
 if TYPE_CHECKING:
     from ..session.control import ControlPlane
@@ -146,7 +146,9 @@ class _PeerCollector(Collector):
         for peer in sorted(counts):
             key = (way, peer)
             shown = self._shown[key] = max(self._shown.get(key, 0), counts[peer])
-            fam.add_metric([str(peer)], shown)
+            fam.add_metric(["former" if peer == FORMER else str(peer)], shown)
+        for key in [k for k in self._shown if k[0] == way and k[1] not in counts]:
+            del self._shown[key]  # a neighbour that left: its bytes count under "former" now
         return fam
 
 

@@ -85,6 +85,7 @@ class Observer:
         """A new ``Membership``: one line if this peer's ring changed (not at admission,
         which ``connect`` logs)."""
         ring = [p.peer_id for p in msg.ring]
+        self.stats.forget(ring)
         old, self._ring = self._ring, ring
         if not old or old == ring:
             return

@@ -9,9 +9,12 @@ frame headers not included.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Collection
 from typing import Final
 
-__all__ = ["LATENCY_BUCKETS", "SIZE_CLASSES", "Latency", "PeerStats", "size_class"]
+__all__ = ["FORMER", "LATENCY_BUCKETS", "SIZE_CLASSES", "Latency", "PeerStats", "size_class"]
+
+FORMER: Final = -1  # the key of the bytes of every neighbour that left the ring, together
 
 # (upper bound in bytes, label): an all-reduce's buffer size (dst's bytes, unquantized)
 _CLASSES: Final = ((64 << 10, "<64KiB"), (1 << 20, "<1MiB"), (16 << 20, "<16MiB"))
@@ -68,6 +71,13 @@ class PeerStats:
         self.aborted = 0  # ... aborted for the group (``PeerLostError``: a peer or the master lost)
         self.failed = 0  # ... ended otherwise (rejected, timed out, communicator closed)
         self.retries = 0  # relaunches by ``all_reduce_multiple_with_retry``
+
+    def forget(self, ring: Collection[int]) -> None:
+        """Fold the counts of neighbours no longer in ``ring`` into ``FORMER`` (totals never
+        go down, and the entries do not grow with every peer that ever joined)."""
+        for counts in (self.sent, self.received):
+            for peer in [p for p in counts if p not in ring and p != FORMER]:
+                counts[FORMER] = counts.get(FORMER, 0) + counts.pop(peer)
 
     def moved(self, successor: int, tx: int, predecessor: int, rx: int) -> None:
         """One attempt's bytes, to its successor and from its predecessor."""
