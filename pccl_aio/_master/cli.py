@@ -71,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                         "the run of the first peer that arrives)")
     p.add_argument("--recovery-grace", type=_seconds, metavar="SECONDS",
                    help="after a restart, how long to wait for the run's peers to rejoin "
-                        "before going on without the missing ones (default: the heartbeat "
-                        "timeout)")
+                        "before going on without the missing ones (default: twice the "
+                        "heartbeat timeout)")
     p.add_argument("--vote-timeout", type=_seconds, default=600.0, metavar="SECONDS",
                    help="kick a member that withholds a vote every other member waits in "
                         "this long (default 600)")

@@ -73,7 +73,8 @@ class Master:
             run of the first peer, or a fresh id).
         recovery_grace: a master that rebuilds a run from rejoining peers (after a restart;
             README, "Master failover") waits this long for the members that have not
-            rejoined, then goes on without them (default ``heartbeat_timeout``).
+            rejoined, then goes on without them (default: twice ``heartbeat_timeout``: a
+            member notices the loss within one, and its reconnection may take another).
         others: ``"host:port"`` of the run's other masters (standbys). Each is asked every
             ``heartbeat_timeout`` which run and term it serves; finding the run served at a
             higher term there, this master steps down and its peers move there. (Over TLS

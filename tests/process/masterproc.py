@@ -2,7 +2,8 @@
 
 Usage: python masterproc.py [HEARTBEAT_TIMEOUT [PORT [RECOVERY_GRACE]]]  (PORT 0: the OS's
 choice, the default; a restarted master is given the port its predecessor printed). The run
-secret comes from the environment as for any master; ``$MASTER_SECRET`` is the master secret.
+secret comes from the environment as for any master; ``$MASTER_SECRET`` is the master secret,
+``$VOTE_TIMEOUT`` its vote timeout (seconds).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ async def main() -> None:
     grace = float(args[2]) if len(args) > 2 else None
     async with pccl.Master("127.0.0.1", port, heartbeat_interval=0.2, heartbeat_timeout=timeout,
                            recovery_grace=grace,
-                           master_secret=os.environ.get("MASTER_SECRET")) as m:
+                           master_secret=os.environ.get("MASTER_SECRET"),
+                           vote_timeout=float(os.environ.get("VOTE_TIMEOUT", "600"))) as m:
         print(m.port, flush=True)
         await asyncio.Event().wait()
 

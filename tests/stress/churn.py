@@ -32,6 +32,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 WORKER = str(HERE.parent / "process" / "state_worker.py")
+INSIDER = str(HERE / "insider.py")
+#: With insiders: what each does in turn (``insider.py``'s ways, and an honest peer frozen past
+#: the heartbeat timeout), and the run's secrets and vote timeout (every process gets them).
+INSIDER_WAYS = ("term", "overflow", "claim", "freeze", "mute", "count", "silent", "guess")
+INSIDER_ENV = {"PCCL_AIO_SECRET": "Qm4-Tz8Wk2Xc6Vb0Np3Lr7Hs1Dg5Fj9Ay2Ue6Io0Pw4",
+               "MASTER_SECRET": "Zr5Hy1Uc9Ke3Wn7Qb2Lt6Xs0Gv4Mj8Dp1Fa5Co9Ei3",
+               "VOTE_TIMEOUT": "3"}
+FREEZE_S = 3.0  # an honest peer's freeze: past the heartbeat timeout (2 s)
 MASTER = str(HERE.parent / "process" / "masterproc.py")
 MASTER_HEARTBEAT_TIMEOUT = 2.0  # the master's, s (masterproc's default; peers also use 2 s)
 
@@ -83,12 +91,13 @@ class Proc:
 
 
 LOGDIR: Path | None = None  # set by --logdir: each process's stderr goes to NAME.log there
+ENV: dict[str, str] = {}  # added to every process's environment (``INSIDER_ENV`` with insiders)
 
 
 async def spawn(name: str, *args: str) -> Proc:
     """Start ``python *args`` with the checkout first on ``PYTHONPATH``."""
     path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **ENV}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env=env)
@@ -114,13 +123,22 @@ def master_port(rng: random.Random) -> int:
 
 async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
                 master_every: float | None = None, stop_share: float = 0.4,
-                grace: float | None = None) -> dict[str, object]:
+                grace: float | None = None, insider_every: float | None = None
+                ) -> dict[str, object]:
     """Run the orchestrator for ``seconds``; returns a summary (raises AssertionError on failure).
 
     ``master_every``: mean seconds between master events (None: none); a master event is a
     SIGSTOP for 1-4 s with probability ``stop_share``, else a SIGKILL and a restart on the
     same port 0.2-1.5 s later. ``grace``: the restarted master's recovery grace (None: its
-    default, the heartbeat timeout)."""
+    default, the heartbeat timeout). ``insider_every``: mean seconds between insiders (None:
+    none): each in turn does one of ``INSIDER_WAYS`` (the run then has a run secret, a master
+    secret and a 3 s vote timeout); their outcomes are in the summary."""
+    ENV.clear()
+    ENV.update(INSIDER_ENV if insider_every else {})
+    irng = random.Random(seed * 104729 + 3)  # insider events: their own sequence
+    insiders: list[str] = []  # "way: outcome" of each, as they end
+    ways = 0  # insiders started so far (the next does INSIDER_WAYS[ways % ...])
+    frozen: dict[str, float] = {}  # honest peer -> when its SIGCONT is due
     rng = random.Random(seed)
     mrng = random.Random(seed * 7919 + 1)  # master events: their own sequence
     margs = [str(MASTER_HEARTBEAT_TIMEOUT), str(master_port(random.Random()))]
@@ -153,7 +171,7 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
                 with open(p.log.with_suffix(".events"), "a") as f:
                     f.write(json.dumps(ev) + "\n")
             await queue.put((p.name, ev))
-            if ev["event"] in ("exited", "error", "finished"):
+            if ev["event"] in ("exited", "error", "finished", "insider"):
                 return
 
     async def start() -> None:
@@ -185,6 +203,8 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
         # master: "up" until next_master; "dead"/"stopped" until next_master (restart/SIGCONT)
         m_state, next_master = "up", now + (master_gap() if master_every else float("inf"))
         m_down_at = 0.0
+        next_insider = now + (irng.uniform(0.5, 1.5) * insider_every if insider_every
+                              else float("inf"))
         last_master = 0.0  # when the master last came back (restart or SIGCONT)
         last_progress = now
         while True:
@@ -193,7 +213,8 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
             if now >= deadline and settled:
                 break  # the run synced after the last master event (it was ridden out)
             if now < deadline:
-                wake = min(next_event, next_master, deadline)
+                wake = min(next_event, next_master, next_insider, deadline,
+                           *frozen.values())
             else:  # settling: bring the master back if it is down, then wait for a sync
                 wake = min(next_master if m_state != "up" else now + stall, last_progress + stall)
             try:
@@ -216,15 +237,38 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
                     seen[name] = (now, rev)
                 gap_max = max(gap_max, now - last_progress)
                 last_progress = now
+            elif ev["event"] == "insider":
+                insiders.append(f"{ev['way']}: {ev['outcome']}")
             elif ev["event"] == "retry" and ev.get("kind") == "MasterLostError":
                 master_retries += 1
             elif ev["event"] == "error":
                 raise await fail(f"{name} failed: {ev}", name)
-            elif ev["event"] == "exited" and name in peers:
+            elif ev["event"] == "exited" and name in peers and name not in frozen:
                 raise await fail(f"{name} exited on its own", name)
             if now - last_progress > stall:
                 raise await fail(f"no sync for {stall:.0f} s (revisions so far: {len(hashes)}, "
                                  f"master {m_state})")
+            for n in [n for n, t in frozen.items() if now >= t]:
+                frozen.pop(n)
+                if n in peers:
+                    peers[n].signal(signal.SIGCONT)
+            if now < deadline and now >= next_insider and insider_every:
+                next_insider = now + irng.uniform(0.5, 1.5) * insider_every
+                way = INSIDER_WAYS[ways % len(INSIDER_WAYS)]
+                ways += 1
+                if way == "freeze":
+                    honest = sorted(n for n in peers if n not in frozen and seen[n][1] >= 0)
+                    if len(honest) >= 2:  # never the last holder of the state
+                        pick = irng.choice(honest)
+                        peers[pick].signal(signal.SIGSTOP)
+                        frozen[pick] = now + FREEZE_S
+                        seen[pick] = (now + FREEZE_S, seen[pick][1])  # (not late meanwhile)
+                    insiders.append(f"freeze: {pick if len(honest) >= 2 else 'skipped'}")
+                else:
+                    counter += 1
+                    spy = await spawn(f"insider{counter}", INSIDER, way, addr)
+                    gone.append(spy)
+                    pumps.append(asyncio.ensure_future(pump(spy)))
             late = [n for n, (t, _) in seen.items() if n in peers and now - t > stall]
             if late:
                 raise await fail(f"{late[0]} has not synced for {stall:.0f} s while others did "
@@ -275,7 +319,8 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
         return {"revisions": len(hashes), "top": max(hashes, default=-1), "kills": kills,
                 "spawns": spawns, "master_kills": m_kills, "master_restarts": m_restarts,
                 "master_stops": m_stops, "master_retries": master_retries,
-                "max_outage_s": round(outage_max, 2), "max_sync_gap_s": round(gap_max, 2)}
+                "max_outage_s": round(outage_max, 2), "max_sync_gap_s": round(gap_max, 2),
+                "insiders": insiders}
     finally:
         for p in [*peers.values(), *gone, master]:
             await p.kill()
@@ -295,6 +340,9 @@ def main() -> None:
                     help="share of master events that are SIGSTOP/SIGCONT (default 0.4)")
     ap.add_argument("--grace", type=float, default=None,
                     help="the restarted master's recovery grace, s (default: its own)")
+    ap.add_argument("--insider-every", type=float, default=0.0,
+                    help="mean seconds between insiders (members running modified code, "
+                         "tests/stress/insider.py) and frozen honest peers; 0: none")
     ap.add_argument("--logdir", type=Path, default=None,
                     help="keep every process's stderr in DIR/NAME.log (with PCCL_TEST_LOG=INFO "
                          "in the environment: the library's log), a peer's events in "
@@ -306,7 +354,8 @@ def main() -> None:
         LOGDIR = args.logdir
     summary = asyncio.run(churn(args.seconds, args.seed, args.stall,
                                 master_every=args.master_every or None,
-                                stop_share=args.stop_share, grace=args.grace))
+                                stop_share=args.stop_share, grace=args.grace,
+                                insider_every=args.insider_every or None))
     print(json.dumps(summary))
 
 

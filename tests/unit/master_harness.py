@@ -37,7 +37,8 @@ class Harness:
     """Wraps a MasterState; assigns connection ids 1, 2, 3, ... and checks send-after-close."""
 
     def __init__(self, heartbeat_timeout: float = 5.0) -> None:
-        self.st = ms.MasterState(heartbeat_timeout=heartbeat_timeout, run_id=RUN)
+        self.st = ms.MasterState(heartbeat_timeout=heartbeat_timeout, run_id=RUN,
+                                 recovery_grace=heartbeat_timeout)  # (the default: twice)
         self.now = 0.0
         self._ids = itertools.count(1)
         self.closed: set[int] = set()

@@ -30,7 +30,7 @@ def rejoin(h: Harness, peer: int, **kw: object) -> list[ms.Action]:
 
 def fresh() -> Harness:
     h = Harness()
-    h.st = ms.MasterState(heartbeat_timeout=5.0)  # no run id: it adopts the rejoiners'
+    h.st = ms.MasterState(heartbeat_timeout=5.0, recovery_grace=5.0)  # no run id: the rejoiners'
     return h
 
 

@@ -80,7 +80,7 @@ class MasterState:
         self._colls = Collectives(self.access, max_collectives_per_peer)
         self._sync = SyncBarrier(self.access)
         self._topo = Topology(self.access)
-        self._fo = Failover(self, run_id, heartbeat_timeout if recovery_grace is None
+        self._fo = Failover(self, run_id, 2 * heartbeat_timeout if recovery_grace is None
                             else recovery_grace)
         self._votes = JointVotes(self.access)
         self._withheld = VoteTimer(vote_timeout)
