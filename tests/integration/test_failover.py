@@ -16,7 +16,7 @@ import pccl_aio as pccl
 from pccl_aio._master.core import state as ms
 from pccl_aio._peer import testing
 from pccl_aio._wire import messages as m
-from tests.helpers import FAST, admit, join_peers
+from tests.helpers import FAST, admit, join_peers, reduce_ok
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -203,3 +203,41 @@ async def test_a_master_that_finds_the_run_at_a_higher_term_steps_down():
             assert all((x == 4.0).all() for x in xs)
             for c in [*qs, *ps]:
                 await c.close()
+
+
+async def test_a_joiner_that_loses_its_master_again_rejoins_as_a_joiner():
+    """Issue 31, point 8. ``a`` loses its connection, the run goes on without it and it
+    rejoins as a joiner; its master is lost too before ``a`` is admitted. At the next master it
+    must claim nothing of its old ring: before the fix it rejoined the rebuild "as a member",
+    the all-reduce it launched meanwhile went out at its admission, and every peer of the
+    group, in another call by then, got ``DeadlockError``."""
+    async with running(new_master(recovery_grace=0.5)) as first:
+        port = first.port
+        a, b = await join_peers(first, 2)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        while loop.time() < t0 + 0.6:  # the run is no longer provisional (0.5 s): it is
+            await reduce_ok([a, b])    # not given up for a's rejoin
+        testing.control_plane(a).writer.transport.abort()  # (a's side: a cut, not a goodbye)
+        while first.state.accepted() != [b.peer_id] or first.state.pending() == []:
+            await asyncio.sleep(0.01)  # polling the master's state for the test
+        cp = testing.control_plane(a)
+        rejoin = cp.outage.hello_now(cp).rejoin  # what a would tell the next master
+        assert rejoin is not None and not rejoin.accepted and not rejoin.seal
+        x = np.ones(8, np.float32)
+        launched = asyncio.ensure_future(a.all_reduce(x))  # waits: a is not a member
+    async with running(new_master(port, recovery_grace=0.5)) as second:
+        while sorted(second.state.accepted() + second.state.pending()) != sorted(
+                [a.peer_id, b.peer_id]):
+            await asyncio.sleep(0.01)  # polling the master's state for the test
+        assert testing.control_plane(a).outage.as_joiner  # welcomed as a joiner, not a member
+        while not await b.are_peers_pending():
+            pass
+        await b.update_topology()  # admits a
+        with pytest.raises(pccl.MasterLostError) as lost:
+            await launched
+        assert lost.value.new_member
+        infos = await asyncio.gather(*(c.sync_shared_state(pccl.SharedState(
+            {"w": np.zeros(4, np.float32)}, revision=1)) for c in (a, b)))
+        assert [i.revision for i in infos] == [1, 1]
+        await asyncio.gather(a.close(), b.close())

@@ -157,7 +157,9 @@ class Outage:
         doubts += cp.votes.sync_doubt()
         ms = cp.membership
         ring = [p.peer_id for p in ms.ring] if ms is not None else []
-        member = cp.peer_id in ring
+        # (a peer that rejoined as a joiner and lost that master too is a joiner still: its
+        # last ring is from before, and claiming it made a rebuild take it back as a member)
+        member = cp.peer_id in ring and not self.as_joiner
         return m.Rejoin(cp.peer_id, member, ms.term if ms else cp.term,
                         ms.epoch if ms else 0, ring,
                         cp.registry.max_seq,
@@ -186,6 +188,7 @@ class Outage:
             for coll in self.deferred:
                 coll.on_lost(void)
             self.deferred = []
+            self.as_joiner = False  # a member again
         deferred, self.deferred = self.deferred, []
         for coll in deferred:  # their votes go out now
             if coll.future.done():
