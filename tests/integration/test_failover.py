@@ -241,3 +241,31 @@ async def test_a_joiner_that_loses_its_master_again_rejoins_as_a_joiner():
             {"w": np.zeros(4, np.float32)}, revision=1)) for c in (a, b)))
         assert [i.revision for i in infos] == [1, 1]
         await asyncio.gather(a.close(), b.close())
+
+
+async def test_a_call_retried_at_once_after_a_broken_connection_waits_instead_of_spinning(
+        master):
+    """Found by churn: a connection broken under a live session (a reset: the transport closes
+    before the read loop runs) made every call raise ``MasterLostError`` without suspending,
+    so a loop retrying at once never let the read loop notice the loss: it spun for seconds.
+    Now the first such call starts the outage, and the retry waits for the next master."""
+    a, b = await join_peers(master, 2)
+    try:
+        testing.control_plane(a).writer.transport.abort()  # a reset, seen by nobody yet
+        raised = 0
+
+        async def retry_at_once() -> None:
+            nonlocal raised
+            for _ in range(100):
+                try:
+                    await a.are_peers_pending()
+                    return
+                except pccl.MasterLostError:
+                    raised += 1
+
+        task = asyncio.ensure_future(retry_at_once())
+        await asyncio.wait([task], timeout=1.0)  # b never votes: a retry that waits, waits
+        assert raised == 1 and not task.done()
+        task.cancel()
+    finally:
+        await asyncio.gather(a.close(), b.close())

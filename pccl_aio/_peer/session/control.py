@@ -89,8 +89,7 @@ class ControlPlane:
         return self._session.where if self._session is not None else ""
 
     @property
-    def writer(self) -> asyncio.StreamWriter | None:
-        """The master connection of the last session (None without one)."""
+    def writer(self) -> asyncio.StreamWriter | None:  # the last session's (None: none)
         return self._session.writer if self._session is not None else None
 
     @property
@@ -186,6 +185,10 @@ class ControlPlane:
         """Frame ``msgs`` and write them together (one write: the master reads them as one
         batch). Raises why the session ended, or ``MasterLostError`` while the master is
         being replaced."""
+        if self.failure is None and self.up and (self.writer is None or self.writer.is_closing()):
+            # broken before the read loop saw it: the outage starts now, so that a caller
+            # that retries at once waits for the next master (it spun here, loop starved)
+            self._lost(MasterConnectionError("the master connection broke"), self._gen)
         if self.failure is not None:
             raise self.failure
         if not self.up or self.writer is None or self.writer.is_closing():
