@@ -242,9 +242,13 @@ class Master:
 
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            self._handle(ms.Tick(loop.time()))
+            now, before, last = loop.time(), last, loop.time()
+            if now - before > self.state.heartbeat_timeout / 2:
+                continue  # this master stood still (stopped, swapped): read what the peers
+            self._handle(ms.Tick(now))  # sent meanwhile before judging their silence
             self.status.sample()
 
     def _heard(self, answer: m.ProbeAnswer, where: str) -> None:

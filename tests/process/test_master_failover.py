@@ -15,8 +15,11 @@ import signal
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
+import pccl_aio as pccl
+from pccl_aio._peer import testing
 from pccl_aio._peer.core.config import PeerConfig
 from pccl_aio._peer.session.dial import _probe
 from tests.process.ddp_run import Event, Run
@@ -160,3 +163,33 @@ async def probe(port: int) -> Any:
     _, writer, _, answer = await _probe(cfg, "127.0.0.1", port)
     writer.close()
     return answer
+
+
+async def test_a_master_that_stood_still_does_not_drop_the_peers_it_did_not_read(procs):
+    """A master process SIGSTOPped for 2.5 s (past its 2 s heartbeat timeout, within the
+    peers' 5 s): on resume it used to judge every peer silent before reading the heartbeats
+    queued in its sockets, drop them all and rebuild the run. Now it reads first: nobody is
+    dropped, no peer sees an outage, and the ring is the same."""
+    master, port = await start_master(procs)
+    comms = [pccl.Communicator(f"127.0.0.1:{port}", heartbeat_interval=0.2,
+                               heartbeat_timeout=5.0) for _ in range(2)]
+    try:
+        await comms[0].connect()
+        join = asyncio.ensure_future(comms[1].connect())
+        while not await comms[0].are_peers_pending():
+            pass
+        await comms[0].update_topology()
+        await join
+        before = await probe(port)
+        master.signal(signal.SIGSTOP)
+        await asyncio.sleep(2.5)  # the stall under test, not a synchronisation
+        master.signal(signal.SIGCONT)
+        xs = [np.ones(1000, np.float32) for _ in comms]
+        await asyncio.wait_for(asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs))),
+                               10)
+        assert all((x == 2).all() for x in xs)
+        after = await probe(port)
+        assert (after.term, after.members) == (before.term, 2)
+        assert [testing.control_plane(c).outage.count for c in comms] == [0, 0]
+    finally:
+        await asyncio.gather(*(c.close() for c in comms))
