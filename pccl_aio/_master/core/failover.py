@@ -10,8 +10,10 @@ of its run serving a higher term with members (its own probe of that master, ``h
 steps down: it ends every session with ``Superseded`` (the peers rejoin wherever the run is
 served now, the highest term they can reach) and serves that term's run from then on only
 as a fresh rebuild. A peer's ``Hello`` naming a higher term is no such evidence (any member
-could send one): the master takes the term and keeps its members. Hence a peer never goes
-back to an older term, and no member ends the others' sessions.
+could send one): a master with members refuses it (the peer belongs where that term is
+served) and keeps its members and its term (a term taken on one peer's word could be
+2**63 - 1, leaving no term above it for the next rebuild). Hence a peer never goes back to
+an older term, and no member ends the others' sessions.
 """
 
 from __future__ import annotations
@@ -105,18 +107,19 @@ class Failover:
     # ---- a Hello --------------------------------------------------------------------------------
     def screen(self, msg: m.Hello, out: list[Action]) -> str | None:
         """Why ``msg`` may not join this master's run (None: it may). A rejoining peer
-        takes a ``provisional`` run over; a peer of a higher term makes this master step
-        down (it is stale: the run is elsewhere)."""
+        takes a ``provisional`` run over; a peer of a higher term is refused while this
+        master has members (during a rebuild, the rejoins' own terms count: ``_rejoined``)."""
         self.take_over(msg, out)
         if msg.run_id and self.run_id and msg.run_id != self.run_id and (
                 self._fixed_run or self.term):
             return (f"this peer belongs to run {msg.run_id!r}; "
                     f"this master serves run {self.run_id!r}")
-        if msg.term > self.term and (self._master.accepted() or self.rebuilding):
+        if msg.term > self.term and self._master.accepted():
             # One peer's word is no evidence that the run is served elsewhere (any member can
-            # send any term): the master takes the term, so the peer may follow it, and keeps
-            # its members. It steps down only on a probe of that master (``heard``).
-            self.term = msg.term
+            # send any term): the master keeps its members and term, and steps down only on
+            # a probe of that master (``heard``).
+            return (f"this peer followed term {msg.term}, above this master's {self.term}: "
+                    f"its run is served by a master of a higher term")
         return None
 
     def take_over(self, msg: m.Hello, out: list[Action]) -> None:
