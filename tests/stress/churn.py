@@ -138,6 +138,7 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
     irng = random.Random(seed * 104729 + 3)  # insider events: their own sequence
     insiders: list[str] = []  # "way: outcome" of each, as they end
     ways = 0  # insiders started so far (the next does INSIDER_WAYS[ways % ...])
+    spy: Proc | None = None  # the insider now (one at a time: the next one kills it)
     frozen: dict[str, float] = {}  # honest peer -> when its SIGCONT is due
     rng = random.Random(seed)
     mrng = random.Random(seed * 7919 + 1)  # master events: their own sequence
@@ -265,6 +266,8 @@ async def churn(seconds: float, seed: int, stall: float, max_peers: int = 6,
                         seen[pick] = (now + FREEZE_S, seen[pick][1])  # (not late meanwhile)
                     insiders.append(f"freeze: {pick if len(honest) >= 2 else 'skipped'}")
                 else:
+                    if spy is not None and spy.proc.returncode is None:
+                        await spy.kill()  # still at it: one insider at a time
                     counter += 1
                     spy = await spawn(f"insider{counter}", INSIDER, way, addr)
                     gone.append(spy)
