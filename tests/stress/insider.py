@@ -14,7 +14,7 @@ WAY is one of ``WAYS``:
   the lone dissenter);
 - ``silent``: joins, syncs, votes the all-reduce and sends no data (named by its successor,
   kicked);
-- ``guess``: an outsider: 200 handshakes with guessed secrets (all refused, nothing learnt).
+- ``guess``: an outsider: 200 handshakes with guessed keys (all refused, nothing learnt).
 
 Prints one JSON line: ``{"event": "insider", "way": ..., "outcome": ...}``.
 """
@@ -117,7 +117,7 @@ async def main(way: str, addr: str) -> str:
         refused = 0
         for _ in range(200):
             try:
-                _, w = await _raw(host, int(port), auth.secret_key(secrets.token_urlsafe(32)))
+                _, w = await _raw(host, int(port), secrets.token_bytes(auth.KEY_SIZE))
                 w.close()
             except (HandshakeError, ConnectionError):
                 refused += 1
