@@ -200,6 +200,16 @@ class Communicator:
         return self._comm.peer_group_world_size
 
     @property
+    def rank(self) -> int:
+        """This peer's position in its group's ring for the current epoch (-1: not admitted)."""
+        return self._comm.rank
+
+    @property
+    def ranks(self) -> list[int]:
+        """The peer ids of this peer's group in rank order (the ring's) for the current epoch."""
+        return self._comm.ranks
+
+    @property
     def num_peer_groups(self) -> int:
         """Peer groups with at least one accepted peer."""
         return self._comm.num_peer_groups

@@ -13,16 +13,17 @@ import asyncio
 import ssl as _ssl
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 from .. import _log
 from .._errors import InvalidUsageError
 from .._net.credentials import run_key
 from .._net.handshake import Gate
 from .._net.stream import local_address
-from .._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
+from .._types import SyncInfo, SyncStrategy, TopologyInfo
 from .._wire import messages as m
 from . import deadline
+from .collective_calls import CollectiveCalls
 from .core.config import PeerConfig
 from .data.dataplane import DataPlane
 from .data.handle import AllReduceHandle
@@ -41,7 +42,7 @@ from .state.sync import SharedStateSync
 __all__ = ["AllReduceHandle", "Communicator"]
 
 
-class Communicator:
+class Communicator(CollectiveCalls):
     """One peer of a run.
 
     Args:
@@ -314,64 +315,6 @@ class Communicator:
         measurement that ends the call for the whole group (measurements so far are kept).
         """
         return await self._topology.optimize_topology(timeout)
-
-    # ---- all-reduce -------------------------------------------------------------------------
-    def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
-                         tag: int = 0, quantization: Quantization | None = None,
-                         restore_on_abort: bool = True) -> AllReduceHandle:
-        """Launch an all-reduce now and return an awaitable handle.
-
-        The vote goes out before this returns, so several launches keep their order; every
-        peer of the group must launch the same tags in the same order. Raises
-        ``InvalidUsageError`` (bad argument, tag already in flight), ``TooFewPeersError``
-        (group smaller than two) before anything is sent. ``restore_on_abort``: see
-        ``all_reduce``.
-        """
-        return self._reduce.launch(src, dst, op, tag, quantization, restore_on_abort, False)
-
-    async def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
-                         tag: int = 0, quantization: Quantization | None = None,
-                         restore_on_abort: bool = True,
-                         timeout: float | None = None) -> ReduceInfo:
-        """Ring all-reduce of ``src`` into ``dst`` (in place when ``dst`` is None or ``src``).
-
-        Blocks until the group's peers all ran it. The result bytes are identical on every
-        peer. Raises ``PeerLostError`` if a peer left meanwhile (an in-place input is then
-        restored; retry with the same tag), ``TooFewPeersError``, ``InvalidUsageError``
-        (``DeadlockError`` if the peers wait on each other). Cancelling aborts the collective
-        for the group; so does ``timeout`` expiring, which then raises ``PcclTimeoutError``
-        once the input is restored.
-
-        In place, each part of the input is copied aside just before it is first overwritten,
-        which is what lets an aborted attempt restore it bit-exactly: one buffer of memory and
-        one more write of it. ``restore_on_abort=False`` skips that copy for callers who can
-        recompute their input (a DiLoCo pseudo-gradient, say): an aborted attempt (lost peer,
-        cancellation, master loss) then leaves the buffer holding unspecified bytes. Out of
-        place, ``src`` is only read and the flag changes nothing.
-        """
-        limit = deadline.check(timeout)
-        handle = self._reduce.launch(src, dst, op, tag, quantization, restore_on_abort, True)
-        return await handle.wait(limit)
-
-    async def all_reduce_multiple_with_retry(
-            self, tensors: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM, max_in_flight: int = 8,
-            first_tag: int = 0, max_attempts: int = 32, quantization: Quantization | None = None,
-            restore_on_abort: bool = True, timeout: float | None = None) -> list[ReduceInfo]:
-        """All-reduce every tensor in place (tags ``first_tag + i``), ``max_in_flight`` at once.
-
-        A collective aborted by a lost peer is relaunched at once while the group keeps two
-        peers; decisions follow the master's verdicts in order, so all peers stay in step.
-        With ``restore_on_abort=False`` nothing is saved, so nothing is relaunched: the first
-        abort raises ``PeerLostError`` (after the collectives in flight ended) and the
-        aborted tensors hold unspecified bytes. Raises ``TooFewPeersError`` when fewer than
-        two peers remain, ``InvalidUsageError`` for bad arguments (before anything is sent).
-        Cancelling aborts what is in flight; so does ``timeout`` expiring, which raises
-        ``PcclTimeoutError`` once the collectives in flight ended (their inputs restored).
-        """
-        self._check_usable()
-        return await self._reduce.multiple(tensors, op, max_in_flight, first_tag, max_attempts,
-                                           quantization, restore_on_abort,
-                                           deadline.check(timeout))
 
     # ---- shared state -----------------------------------------------------------------------
     async def sync_shared_state(self, state: SharedState,
