@@ -153,6 +153,13 @@ _ALIASES = {"float": DataType.FLOAT32, "double": DataType.FLOAT64, "half": DataT
 _BY_NAME: dict[str, DataType] = {**{n: dt for dt, n in DTYPE_NAMES.items()}, **_ALIASES}
 
 
+class CollectiveKind(enum.IntEnum):
+    """What a collective does (its descriptor names it): the peers of a group must agree."""
+
+    ALL_REDUCE = 0
+    BARRIER = 1
+
+
 class ReduceOp(enum.IntEnum):
     """Reduction operators; AVG is SUM followed by a division by the world size."""
 

@@ -254,6 +254,9 @@ class Communicator:
     def are_peers_pending(self, *, timeout: float | None = None) -> bool:
         return self._runner.call(self._comm.are_peers_pending(timeout=timeout))
 
+    def barrier(self, *, tag: int = 0, timeout: float | None = None) -> None:
+        self._runner.call(self._comm.barrier(tag=tag, timeout=timeout))
+
     def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                    tag: int = 0, quantization: Quantization | None = None,
                    restore_on_abort: bool = True, timeout: float | None = None) -> ReduceInfo:

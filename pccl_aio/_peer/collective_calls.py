@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._types import Quantization, ReduceInfo, ReduceOp
+from .._types import CollectiveKind, Quantization, ReduceInfo, ReduceOp
 from . import deadline
 from .data.handle import AllReduceHandle
 from .data.reduce import ReduceCalls
@@ -21,7 +21,8 @@ __all__ = ["CollectiveCalls"]
 
 
 class CollectiveCalls:
-    """All-reduce (one, several with retry) and the ranks; ``Communicator`` sets the parts."""
+    """Barrier, all-reduce (one, several with retry) and the ranks; ``Communicator`` sets
+    the parts."""
 
     _control: ControlPlane
     _reduce: ReduceCalls
@@ -41,6 +42,29 @@ class CollectiveCalls:
         epoch; empty before admission."""
         ms = self._control.membership
         return [p.peer_id for p in ms.ring] if ms is not None else []
+
+    # ---- barrier ----------------------------------------------------------------------------
+    def barrier_async(self, *, tag: int = 0) -> AllReduceHandle:
+        """Launch a barrier now and return an awaitable handle (``wait()``, ``cancel()``,
+        ``started()``, as an all-reduce's). Raises ``InvalidUsageError`` (bad tag, tag in
+        flight) or ``TooFewPeersError`` (group smaller than two) before anything is sent."""
+        return self._reduce.launch(bytearray(0), None, ReduceOp.SUM, tag, None, False, False,
+                                   CollectiveKind.BARRIER)
+
+    async def barrier(self, *, tag: int = 0, timeout: float | None = None) -> None:
+        """Block until every peer of the group called ``barrier`` (with this ``tag``).
+
+        A collective that moves no data, with every guarantee of an all-reduce: it returns on
+        every peer or raises on every peer. Raises ``PeerLostError`` if a peer of the group
+        left before all arrived (retry on the survivors), ``InvalidUsageError`` if another
+        peer runs another collective with this tag (``DeadlockError`` if the peers wait on
+        each other in other calls), ``TooFewPeersError``. Cancelling, or ``timeout``
+        expiring (``PcclTimeoutError``), ends it for the group.
+        """
+        limit = deadline.check(timeout)
+        handle = self._reduce.launch(bytearray(0), None, ReduceOp.SUM, tag, None, False, True,
+                                     CollectiveKind.BARRIER)
+        await handle.wait(limit)
 
     # ---- all-reduce -------------------------------------------------------------------------
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,

@@ -14,7 +14,7 @@ from typing import Annotated
 import msgspec
 
 from .base import Msg
-from .fields import MAX_EVICTED, U63, U64, Algo, DType, Op, QDType, Reason
+from .fields import MAX_EVICTED, U63, U64, Algo, DType, Kind, Op, QDType, Reason
 
 __all__ = ["CollectiveAbort", "CollectiveComplete", "CollectiveDone", "CollectiveInit",
            "CollectiveRejected", "CollectiveStart", "CollectiveWait"]
@@ -26,7 +26,8 @@ class CollectiveInit(Msg, frozen=True, tag=5):
     ``quant_dtype`` is uint8, uint16 or (MIN_MAX only) uint4 when quantized, 0 when
     ``quant_algo`` is NONE. ``seq``: the ticket (``CollectiveComplete.next_seq``) this peer
     already runs the collective as, before its ``CollectiveStart``; or, with ``spoiled``, a
-    ticket it had to drop frames of (the master then starts it with a fresh seq); else 0."""
+    ticket it had to drop frames of (the master then starts it with a fresh seq); else 0.
+    ``kind``: a ``CollectiveKind`` (a barrier: count 0), part of the descriptor."""
 
     tag: U64
     count: U64
@@ -36,6 +37,7 @@ class CollectiveInit(Msg, frozen=True, tag=5):
     quant_dtype: QDType = 0
     seq: U63 = 0
     spoiled: bool = False
+    kind: Kind = 0
 
 
 class CollectiveDone(Msg, frozen=True, tag=6):

@@ -16,6 +16,7 @@ from .._types import (
     MIN_MAX_ONLY,
     QUANTIZED_DTYPES,
     TENSOR_DTYPES,
+    CollectiveKind,
     DataType,
     QuantAlgo,
     ReduceOp,
@@ -26,8 +27,9 @@ from .state import MAX_KEY
 #: 2: tickets (``CollectiveComplete.next_seq``, early starts), ``optimize_topology``'s messages
 #: and the uint4 quantization code; 3: master failover (``recovery.py``: rejoins, probes,
 #: terms); 4: ``PeersWaiting`` (``wait_for_peers``), and an ``update_topology()`` round that
-#: admits nobody changes no epoch. A master refuses peers of another version.
-PROTOCOL_VERSION: Final = 4
+#: admits nobody changes no epoch; 5: membership seals, and a collective's ``kind`` (barrier).
+#: A master refuses peers of another version.
+PROTOCOL_VERSION: Final = 5
 
 #: The public call behind each kind of vote, for messages on both sides of the wire.
 VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pending()",
@@ -61,6 +63,7 @@ DType: TypeAlias = Annotated[int, _codes(DataType, TENSOR_DTYPES)]
 #: A quantized dtype, 0 for none; which ones are allowed is checked by ``_check``.
 QDType: TypeAlias = Annotated[int, _codes(DataType)]
 Op: TypeAlias = Annotated[int, _codes(ReduceOp)]
+Kind: TypeAlias = Annotated[int, _codes(CollectiveKind)]
 Algo: TypeAlias = Annotated[int, _codes(QuantAlgo)]
 Strategy: TypeAlias = Annotated[int, _codes(SyncStrategy)]
 #: An xxh3-128 digest (16 bytes), or empty; the length is checked by ``_check``.

@@ -563,3 +563,13 @@ def test_decoded_enum_fields_are_plain_ints() -> None:
     msg = m.decode_peer_to_master(enc([5, 1, 8, 10, 1, 1, 2]))
     assert [type(x) for x in (msg.tag, msg.count, msg.dtype, msg.op, msg.quant_algo,
                               msg.quant_dtype)] == [int] * 6
+
+
+def test_a_collectives_kind_is_validated_at_decode() -> None:
+    """Issue 32: the kind is part of a collective's descriptor (version 5); a kind no peer
+    knows is refused at decode, like any out-of-range field."""
+    init = m.CollectiveInit(3, 0, 0, 0, kind=1)
+    assert m.decode_peer_to_master(m.encode(init)) == init
+    assert m.decode_peer_to_master(enc([5, 3, 0, 0, 0])).kind == 0  # an older peer's: all-reduce
+    with pytest.raises(RemoteProtocolError):
+        m.decode_peer_to_master(enc([5, 3, 0, 0, 0, 0, 0, 0, False, 9]))

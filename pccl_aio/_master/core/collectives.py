@@ -84,7 +84,8 @@ class Collectives:
         if op.seq:
             raise RemoteProtocolError(f"collective tag {msg.tag} already started")
         peer.tags.add(msg.tag)
-        op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo, msg.quant_dtype)
+        op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo, msg.quant_dtype,
+                               msg.kind)
         if msg.seq and msg.seq == op.ticket[0]:
             if msg.spoiled:  # it dropped frames of the ticket: start afresh
                 op.ticket = (0, 0)

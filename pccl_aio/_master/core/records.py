@@ -6,11 +6,12 @@ import dataclasses
 import ipaddress
 from enum import IntEnum
 
-from ..._types import DataType, QuantAlgo, ReduceOp
+from ..._types import CollectiveKind, DataType, QuantAlgo, ReduceOp
 from ..._wire import messages as m
 from .limits import advertise_error
 
-#: A collective's descriptor as a voter gave it: (count, dtype, op, quant algo, quant dtype).
+#: A collective's descriptor as a voter gave it: (count, dtype, op, quant algo, quant dtype,
+#: kind).
 Desc = tuple[int, ...]
 
 __all__ = ["Desc", "Op", "Peer", "describe", "is_loopback", "membership", "registration_error",
@@ -103,8 +104,11 @@ def _name(cls: type[IntEnum], code: int, lower: bool = False) -> str:
 
 
 def describe(desc: Desc) -> str:
-    """A collective's descriptor in words: ``1024 x float32 SUM`` (+ its quantization)."""
-    count, dtype, op, algo, qdtype = desc
+    """A collective's descriptor in words: ``1024 x float32 SUM`` (+ its quantization), or
+    its kind's name (``barrier``)."""
+    count, dtype, op, algo, qdtype, *rest = desc
+    if rest and rest[0] == CollectiveKind.BARRIER:
+        return "barrier"
     text = f"{count} x {_name(DataType, dtype, True)} {_name(ReduceOp, op)}"
     if algo:
         text += f" quantized {_name(QuantAlgo, algo)} to {_name(DataType, qdtype, True)}"

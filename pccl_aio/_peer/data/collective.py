@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Callable
 
 from ..._errors import DeadlockError, InvalidUsageError, PeerLostError
-from ..._types import QuantAlgo, Quantization, ReduceInfo, ReduceOp
+from ..._types import CollectiveKind, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 from ..core.buffers import Buffer
 from . import paths
 from .core import phase as _phase
@@ -40,6 +40,7 @@ class Collective:
                  op: ReduceOp, in_place: bool, quant: Quantization | None = None,
                  restore: bool = True) -> None:
         self.env, self.tag, self.op = env, tag, op
+        self.kind = CollectiveKind.ALL_REDUCE  # (a barrier: count 0)
         self.quant = quant if quant is not None and quant.algo != QuantAlgo.NONE else None
         self.src, self.dst = src, dst
         loop = asyncio.get_running_loop()

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._errors import InvalidUsageError, TooFewPeersError
-from ..._types import Quantization, ReduceInfo
+from ..._types import CollectiveKind, Quantization, ReduceInfo
 from ..core import args
 from ..core.buffers import Buffer
 from ..observe.observer import Observer
@@ -31,8 +31,9 @@ class ReduceCalls:
         self._check_loop, self._group = check_loop, peer_group
 
     def launch(self, src: Any, dst: Any, op: Any, tag: Any, quantization: Any,
-               restore_on_abort: Any, awaited: bool) -> AllReduceHandle:
-        """Check the arguments, then vote for one collective; its handle."""
+               restore_on_abort: Any, awaited: bool,
+               kind: CollectiveKind = CollectiveKind.ALL_REDUCE) -> AllReduceHandle:
+        """Check the arguments, then vote for one collective of ``kind``; its handle."""
         self._check_usable()
         if not isinstance(restore_on_abort, bool):
             raise InvalidUsageError(
@@ -46,6 +47,7 @@ class ReduceCalls:
         self._check_group()
         coll = self._obs.watch(
             Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort))
+        coll.kind = kind
         self._control.launch(coll, awaited)
         return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
 

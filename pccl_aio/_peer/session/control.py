@@ -333,7 +333,8 @@ class ControlPlane:
         d, q = coll.dst, coll.quant
         seq, spoiled = self.tickets.use(coll.tag, self.membership)
         init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
-                                int(q.algo) if q else 0, int(q.dtype) if q else 0, seq, spoiled)
+                                int(q.algo) if q else 0, int(q.dtype) if q else 0, seq, spoiled,
+                                int(coll.kind))
         msgs = (init, m.CollectiveWait(coll.tag)) if coll.awaited else (init,)
         try:
             self.send(*msgs)
