@@ -65,6 +65,8 @@ async def _session(host: str, port: int, key: bytes, hello: m.Hello, seconds: fl
                 if isinstance(msg, (m.Kicked, m.Rejected, m.Welcome)):
                     last = type(msg).__name__ + (f"({msg.peer_id})" if isinstance(
                         msg, m.Welcome) else "")
+                if isinstance(msg, (m.Kicked, m.Rejected)):
+                    break  # the master's last word
     except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
         pass
     finally:
