@@ -46,10 +46,11 @@ class Master:
         max_frame_size: larger control frames close the connection that sent them (before
             its ``Hello``, a connection may send frames of at most 64 KiB, and frames above
             64 KiB being received at once share 32 MiB over all connections).
-        secret: the run secret every peer must prove (``str`` or ``bytes``); None reads
-            ``$PCCL_AIO_SECRET_FILE`` or ``$PCCL_AIO_SECRET`` and runs without one if neither
-            is set. A connection that fails the handshake is closed before anything else
-            is read (README, "Security").
+        secret: the run secret every peer must prove (``str`` or ``bytes``, at least 128 bits:
+            ``python -m pccl_aio.secret`` makes one; a weaker one raises
+            ``InvalidUsageError``); None reads ``$PCCL_AIO_SECRET_FILE`` or
+            ``$PCCL_AIO_SECRET`` and runs without one if neither is set. A connection that
+            fails the handshake is closed before anything else is read (README, "Security").
         ssl: a server ``ssl.SSLContext``: every peer connection is TLS.
         vote_timeout: a member that has not cast a vote (or launched a collective) for this
             many seconds while every other member of its group waits in it, and waits on

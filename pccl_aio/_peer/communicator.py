@@ -64,8 +64,9 @@ class Communicator(CollectiveCalls):
         data_timeout: an all-reduce that receives nothing for this long reports a failure
             and is aborted for the group (default 10 s); also bounds connecting a data link.
         secret: the run secret (``str`` or ``bytes``, the master's); every connection of the
-            run proves it. None reads ``$PCCL_AIO_SECRET_FILE`` or ``$PCCL_AIO_SECRET`` and
-            runs without one if neither is set (README, "Security").
+            run proves it. At least 128 bits (``python -m pccl_aio.secret`` makes one; a
+            weaker one raises ``InvalidUsageError``). None reads ``$PCCL_AIO_SECRET_FILE`` or
+            ``$PCCL_AIO_SECRET`` and runs without one if neither is set (README, "Security").
         ssl: a client ``ssl.SSLContext``: the master connection is TLS, and so are the
             connections to other peers when ``ssl_server`` is given too.
         ssl_server: a server ``ssl.SSLContext`` for this peer's listeners: TLS between peers
