@@ -257,6 +257,15 @@ class Communicator:
     def barrier(self, *, tag: int = 0, timeout: float | None = None) -> None:
         self._runner.call(self._comm.barrier(tag=tag, timeout=timeout))
 
+    def barrier_async(self, *, tag: int = 0) -> AllReduceHandle:
+        """Launch a barrier and return at once; the handle's ``wait()`` blocks until every
+        peer of the group called it."""
+
+        async def launch() -> _AsyncHandle:
+            return self._comm.barrier_async(tag=tag)
+
+        return AllReduceHandle(self._runner, self._runner.call(launch()))
+
     def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                    tag: int = 0, quantization: Quantization | None = None,
                    restore_on_abort: bool = True, timeout: float | None = None) -> ReduceInfo:

@@ -80,6 +80,9 @@ def test_the_blocking_facade_has_barrier():
             comms[0].update_topology()
             joining.result()
             list(pool.map(lambda c: c.barrier(tag=1, timeout=10), comms))
+            handles = [c.barrier_async(tag=2) for c in comms]  # launched from one thread
+            for h in handles:
+                h.wait()
             assert comms[0].ranks == comms[1].ranks and {c.rank for c in comms} == {0, 1}
         for c in comms:
             c.close()

@@ -330,8 +330,7 @@ class ControlPlane:
         """Send the vote of ``coll`` (tracked in ``colls``; ``save``: then back its input
         up, overlapping the master's round trip) and start it early on its ticket. Raises
         why it cannot be sent (``coll`` is dropped from ``colls`` then)."""
-        d, q = coll.dst, coll.quant
-        seq, spoiled = self.tickets.use(coll.tag, self.membership)
+        d, q, (seq, spoiled) = coll.dst, coll.quant, self.tickets.use(coll.tag, self.membership)
         init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
                                 int(q.algo) if q else 0, int(q.dtype) if q else 0, seq, spoiled,
                                 int(coll.kind))
