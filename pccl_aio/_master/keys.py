@@ -4,6 +4,7 @@ that a restarted master checks before it believes a rejoining peer's id and ring
 
 from __future__ import annotations
 
+import hmac
 import logging
 import secrets
 
@@ -52,7 +53,7 @@ class MasterKeys:
             return hello
         want = auth.seal(self._seal_key, hello.run_id, r.peer_id, hello.peer_group, r.term,
                          r.epoch, r.ring)
-        if r.accepted and auth.same(want, r.seal):
+        if r.accepted and hmac.compare_digest(want, r.seal):
             return hello
         if r.accepted:
             log.warning("a peer at %s claimed to rejoin as peer %d of term %d without a valid "

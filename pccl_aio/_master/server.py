@@ -246,8 +246,9 @@ class Master:
         last = loop.time()
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            now, before, last = loop.time(), last, loop.time()
-            if now - before > self.state.heartbeat_timeout / 2:
+            now = loop.time()
+            stood_still, last = now - last > self.state.heartbeat_timeout / 2, now
+            if stood_still:
                 continue  # this master stood still (stopped, swapped): read what the peers
             self._handle(ms.Tick(now))  # sent meanwhile before judging their silence
             self.status.sample()

@@ -22,7 +22,7 @@ for one connection is worth nothing on another. The key is the run secret's key 
 connection and the pair key the master issued for two peers (``pair_key``) for connections
 between peers; in a run without a secret it is empty (the handshake then proves nothing, but
 keeps one code path). Both sides derive a session key from the transcript (``session_key``);
-the master wraps pair keys and tickets with it before sending them (``wrap``).
+the master wraps pair keys with it before sending them (``wrap``).
 """
 
 from __future__ import annotations
@@ -193,11 +193,6 @@ def check_verdict(key: bytes, opening: bytes, nonce: bytes, raw: bytes) -> tuple
     if not hmac.compare_digest(mac, _mac(key, b"server", opening, nonce)):
         return REFUSED, WRONG
     return OK, ""
-
-
-def same(a: bytes, b: bytes) -> bool:
-    """``a == b`` in constant time (for MACs)."""
-    return hmac.compare_digest(a, b)
 
 
 def session_key(key: bytes, opening: bytes, nonce: bytes) -> bytes:

@@ -14,6 +14,10 @@ from typing import Any
 
 import pytest
 
+from pccl_aio._peer.core.config import PeerConfig
+from pccl_aio._peer.session.dial import _probe
+from pccl_aio._wire import auth
+
 HERE = Path(__file__).parent
 
 
@@ -93,3 +97,24 @@ async def start_peers(procs: list[Proc], addr: str, n: int, mode: str, *extra: s
     for p in peers:
         await p.expect("world")
     return peers
+
+
+MASTER = str(HERE / "masterproc.py")
+
+
+async def start_master(procs: list[Proc], port: int = 0, name: str = "master",
+                       env: dict[str, str] | None = None) -> tuple[Proc, int]:
+    """A ``masterproc.py`` master (heartbeat timeout 2 s) on ``port`` (0: the OS's choice),
+    and the port it listens on."""
+    m = await spawn(name, MASTER, "2.0", str(port), env=env)
+    procs.append(m)
+    return m, int(await m.line())
+
+
+async def probe(port: int, secret: str | None = None) -> Any:
+    """A master's ``ProbeAnswer`` (term, run id, members), as a peer would ask it."""
+    cfg = PeerConfig(masters=(("127.0.0.1", port),), heartbeat_timeout=10.0,
+                     key=auth.secret_key(secret))
+    _, writer, _, answer = await _probe(cfg, "127.0.0.1", port)
+    writer.close()
+    return answer

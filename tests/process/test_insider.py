@@ -7,38 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 
 from pccl_aio._net.stream import read_frame
-from pccl_aio._peer.core.config import PeerConfig
-from pccl_aio._peer.session.dial import _probe
-from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.framing import frame
 from tests.helpers import SECRET, raw_master
 from tests.process.ddp_run import STEP, Event, Run
-from tests.process.procs import HERE, Proc, spawn
+from tests.process.procs import Proc, probe
+from tests.process.procs import start_master as procs_start_master
 
-MASTER = str(HERE / "masterproc.py")
 MASTER_SECRET = "Xb8-Lw2Qe5Rt7Yu0Ip3As6Df9Gh1Jk4Zx7Cv0Bn3Mq"
 pytestmark = pytest.mark.timeout(150)
 
 
-async def start_master(procs: list[Proc], port: int = 0, name: str = "master") -> tuple[Proc, int]:
-    m_ = await spawn(name, MASTER, "2.0", str(port), env={"PCCL_AIO_SECRET": SECRET,
-                                                          "MASTER_SECRET": MASTER_SECRET})
-    procs.append(m_)
-    return m_, int(await m_.line())
-
-
-async def probe(port: int) -> Any:
-    cfg = PeerConfig(masters=(("127.0.0.1", port),), heartbeat_timeout=10.0,
-                     key=auth.secret_key(SECRET))
-    _, writer, _, answer = await _probe(cfg, "127.0.0.1", port)
-    writer.close()
-    return answer
+def start_master(procs: list[Proc], port: int = 0, name: str = "master"
+                 ) -> Awaitable[tuple[Proc, int]]:
+    return procs_start_master(procs, port, name, {"PCCL_AIO_SECRET": SECRET,
+                                                  "MASTER_SECRET": MASTER_SECRET})
 
 
 async def claim(port: int, run_id: str, victim: int, term: int) -> int:
@@ -70,7 +59,7 @@ async def test_a_member_cannot_claim_anothers_id_at_a_restarted_master(procs):
 
     async def events(ev: Event) -> None:
         if ev["revision"] >= 10 and not run.event_t:
-            before = await probe(port)
+            before = await probe(port, SECRET)
             run.mark()
             master.signal(signal.SIGKILL)
             for p in run.peers.values():
@@ -83,7 +72,7 @@ async def test_a_member_cannot_claim_anothers_id_at_a_restarted_master(procs):
             for p in run.peers.values():
                 p.signal(signal.SIGCONT)
         elif run.event_t and ev["t"] > run.event_t and "after" not in state:
-            state["after"] = await probe(port)
+            state["after"] = await probe(port, SECRET)
 
     await run.drive(events)
     run.check()

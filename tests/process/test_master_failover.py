@@ -20,19 +20,10 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._peer import testing
-from pccl_aio._peer.core.config import PeerConfig
-from pccl_aio._peer.session.dial import _probe
 from tests.process.ddp_run import Event, Run
-from tests.process.procs import HERE, Proc, spawn
+from tests.process.procs import Proc, probe, start_master
 
-MASTER = str(HERE / "masterproc.py")
 pytestmark = pytest.mark.timeout(150)
-
-
-async def start_master(procs: list[Proc], port: int = 0, name: str = "master") -> tuple[Proc, int]:
-    m = await spawn(name, MASTER, "2.0", str(port))
-    procs.append(m)
-    return m, int(await m.line())
 
 
 async def three_peers(procs: list[Proc], addrs: str) -> Run:
@@ -155,14 +146,6 @@ async def test_two_masters_up_at_once_end_in_one_group(procs):
     assert (state["b"].term, state["b"].members) == (2, 3)
     assert max(e.get("ws", 0) for e in run.logs["joiner"]) == 4  # with the three others
     await run.close()
-
-
-async def probe(port: int) -> Any:
-    """A master's ``ProbeAnswer`` (term, run id, members), as a peer would ask it."""
-    cfg = PeerConfig(masters=(("127.0.0.1", port),), heartbeat_timeout=10.0)
-    _, writer, _, answer = await _probe(cfg, "127.0.0.1", port)
-    writer.close()
-    return answer
 
 
 async def test_a_master_that_stood_still_does_not_drop_the_peers_it_did_not_read(procs):

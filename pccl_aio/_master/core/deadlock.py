@@ -19,12 +19,12 @@ launches: the topology callers fail alone and the others wait for them to follow
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Literal, Protocol, TypeAlias
 
 from ..._wire.messages import VOTE_CALLS
 
-__all__ = ["Board", "Deadlock", "Item", "conflict", "find"]
+__all__ = ["Board", "Deadlock", "Item", "conflict", "find", "scope_of"]
 
 Kind: TypeAlias = Literal["topology", "pending", "sync", "optimize", "collective"]
 #: (kind, group, tag); group and tag are 0 where the kind has none.
@@ -84,6 +84,15 @@ def _peers(conns: list[int]) -> str:
     return "peers " + ", ".join(map(str, conns[:_LISTED])) + more
 
 
+def scope_of(members: dict[int, int]) -> Callable[[Item], set[int]]:
+    """Who must cast an item, given the members (peer -> group): every member for a topology
+    or pending vote, the item's group for the others."""
+    everyone, groups = set(members), dict[int, set[int]]()
+    for c, g in members.items():
+        groups.setdefault(g, set()).add(c)
+    return lambda item: everyone if item[0] in _GLOBAL else groups.get(item[1], set())
+
+
 def find(board: Board) -> Deadlock | None:
     """The deadlocked peers on ``board``, or None. A pass is linear in the peers each item
     needs; passes repeat only while peers leave the set."""
@@ -91,16 +100,12 @@ def find(board: Board) -> Deadlock | None:
     if not any(waiters for _, _, waiters in items):
         return None
     members = board.members()
-    groups: dict[int, set[int]] = {}
-    for c, g in members.items():
-        groups.setdefault(g, set()).add(c)
-    everyone = set(members)
+    scope = scope_of(members)
     missing: dict[Item, set[int]] = {}  # item -> required peers that have not cast it
     waits: dict[int, list[Item]] = {}
     launches: dict[int, list[Item]] = {}  # peer -> unstarted collectives it launched
     for item, cast, waiters in items:
-        scope = everyone if item[0] in _GLOBAL else groups.get(item[1], set())
-        missing[item] = scope.difference(cast)
+        missing[item] = scope(item).difference(cast)
         for c in waiters:
             if c in members:
                 waits.setdefault(c, []).append(item)

@@ -106,8 +106,8 @@ def _name(cls: type[IntEnum], code: int, lower: bool = False) -> str:
 def describe(desc: Desc) -> str:
     """A collective's descriptor in words: ``1024 x float32 SUM`` (+ its quantization), or
     its kind's name (``barrier``)."""
-    count, dtype, op, algo, qdtype, *rest = desc
-    if rest and rest[0] == CollectiveKind.BARRIER:
+    count, dtype, op, algo, qdtype, kind = desc
+    if kind == CollectiveKind.BARRIER:
         return "barrier"
     text = f"{count} x {_name(DataType, dtype, True)} {_name(ReduceOp, op)}"
     if algo:

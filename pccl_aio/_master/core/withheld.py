@@ -8,11 +8,9 @@ against the others" and are left to the callers' timeouts.
 from __future__ import annotations
 
 from ..._wire.messages import VOTE_CALLS
-from .deadlock import Board, Item
+from .deadlock import Board, Item, scope_of
 
 __all__ = ["VoteTimer"]
-
-_GLOBAL = ("topology", "pending")
 
 
 class VoteTimer:
@@ -28,16 +26,13 @@ class VoteTimer:
         the items' voters; nothing without a timeout."""
         if self.timeout is None:
             return []
-        members = board.members()
+        scope_for = scope_of(board.members())
         items = list(board.waits())
         waiting = {c for _, _, waiters in items for c in waiters}
-        groups: dict[int, set[int]] = {}
-        for c, g in members.items():
-            groups.setdefault(g, set()).add(c)
         since: dict[Item, tuple[int, float]] = {}
         due: dict[int, str] = {}
         for item, cast, waiters in items:
-            scope = set(members) if item[0] in _GLOBAL else groups.get(item[1], set())
+            scope = scope_for(item)
             missing = scope.difference(cast)
             if len(scope) < 2 or len(missing) != 1 or not waiters:
                 continue
