@@ -158,6 +158,22 @@ class CollectiveKind(enum.IntEnum):
 
     ALL_REDUCE = 0
     BARRIER = 1
+    BROADCAST = 2
+    ALL_GATHER = 3
+    REDUCE_SCATTER = 4
+
+    @property
+    def label(self) -> str:
+        """Its name in messages: ``all-reduce``, ``barrier``, ``broadcast``, ``all-gather``,
+        ``reduce-scatter``."""
+        return self.name.lower().replace("_", "-")
+
+    @property
+    def ranked(self) -> bool:
+        """Its shape or meaning depends on the ranks (a root, rank-ordered chunks): it runs
+        only in the ring it was launched in."""
+        return self in (CollectiveKind.BROADCAST, CollectiveKind.ALL_GATHER,
+                        CollectiveKind.REDUCE_SCATTER)
 
 
 class ReduceOp(enum.IntEnum):
@@ -243,7 +259,8 @@ class Quantization:
 
 
 class ReduceInfo(msgspec.Struct, frozen=True):
-    """What one all-reduce did: the peer-group world size it ran with and payload bytes moved."""
+    """What one collective (all-reduce, broadcast, all-gather, reduce-scatter, barrier) did:
+    the peer-group world size it ran with and the payload bytes this peer sent and received."""
 
     world_size: int
     tx_bytes: int

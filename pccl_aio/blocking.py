@@ -17,17 +17,14 @@ stop the thread.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
-import threading
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from ._master.server import Master as _AsyncMaster
-from ._net.loops import new_loop
+from ._net.loopthread import LoopThread, finalize
+from ._net.loopthread import owned as _owned
 from ._peer.communicator import AllReduceHandle as _AsyncHandle
 from ._peer.communicator import Communicator as _AsyncCommunicator
 from ._peer.core.config import PeerConfig
@@ -37,91 +34,14 @@ from ._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, 
 
 __all__ = ["AllReduceHandle", "Buckets", "Communicator", "Master"]
 
-_T = TypeVar("_T")
-
-
-class _LoopThread:
-    """An event loop running forever in a daemon thread; ``call`` runs a coroutine on it and
-    blocks the calling thread for the result."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = new_loop()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
-        if threading.current_thread() is self.thread:
-            coro.close()
-            raise RuntimeError("a blocking pccl_aio call from its own event loop thread "
-                               "(use the async API inside coroutines)")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``coro`` on the loop; blocks until it ends. An exception in the waiting thread
-        (``KeyboardInterrupt``) cancels it, and waits until the cancellation took effect.
-        The coroutine's exception is raised with a short traceback: the caller's frames,
-        then the library's (not the future's nor this module's wrappers)."""
-        fut = self.submit(coro)
-        try:
-            exc = fut.exception()
-        except BaseException:
-            if fut.cancel():
-                with contextlib.suppress(BaseException):
-                    concurrent.futures.wait([fut])
-            raise
-        if exc is None:
-            return fut.result()
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-            tb = tb.tb_next  # this module's coroutine wrappers
-        del fut
-        try:
-            raise exc.with_traceback(tb)
-        finally:
-            del exc, tb
-
-    def stop(self, last: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
-        """Run ``last()`` (a close), then stop the loop and join the thread. Idempotent."""
-        if self.loop.is_closed():
-            return
-        if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            if last is not None:
-                with contextlib.suppress(BaseException):
-                    self.call(last())
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join()
-        if not self.loop.is_running():
-            self.loop.close()
-
-
-def _finalize(runner: _LoopThread, close: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    runner.stop(close)
-
-
-def _owned(name: str, factory: Callable[[], _T]) -> tuple[_LoopThread, _T]:
-    """A new loop thread and the object ``factory`` builds on it (the thread is stopped
-    again if that raises)."""
-    runner = _LoopThread(name)
-
-    async def make() -> _T:
-        return factory()
-
-    try:
-        return runner, runner.call(make())
-    except BaseException:
-        runner.stop()
-        raise
+_HERE = frozenset({__file__})  # a traceback leaves this module's wrappers out
 
 
 class AllReduceHandle:
     """An all-reduce in flight (``Communicator.all_reduce_async``): ``wait()`` blocks for its
     ``ReduceInfo`` or raises; ``cancel()`` aborts it for the whole group."""
 
-    def __init__(self, runner: _LoopThread, handle: _AsyncHandle) -> None:
+    def __init__(self, runner: LoopThread, handle: _AsyncHandle) -> None:
         self._runner, self._handle = runner, handle
 
     @property
@@ -159,8 +79,8 @@ class Communicator:
 
     def __init__(self, master: str | Sequence[str], **options: Any) -> None:
         self._runner, self._comm = _owned("pccl_aio blocking communicator",
-                                          lambda: _AsyncCommunicator(master, **options))
-        self._finalizer = weakref.finalize(self, _finalize, self._runner, self._comm.close)
+                                           lambda: _AsyncCommunicator(master, **options), _HERE)
+        self.finalizer = weakref.finalize(self, finalize, self._runner, self._comm.close)
 
     def __enter__(self) -> Communicator:
         return self
@@ -172,11 +92,11 @@ class Communicator:
     @property
     def closed(self) -> bool:
         """``close()`` ran (explicitly, by ``with`` or by garbage collection)."""
-        return not self._finalizer.alive
+        return not self.finalizer.alive
 
     def close(self) -> None:
         """Leave the run and stop the background thread. Idempotent."""
-        self._finalizer()
+        self.finalizer()
 
     # ---- attributes (read from the communicator; plain values) ------------------------------
     @property
@@ -266,6 +186,42 @@ class Communicator:
 
         return AllReduceHandle(self._runner, self._runner.call(launch()))
 
+    def _launch(self, make: Callable[[], _AsyncHandle]) -> AllReduceHandle:
+        async def launch() -> _AsyncHandle:
+            return make()
+
+        return AllReduceHandle(self._runner, self._runner.call(launch()))
+
+    def broadcast(self, tensor: Any, *, root: int, tag: int = 0,
+                  timeout: float | None = None) -> ReduceInfo:
+        return self._runner.call(self._comm.broadcast(tensor, root=root, tag=tag,
+                                                      timeout=timeout))
+
+    def broadcast_async(self, tensor: Any, *, root: int, tag: int = 0) -> AllReduceHandle:
+        """Launch a broadcast and return at once; do not touch ``tensor`` until it ended."""
+        return self._launch(lambda: self._comm.broadcast_async(tensor, root=root, tag=tag))
+
+    def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
+                   timeout: float | None = None) -> ReduceInfo:
+        return self._runner.call(self._comm.all_gather(src, dst, tag=tag, timeout=timeout))
+
+    def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0) -> AllReduceHandle:
+        """Launch an all-gather and return at once; do not touch ``dst`` until it ended."""
+        return self._launch(lambda: self._comm.all_gather_async(src, dst, tag=tag))
+
+    def reduce_scatter(self, src: Any, dst: Any, *, op: ReduceOp = ReduceOp.SUM,
+                       tag: int = 0, quantization: Quantization | None = None,
+                       timeout: float | None = None) -> ReduceInfo:
+        return self._runner.call(self._comm.reduce_scatter(
+            src, dst, op=op, tag=tag, quantization=quantization, timeout=timeout))
+
+    def reduce_scatter_async(self, src: Any, dst: Any, *, op: ReduceOp = ReduceOp.SUM,
+                             tag: int = 0, quantization: Quantization | None = None
+                             ) -> AllReduceHandle:
+        """Launch a reduce-scatter and return at once; do not touch ``dst`` until it ended."""
+        return self._launch(lambda: self._comm.reduce_scatter_async(
+            src, dst, op=op, tag=tag, quantization=quantization))
+
     def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                    tag: int = 0, quantization: Quantization | None = None,
                    restore_on_abort: bool = True, timeout: float | None = None) -> ReduceInfo:
@@ -314,8 +270,8 @@ class Master:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, **options: Any) -> None:
         self._runner, self._master = _owned("pccl_aio blocking master",
-                                            lambda: _AsyncMaster(host, port, **options))
-        self._finalizer = weakref.finalize(self, _finalize, self._runner, self._master.close)
+                                             lambda: _AsyncMaster(host, port, **options), _HERE)
+        self.finalizer = weakref.finalize(self, finalize, self._runner, self._master.close)
 
     def start(self) -> Master:
         """Bind and serve; returns once listening. OSError if the address is taken."""
@@ -324,7 +280,7 @@ class Master:
 
     def close(self) -> None:
         """Stop serving, close every connection and stop the thread. Idempotent."""
-        self._finalizer()
+        self.finalizer()
 
     def __enter__(self) -> Master:
         return self.start()

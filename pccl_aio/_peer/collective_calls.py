@@ -21,8 +21,13 @@ __all__ = ["CollectiveCalls"]
 
 
 class CollectiveCalls:
-    """Barrier, all-reduce (one, several with retry) and the ranks; ``Communicator`` sets
-    the parts."""
+    """Barrier, broadcast, all-gather, reduce-scatter, all-reduce (one, several with retry)
+    and the ranks; ``Communicator`` sets the parts.
+
+    There is no retry helper for mixed collectives: a broadcast's root and an all-gather's
+    or reduce-scatter's buffer sizes are the caller's, chosen for the world it launched in,
+    so after ``PeerLostError`` only the caller can choose them again (see the README's
+    "Collectives"); all-reduces alone retry with ``all_reduce_multiple_with_retry``."""
 
     _control: ControlPlane
     _reduce: ReduceCalls
@@ -65,6 +70,72 @@ class CollectiveCalls:
         handle = self._reduce.launch(bytearray(0), None, ReduceOp.SUM, tag, None, False, True,
                                      CollectiveKind.BARRIER)
         await handle.wait(limit)
+
+    # ---- broadcast, all-gather, reduce-scatter ----------------------------------------------
+    def broadcast_async(self, tensor: Any, *, root: int, tag: int = 0) -> AllReduceHandle:
+        """Launch a broadcast now and return its handle (as ``all_reduce_async``'s)."""
+        return self._reduce.launch_ranked(CollectiveKind.BROADCAST, tensor, None, None, tag,
+                                          None, root, False)
+
+    async def broadcast(self, tensor: Any, *, root: int, tag: int = 0,
+                        timeout: float | None = None) -> ReduceInfo:
+        """Copy rank ``root``'s ``tensor`` into ``tensor`` on every peer of the group.
+
+        ``root`` is a rank of the ring as it is at the call (``comm.ranks``); the bytes go
+        once along the ring from the root, pipelined. Blocks until every peer has them. Raises
+        ``PeerLostError`` if a peer left before it ended (the root included: every peer's
+        tensor is then as it was) or if the group changed since the call (the ranks did: look
+        again and retry), ``InvalidUsageError`` if the peers disagree on root, count or dtype
+        (``DeadlockError`` if they wait on each other). In a group of one it returns at once.
+        Cancelling, or ``timeout`` expiring (``PcclTimeoutError``), ends it for the group.
+        """
+        limit = deadline.check(timeout)
+        handle = self._reduce.launch_ranked(CollectiveKind.BROADCAST, tensor, None, None, tag,
+                                            None, root, True)
+        return await handle.wait(limit)
+
+    def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0) -> AllReduceHandle:
+        """Launch an all-gather now and return its handle (as ``all_reduce_async``'s)."""
+        return self._reduce.launch_ranked(CollectiveKind.ALL_GATHER, src, dst, None, tag, None,
+                                          0, False)
+
+    async def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
+                         timeout: float | None = None) -> ReduceInfo:
+        """Gather every peer's ``src`` into ``dst``, in rank order: rank r's at elements
+        ``[r * n, (r + 1) * n)``, ``n`` = ``src``'s count, ``dst`` holding world x ``n``.
+
+        A ring all-gather (P - 1 steps, segments pipelined). ``src`` may be this rank's slot
+        of ``dst`` (in place). Blocks until every peer has every block; ``src`` is only read,
+        ``dst`` holds unspecified bytes after a failure. Raises as ``broadcast`` does (a
+        group that changed since the call: ``dst``'s size is wrong now, resize and retry).
+        """
+        limit = deadline.check(timeout)
+        handle = self._reduce.launch_ranked(CollectiveKind.ALL_GATHER, src, dst, None, tag,
+                                            None, 0, True)
+        return await handle.wait(limit)
+
+    def reduce_scatter_async(self, src: Any, dst: Any, *, op: ReduceOp = ReduceOp.SUM,
+                             tag: int = 0, quantization: Quantization | None = None
+                             ) -> AllReduceHandle:
+        """Launch a reduce-scatter now and return its handle (as ``all_reduce_async``'s)."""
+        return self._reduce.launch_ranked(CollectiveKind.REDUCE_SCATTER, src, dst, op, tag,
+                                          quantization, 0, False)
+
+    async def reduce_scatter(self, src: Any, dst: Any, *, op: ReduceOp = ReduceOp.SUM,
+                             tag: int = 0, quantization: Quantization | None = None,
+                             timeout: float | None = None) -> ReduceInfo:
+        """Reduce ``src`` (world x ``n`` elements, ``n`` = ``dst``'s count) over the group
+        and give rank r chunk r of the result, ``[r * n, (r + 1) * n)``, in ``dst``.
+
+        The first half of the ring all-reduce, quantized on the wire as there (uint4 needs an
+        even ``n``); each chunk is reduced in the same ring order on every run. Blocks until
+        this peer's chunk is final and every peer has its own; ``src`` is only read, ``dst``
+        holds unspecified bytes after a failure. Raises as ``broadcast`` does.
+        """
+        limit = deadline.check(timeout)
+        handle = self._reduce.launch_ranked(CollectiveKind.REDUCE_SCATTER, src, dst, op, tag,
+                                            quantization, 0, True)
+        return await handle.wait(limit)
 
     # ---- all-reduce -------------------------------------------------------------------------
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,

@@ -14,7 +14,7 @@ from typing import Annotated
 import msgspec
 
 from .base import Msg
-from .fields import MAX_EVICTED, U63, U64, Algo, DType, Kind, Op, QDType, Reason
+from .fields import MAX_EVICTED, U32, U63, U64, Algo, DType, Kind, Op, QDType, Reason
 
 __all__ = ["CollectiveAbort", "CollectiveComplete", "CollectiveDone", "CollectiveInit",
            "CollectiveRejected", "CollectiveStart", "CollectiveWait"]
@@ -27,7 +27,10 @@ class CollectiveInit(Msg, frozen=True, tag=5):
     ``quant_algo`` is NONE. ``seq``: the ticket (``CollectiveComplete.next_seq``) this peer
     already runs the collective as, before its ``CollectiveStart``; or, with ``spoiled``, a
     ticket it had to drop frames of (the master then starts it with a fresh seq); else 0.
-    ``kind``: a ``CollectiveKind`` (a barrier: count 0), part of the descriptor."""
+    ``kind``: a ``CollectiveKind`` (a barrier: count 0; all-gather and reduce-scatter: the
+    count per rank), ``root``: a broadcast's root rank (else 0), part of the descriptor.
+    ``epoch``: the membership epoch a ranked kind (broadcast, all-gather, reduce-scatter) was
+    launched in (else 0): the master aborts it if the group's ring changed since."""
 
     tag: U64
     count: U64
@@ -38,6 +41,8 @@ class CollectiveInit(Msg, frozen=True, tag=5):
     seq: U63 = 0
     spoiled: bool = False
     kind: Kind = 0
+    root: U32 = 0
+    epoch: U63 = 0
 
 
 class CollectiveDone(Msg, frozen=True, tag=6):

@@ -27,9 +27,10 @@ from .state import MAX_KEY
 #: 2: tickets (``CollectiveComplete.next_seq``, early starts), ``optimize_topology``'s messages
 #: and the uint4 quantization code; 3: master failover (``recovery.py``: rejoins, probes,
 #: terms); 4: ``PeersWaiting`` (``wait_for_peers``), and an ``update_topology()`` round that
-#: admits nobody changes no epoch; 5: membership seals, and a collective's ``kind`` (barrier).
+#: admits nobody changes no epoch; 5: membership seals, and a collective's ``kind`` (barrier);
+#: 6: broadcast, all-gather and reduce-scatter (``CollectiveInit.root`` and ``.epoch``).
 #: A master refuses peers of another version.
-PROTOCOL_VERSION: Final = 5
+PROTOCOL_VERSION: Final = 6
 
 #: The public call behind each kind of vote, for messages on both sides of the wire.
 VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pending()",

@@ -52,6 +52,7 @@ class Collectives:
         self.ops: dict[tuple[int, int], Op] = {}
         self._seq = 0
         self._tickets: dict[int, dict[int, tuple[int, int]]] = {}  # group -> tag -> seq, epoch
+        self._rings: dict[int, tuple[list[int], int]] = {}  # group -> its ring, epoch since
         # (group, tag) -> (seq, participants) of its last aborted attempt: a stall report
         # that arrives after another participant's report aborted it still names the culprit
         self._aborted: collections.OrderedDict[tuple[int, int], tuple[int, tuple[int, ...]]] = (
@@ -66,9 +67,13 @@ class Collectives:
         peers saw, so that stale frames stay stale)."""
         self._seq = max(self._seq, seq)
 
-    def void_tickets(self) -> None:
-        """A new epoch: every ticket of the old ring is void."""
+    def new_epoch(self, epoch: int, rings: dict[int, list[int]]) -> None:
+        """A new epoch: every ticket of the old ring is void, and a ranked collective launched
+        before a group's ring changed can no longer start (``check_start``)."""
         self._tickets.clear()
+        for g, ring in rings.items():
+            if self._rings.get(g, (None, 0))[0] != ring:
+                self._rings[g] = (ring, epoch)
 
     def vote(self, peer: Peer, msg: m.CollectiveInit) -> None:
         """Count ``peer``'s vote (the caller then checks conflicts and ``check_start``);
@@ -85,7 +90,7 @@ class Collectives:
             raise RemoteProtocolError(f"collective tag {msg.tag} already started")
         peer.tags.add(msg.tag)
         op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo, msg.quant_dtype,
-                               msg.kind)
+                               msg.kind, msg.root, msg.epoch)
         if msg.seq and msg.seq == op.ticket[0]:
             if msg.spoiled:  # it dropped frames of the ticket: start afresh
                 op.ticket = (0, 0)
@@ -146,20 +151,32 @@ class Collectives:
         if not op.descs or not all(c in op.descs for c in members):
             return
         voters = sorted(op.descs)
-        if len(set(op.descs.values())) > 1:
-            odd = _lone_dissenter(op.descs)
+        since = self._rings.get(group, ([], 0))[1]
+        stale = sorted(c for c, d in op.descs.items() if d[7] and d[7] < since)
+        if stale:  # launched in a ring that changed since: its ranks and shape are void
+            self.end_vote(group, tag, f"the group's ring changed (epoch {since}) after peers "
+                          f"{stale} launched it; retry in the new world", out, abort=True)
+            return
+        descs = {c: d[:7] for c, d in op.descs.items()}  # (launched in the same ring)
+        if len(set(descs.values())) > 1:
+            odd = _lone_dissenter(descs)
             if odd is not None:  # the others agree: it is removed, they start without it
                 c, agreed = odd
-                self._roster.kick(c, f"collective tag {tag}: its count/dtype/op/quantization "
-                                  f"({describe(op.descs[c])}) disagrees with every other "
+                self._roster.kick(c, f"collective tag {tag}: its descriptor "
+                                  f"({describe(descs[c])}) disagrees with every other "
                                   f"member's ({describe(agreed)})", out)
                 return
-            reason = "peers disagree on count/dtype/op/quantization: " + ", ".join(
-                f"peer {c}: {describe(op.descs[c])}" for c in voters)
+            reason = "peers disagree on kind/count/dtype/op/root/quantization: " + ", ".join(
+                f"peer {c}: {describe(descs[c])}" for c in voters)
             self.end_vote(group, tag, reason, out)
             return
         if len(voters) < 2:
             self.end_vote(group, tag, "too few peers in the group", out, abort=True)
+            return
+        root = descs[voters[0]][6]
+        if root >= len(voters):
+            self.end_vote(group, tag, f"root rank {root} is not in a group of {len(voters)}",
+                          out)
             return
         op.participants = tuple(voters)
         epoch = self._roster.epoch

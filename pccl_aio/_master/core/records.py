@@ -11,7 +11,7 @@ from ..._wire import messages as m
 from .limits import advertise_error
 
 #: A collective's descriptor as a voter gave it: (count, dtype, op, quant algo, quant dtype,
-#: kind).
+#: kind, root, launch epoch); the peers of a group must agree on all but the epoch.
 Desc = tuple[int, ...]
 
 __all__ = ["Desc", "Op", "Peer", "describe", "is_loopback", "membership", "registration_error",
@@ -104,12 +104,17 @@ def _name(cls: type[IntEnum], code: int, lower: bool = False) -> str:
 
 
 def describe(desc: Desc) -> str:
-    """A collective's descriptor in words: ``1024 x float32 SUM`` (+ its quantization), or
-    its kind's name (``barrier``)."""
-    count, dtype, op, algo, qdtype, kind = desc
+    """A collective's descriptor in words: ``all-reduce 1024 x float32 SUM`` (+ its
+    quantization), ``broadcast 1024 x float32 from rank 0``, ``barrier``."""
+    count, dtype, op, algo, qdtype, kind, root = desc[:7]
+    name = _name(CollectiveKind, kind, True).replace("_", "-")
     if kind == CollectiveKind.BARRIER:
-        return "barrier"
-    text = f"{count} x {_name(DataType, dtype, True)} {_name(ReduceOp, op)}"
+        return name
+    text = f"{name} {count} x {_name(DataType, dtype, True)}"
+    if kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
+        text += f" {_name(ReduceOp, op)}"
+    if kind == CollectiveKind.BROADCAST:
+        text += f" from rank {root}"
     if algo:
         text += f" quantized {_name(QuantAlgo, algo)} to {_name(DataType, qdtype, True)}"
     return text

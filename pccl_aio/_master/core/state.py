@@ -315,8 +315,8 @@ class MasterState:
 
     # ---- consensus ----------------------------------------------------------------------------
     def _membership(self, conns: list[int]) -> list[Action]:
-        self._colls.void_tickets()  # a new epoch: every ticket of the old ring is void
         groups = sorted({p.group for p in self._peers.values() if p.accepted})
+        self._colls.new_epoch(self.epoch, {g: self.ring(g) for g in groups})
         accepted = [self._peers[c] for g in groups for c in self.ring(g)]
         rounds = (self._votes.rounds["pending"], self._votes.rounds["topology"])
         out: list[Action] = [Send(c, msg) for c, msg in membership(

@@ -71,3 +71,45 @@ def multi(tensors: Sequence[Any], first_tag: Any, quant: Any, restore: Any
     bufs = [buffers(t, None)[0] for t in tensors]
     tags = [tag(first_tag + i) for i in range(len(bufs))]
     return bufs, tags, {t: quantization(quant, b.dtype) for t, b in zip(tags, bufs)}
+
+
+def gathered(src: Any, dst: Any, world: int, rank: int) -> tuple[Buffer, Buffer, bool]:
+    """(src, dst, copy_own) of an all-gather into ``dst`` of ``world`` x ``src``'s count;
+    ``src`` may be exactly this rank's slot of ``dst`` (then nothing is copied)."""
+    s = as_buffer(src, writable=False, what="src")
+    d = as_buffer(dst, writable=True, what="dst")
+    _same_dtype(s, d)
+    if d.count != world * s.count:
+        raise InvalidUsageError(f"dst holds {d.count} elements; an all-gather of {s.count} "
+                                f"per rank in a group of {world} needs {world * s.count}")
+    if s.overlaps(d):
+        if s.address != d.address + rank * s.view.nbytes:
+            raise InvalidUsageError(f"src overlaps dst but is not its slot of rank {rank}")
+        return s, d, False
+    return s, d, True
+
+
+def scattered(src: Any, dst: Any, world: int) -> tuple[Buffer, Buffer]:
+    """(src, dst) of a reduce-scatter of ``world`` x ``dst``'s count from ``src``."""
+    s = as_buffer(src, writable=False, what="src")
+    d = as_buffer(dst, writable=True, what="dst")
+    _same_dtype(s, d)
+    if s.count != world * d.count:
+        raise InvalidUsageError(f"src holds {s.count} elements; a reduce-scatter of "
+                                f"{d.count} per rank in a group of {world} needs "
+                                f"{world * d.count}")
+    if s.overlaps(d):
+        raise InvalidUsageError("src and dst of a reduce-scatter overlap")
+    return s, d
+
+
+def root(value: Any, world: int) -> int:
+    """A broadcast's root rank, in [0, ``world``)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < world:
+        raise InvalidUsageError(f"root must be a rank in [0, {world}), not {value!r}")
+    return value
+
+
+def _same_dtype(s: Buffer, d: Buffer) -> None:
+    if s.dtype != d.dtype:
+        raise InvalidUsageError(f"src ({s.dtype.label}) and dst ({d.dtype.label}) differ")

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import NamedTuple
 
+from ..._compute import ops as _ops
 from ..._errors import DeadlockError, InvalidUsageError, PeerLostError
 from ..._types import CollectiveKind, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 from ..core.buffers import Buffer
@@ -33,14 +35,28 @@ from .paths.ring import RingPath
 from .pipeline import Pipeline, Ring
 
 
+class Spec(NamedTuple):
+    """What a collective is beyond an all-reduce's arguments: its kind, a broadcast's root
+    rank, and for a ranked kind the ring (peer ids in rank order) and epoch it was launched
+    in; ``copy_own``: an all-gather's input is not already its slot of the output."""
+
+    kind: CollectiveKind = CollectiveKind.ALL_REDUCE
+    root: int = 0
+    ranks: tuple[int, ...] = ()
+    epoch: int = 0
+    copy_own: bool = True
+
+
 class Collective:
-    """One attempt of one tagged all-reduce on this peer."""
+    """One attempt of one tagged collective on this peer: an all-reduce, or a ``kind`` of
+    ``spec`` (a ranked kind runs only in the ring it was launched in, ``spec.ranks``)."""
 
     def __init__(self, env: CollectiveEnv, tag: int, src: Buffer, dst: Buffer,
                  op: ReduceOp, in_place: bool, quant: Quantization | None = None,
-                 restore: bool = True) -> None:
+                 restore: bool = True, spec: Spec | None = None) -> None:
         self.env, self.tag, self.op = env, tag, op
-        self.kind = CollectiveKind.ALL_REDUCE  # (a barrier: count 0)
+        self.spec = spec = spec or Spec()
+        self.kind = spec.kind
         self.quant = quant if quant is not None and quant.algo != QuantAlgo.NONE else None
         self.src, self.dst = src, dst
         loop = asyncio.get_running_loop()
@@ -64,7 +80,7 @@ class Collective:
         self._prepare()
 
     def _prepare(self) -> None:
-        if self.quant is not None:
+        if self.quant is not None and self.kind == CollectiveKind.ALL_REDUCE:
             _quant.prepare(self.src, self.dst, self._in_place)
 
     # ---- the life cycle, as others see it ---------------------------------------------------
@@ -93,8 +109,21 @@ class Collective:
                 and not pipe.broken)
 
     @property
+    def count(self) -> int:
+        """Its descriptor's count: elements per rank (an all-gather's input)."""
+        return (self.src if self.kind == CollectiveKind.ALL_GATHER else self.dst).count
+
+    @property
     def world(self) -> int:
-        return self._pipe.ring.world if self._pipe is not None else 0
+        return self._pipe.ring.world if self._pipe is not None else int(len(self.spec.ranks) == 1)
+
+    def alone(self) -> None:
+        """A ranked kind in a group of one: done here and now (nothing to agree on)."""
+        gathers = self.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER)
+        if gathers and self.src.address != self.dst.address:
+            _ops.copy(self.dst.view, self.src.view)
+        self.started.set_result(None)
+        self._finish(None)
 
     @property
     def predecessor(self) -> int:
@@ -157,10 +186,15 @@ class Collective:
             self.env.registry.skip(seq)
             self.env.report(self.tag, seq, False, "cancelled")
             return
+        if self.kind.ranked and tuple(ring_ids) != self.spec.ranks:  # (the master aborts it first)
+            self.env.registry.skip(seq)
+            self.env.report(self.tag, seq, False, "the ring changed since its launch")
+            return
         world, rank = len(ring_ids), ring_ids.index(me)
         ring = Ring(world, ring_ids[rank - 1], ring_ids[(rank + 1) % world])
-        path = paths.start(rank, world, self.src, self.dst, self.op, self.quant,
-                           self.env.scratch, self._backup, self._connections)
+        path = paths.start(self.kind, rank, world, self.src, self.dst, self.op, self.quant,
+                           self.spec.root, self.env.scratch, self._backup, self._connections,
+                           self.spec.copy_own)
         self._pipe = Pipeline(self.env, self.tag, seq, path, ring, not early, self._data_done)
         self.env.registry.add(seq, self)
         self._pipe.spawn()
@@ -185,11 +219,11 @@ class Collective:
     def on_abort(self, reason: str) -> None:
         lost = ("; the in-place input was not restored (restore_on_abort=False)"
                 if self._in_place and not self._restore else "")
-        self._finish(PeerLostError(f"all-reduce tag {self.tag} aborted: {reason}{lost}"))
+        self._finish(PeerLostError(f"{self.kind.label} tag {self.tag} aborted: {reason}{lost}"))
 
     def on_rejected(self, reason: str, deadlock: bool = False) -> None:
         cls = DeadlockError if deadlock else InvalidUsageError
-        self._finish(cls(f"all-reduce tag {self.tag} rejected: {reason}"))
+        self._finish(cls(f"{self.kind.label} tag {self.tag} rejected: {reason}"))
 
     def on_lost(self, exc: BaseException) -> None:  # the master is gone: no verdict will come
         self._finish(exc)

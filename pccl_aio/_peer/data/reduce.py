@@ -1,6 +1,7 @@
-"""What the all-reduce calls of ``Communicator`` do behind their documentation: check the
+"""What the collective calls of ``Communicator`` do behind their documentation: check the
 arguments (``core/args.py``; nothing is sent when one is bad), launch one collective
-(``all_reduce``, ``all_reduce_async``) or many with relaunches (``retry.MultiReduce``)."""
+(``all_reduce``, ``barrier``, ``launch_ranked``: broadcast, all-gather, reduce-scatter) or
+many all-reduces with relaunches (``retry.MultiReduce``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._errors import InvalidUsageError, TooFewPeersError
-from ..._types import CollectiveKind, Quantization, ReduceInfo
+from ..._types import CollectiveKind, DataType, Quantization, ReduceInfo, ReduceOp
 from ..core import args
-from ..core.buffers import Buffer
+from ..core.buffers import Buffer, as_buffer
 from ..observe.observer import Observer
 from ..session.control import ControlPlane
-from .collective import Collective
+from .collective import Collective, Spec
 from .dataplane import DataPlane
 from .handle import AllReduceHandle
 from .retry import MultiReduce
@@ -50,6 +51,41 @@ class ReduceCalls:
         coll.kind = kind
         self._control.launch(coll, awaited)
         return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
+
+    def launch_ranked(self, kind: CollectiveKind, src: Any, dst: Any, op: Any, tag: Any,
+                      quantization: Any, root: Any, awaited: bool) -> AllReduceHandle:
+        """Check the arguments of a broadcast, all-gather or reduce-scatter against the ring
+        as it is now (``comm.ranks``), then vote for it in that ring; its handle (done at
+        once in a group of one)."""
+        self._check_usable()
+        ms = self._control.membership
+        ranks = [p.peer_id for p in ms.ring] if ms is not None else []
+        world, rank = len(ranks), ranks.index(self._control.peer_id) if ranks else 0
+        tag = args.tag(tag)
+        copy_own, reduce_op, quant, at = True, ReduceOp.SUM, None, 0
+        if kind == CollectiveKind.BROADCAST:
+            s = d = as_buffer(src, writable=True, what="tensor")
+            at = args.root(root, max(world, 1))
+        elif kind == CollectiveKind.ALL_GATHER:
+            s, d, copy_own = args.gathered(src, dst, world, rank)
+        else:
+            s, d = args.scattered(src, dst, world)
+            reduce_op = args.op(op)
+            quant = args.quantization(quantization, d.dtype)
+            if quant is not None and quant.dtype == DataType.UINT4 and d.count % 2:
+                raise InvalidUsageError("a reduce-scatter quantized to uint4 needs an even "
+                                        f"count per rank, not {d.count}")
+        if tag in self._control.colls:
+            raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
+        spec = Spec(kind, at, tuple(ranks), ms.epoch if ms is not None else 0, copy_own)
+        coll = self._obs.watch(Collective(self._data, tag, s, d, reduce_op,
+                                          kind == CollectiveKind.BROADCAST, quant, spec=spec))
+        handle = AllReduceHandle(coll, self._check_loop, self._control.awaiting)
+        if world == 1:
+            coll.alone()
+        else:
+            self._control.launch(coll, awaited)
+        return handle
 
     async def multiple(self, tensors: Sequence[Any], op: Any, max_in_flight: Any,
                        first_tag: Any, max_attempts: Any, quantization: Quantization | None,

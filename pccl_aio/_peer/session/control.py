@@ -331,9 +331,9 @@ class ControlPlane:
         up, overlapping the master's round trip) and start it early on its ticket. Raises
         why it cannot be sent (``coll`` is dropped from ``colls`` then)."""
         d, q, (seq, spoiled) = coll.dst, coll.quant, self.tickets.use(coll.tag, self.membership)
-        init = m.CollectiveInit(coll.tag, d.count, int(d.dtype), int(coll.op),
+        init = m.CollectiveInit(coll.tag, coll.count, int(d.dtype), int(coll.op),
                                 int(q.algo) if q else 0, int(q.dtype) if q else 0, seq, spoiled,
-                                int(coll.kind))
+                                int(coll.kind), coll.spec.root, coll.spec.epoch)
         msgs = (init, m.CollectiveWait(coll.tag)) if coll.awaited else (init,)
         try:
             self.send(*msgs)

@@ -27,24 +27,37 @@ def chosen(nbytes: int, world: int, quantized: bool) -> bool:
 
 
 class GatherPlan:
-    """Rank ``rank`` of ``world``: frame ``(GATHER, r * nbytes)`` carries rank r's input."""
+    """Rank ``rank`` of ``world``: rank r's block of ``nbytes`` lands at ``r * nbytes``, cut
+    into frames ``(phase, offset)`` of at most ``seg`` bytes (whole blocks by default), which
+    the all-gather (``paths/allgather.py``) and the small all-reduce share."""
 
-    __slots__ = ("nbytes", "rank", "world")
+    __slots__ = ("nbytes", "phase", "rank", "seg", "world")
 
-    def __init__(self, rank: int, world: int, nbytes: int) -> None:
-        self.rank, self.world, self.nbytes = rank, world, nbytes
+    def __init__(self, rank: int, world: int, nbytes: int, seg: int = 0,
+                 phase: int = GATHER) -> None:
+        self.rank, self.world, self.nbytes, self.phase = rank, world, nbytes, phase
+        self.seg = seg or max(1, nbytes)
+
+    def block(self, r: int) -> list[tuple[int, int]]:
+        """Rank ``r``'s frames: (byte offset, byte length)."""
+        lo, n, seg = r * self.nbytes, self.nbytes, self.seg
+        return [(lo + s, min(seg, n - s)) for s in range(0, n, seg)]
+
+    def expected_block(self, r: int) -> dict[tuple[int, int], int]:
+        """(phase, offset) -> length of rank ``r``'s frames."""
+        return {(self.phase, off): n for off, n in self.block(r)}
 
     def expected(self) -> dict[tuple[int, int], int]:
         """(phase, offset) -> length of every frame this peer receives."""
-        n = self.nbytes
-        return {(GATHER, r * n): n for r in range(self.world) if r != self.rank}
+        return {k: n for r in range(self.world) if r != self.rank
+                for k, n in self.expected_block(r).items()}
 
     def mine(self) -> int:
-        """Offset of this peer's own input, the one frame it sends first."""
+        """Offset of this peer's own block, the frames it sends first."""
         return self.rank * self.nbytes
 
     def forwarded(self, offset: int) -> bool:
-        """A received input goes on to the successor unless the successor is its origin."""
+        """A received frame goes on to the successor unless the successor is its origin."""
         return offset // self.nbytes != (self.rank + 1) % self.world
 
     def reduce(self, dst: memoryview, inputs: memoryview, op: int, dtype: int) -> None:

@@ -7,6 +7,8 @@ all-gather. Each chunk's final bytes are computed by its owner only and forwarde
 every rank ends with identical bytes. Chunks are cut into segments so that receive, reduce and
 send overlap. With a ``grain`` (2 for 4-bit codes, two per byte) every chunk and segment
 starts on a multiple of ``grain`` elements, so each is a whole number of bytes on the wire.
+Without ``gather`` the plan is the reduce-scatter alone: a rank keeps the chunk it owns (the
+reduce-scatter collective gives rank r its plan as rank r - 1, so that it owns chunk r).
 """
 
 from __future__ import annotations
@@ -33,16 +35,17 @@ def segments(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
 class RingPlan:
     """What rank ``rank`` of ``world`` does for ``count`` elements, in byte offsets."""
 
-    __slots__ = ("bounds", "itemsize", "owned", "rank", "seg", "world")
+    __slots__ = ("bounds", "gather", "itemsize", "owned", "rank", "seg", "world")
 
     def __init__(self, rank: int, world: int, count: int, itemsize: int, seg_elems: int,
-                 grain: int = 1) -> None:
+                 grain: int = 1, gather: bool = True) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside a ring of {world}")
         self.rank, self.world, self.itemsize = rank, world, itemsize
         self.seg = max(grain, seg_elems // grain * grain)
         self.bounds = chunk_bounds(count, world, grain)
         self.owned = (rank + 1) % world
+        self.gather = gather
 
     def chunk_segments(self, chunk: int) -> list[tuple[int, int]]:
         """Segments of ``chunk`` as (byte offset, byte length)."""
@@ -75,7 +78,7 @@ class RingPlan:
             if c != self.rank:  # reduce-scatter brings every chunk but our own
                 for off, n in self.chunk_segments(c):
                     out[(RS, off)] = n
-            if c != self.owned:  # all-gather brings every chunk but the one we own
+            if c != self.owned and self.gather:  # all-gather: every chunk but the one we own
                 for off, n in self.chunk_segments(c):
                     out[(AG, off)] = n
         return out
@@ -86,7 +89,7 @@ class RingPlan:
         c = self.chunk_of(byte_offset)
         if phase == RS:
             if c == self.owned:
-                return True, AG
+                return True, (AG if self.gather else None)
             return False, RS
         # all-gather: forward unless our successor owns it (it would be its last hop)
         step = (self.rank - c) % self.world

@@ -70,16 +70,20 @@ class Start(NamedTuple):
 
 
 def start(rank: int, world: int, dst: memoryview, src: memoryview, count: int, itemsize: int,
-          bits: int, quantized: bool, pool: Pool, segment_bytes: int, slots_block: int) -> Start:
+          bits: int, quantized: bool, pool: Pool, segment_bytes: int, slots_block: int,
+          scatter: memoryview | None = None) -> Start:
     """The ring's plan, receive slots (or quantized scratch) and each segment's work, for
-    ``count`` elements of ``itemsize`` bytes, ``bits`` per element on the wire."""
+    ``count`` elements of ``itemsize`` bytes, ``bits`` per element on the wire. With
+    ``scatter`` (a reduce-scatter) the plan stops after the reduce-scatter, rank ``rank``
+    owning chunk ``rank``, whose final values go to ``scatter`` instead of ``dst``."""
     def wire(elems: int) -> int:
         return wire_bytes(elems, bits)
 
     # segments are sized on the wire: a quantized one covers more elements; 4-bit codes
     # need chunks and segments of an even count of elements (whole bytes)
-    plan = RingPlan(rank, world, count, itemsize, max(1, segment_bytes * 8 // bits),
-                    2 if bits < 8 else 1)
+    gather = scatter is None
+    plan = RingPlan(rank if gather else (rank - 1) % world, world, count, itemsize,
+                    max(1, segment_bytes * 8 // bits), 2 if bits < 8 else 1, gather)
     lens = plan.expected()  # (phase, byte offset in dst) -> bytes in dst
     expected = wire_lengths(lens, itemsize, wire)
     slots, scratch = None, None
@@ -89,8 +93,25 @@ def start(rank: int, world: int, dst: memoryview, src: memoryview, count: int, i
         rs = [n for (phase, _), n in expected.items() if phase == RS]
         if rs:
             slots = Slots(pool, max(rs), min(len(rs), slots_block))
-    steps = cut(plan, lens, expected, dst, src, scratch[1] if scratch else None, itemsize, wire)
+    out: memoryview | _Scatter = dst
+    if scatter is not None:  # the owned chunk is written into ``scatter``
+        lo = plan.bounds[plan.owned] * itemsize
+        out = _Scatter(dst, scatter, lo, lo + scatter.nbytes)
+    steps = cut(plan, lens, expected, out, src, scratch[1] if scratch else None, itemsize, wire)
     return Start(plan, expected, steps, slots, scratch)
+
+
+class _Scatter:
+    """``dst`` sliced as a reduce-scatter's: the owned chunk's bytes [lo, hi) in ``into``."""
+
+    def __init__(self, dst: memoryview, into: memoryview, lo: int, hi: int) -> None:
+        self._dst, self._into, self._lo, self._hi = dst, into, lo, hi
+
+    def __getitem__(self, s: slice) -> memoryview:
+        lo = self._lo
+        if lo <= s.start < self._hi:
+            return self._into[s.start - lo : s.stop - lo]
+        return self._dst[s]
 
 
 def landing(step: Step, phase: int, off: int, length: int, quantized: bool,
@@ -116,7 +137,7 @@ def wire_lengths(lens: dict[tuple[int, int], int], itemsize: int,
 
 
 def cut(plan: RingPlan, lens: dict[tuple[int, int], int], expected: dict[tuple[int, int], int],
-        dst: memoryview, src: memoryview, scratch: memoryview | None, itemsize: int,
+        dst: memoryview | _Scatter, src: memoryview, scratch: memoryview | None, itemsize: int,
         wire: Callable[[int], int]) -> dict[tuple[int, int], Step]:
     """Each segment's work: its slices of ``dst``, of the quantized ``scratch`` (if any) and
     of the input ``src``, and what the plan does after it arrives."""
@@ -158,9 +179,10 @@ def work(step: Step, phase: int, off: int, p0: float, p1: float, k: ModuleType, 
         _ops.dequantize_accumulate(seg, qs, p0, p1, op, dt, qdt, algo)
         if owned and op == ReduceOp.AVG:
             _ops.divide(seg, world, dt)
-        p0, p1 = _ops.quantize(qs, seg, dt, qdt, algo)
-        if owned:  # the owner keeps exactly what everyone else will decode
-            _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
+        if fwd is not None:  # (a reduce-scatter's owner keeps its chunk as reduced)
+            p0, p1 = _ops.quantize(qs, seg, dt, qdt, algo)
+            if owned:  # the owner keeps exactly what everyone else will decode
+                _ops.dequantize(seg, qs, p0, p1, dt, qdt, algo)
     elif quant:  # all-gather: decode; forward the received bytes verbatim
         _ops.dequantize(seg, qs, p0, p1, dt, quant[0], quant[1])
     else:  # all-gather: the bytes landed in dst

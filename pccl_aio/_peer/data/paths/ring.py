@@ -29,17 +29,19 @@ SEGMENT_BYTES = 1 << 20  # pipeline segment, in bytes on the wire
 
 
 class RingPath:
-    """One rank's part of a ring all-reduce of ``dst`` (``src``: its input)."""
+    """One rank's part of a ring all-reduce of ``dst`` (``src``: its input); with
+    ``scatter``, of a reduce-scatter (``scatter.py``) whose chunk lands there."""
 
     quantized: ClassVar[bool] = False
 
     def __init__(self, rank: int, world: int, src: Buffer, dst: Buffer, op: ReduceOp,
                  quant: Quantization | None, pool: Pool, backup: InputBackup | None,
-                 connections: int) -> None:
+                 connections: int, scatter: memoryview | None = None) -> None:
         b = dst.dtype.itemsize
         self._b, self._bits = b, self._wire_bits(b, quant)
         laid = start(rank, world, dst.view, src.view, dst.count, b, self._bits,
-                     self.quantized, pool, SEGMENT_BYTES, SLOTS_BASE + 2 * connections)
+                     self.quantized, pool, SEGMENT_BYTES, SLOTS_BASE + 2 * connections,
+                     scatter)
         self.plan, self._expected, self._steps, self._slots = laid[:4]
         self._pool, self._backup = pool, backup
         self._scratch_owner: bytearray | None = None  # quantized: the codes' scratch
