@@ -80,7 +80,7 @@ class Communicator:
     def __init__(self, master: str | Sequence[str], **options: Any) -> None:
         self._runner, self._comm = _owned("pccl_aio blocking communicator",
                                            lambda: _AsyncCommunicator(master, **options), _HERE)
-        self.finalizer = weakref.finalize(self, finalize, self._runner, self._comm.close)
+        self._finalizer = weakref.finalize(self, finalize, self._runner, self._comm.close)
 
     def __enter__(self) -> Communicator:
         return self
@@ -92,11 +92,11 @@ class Communicator:
     @property
     def closed(self) -> bool:
         """``close()`` ran (explicitly, by ``with`` or by garbage collection)."""
-        return not self.finalizer.alive
+        return not self._finalizer.alive
 
     def close(self) -> None:
         """Leave the run and stop the background thread. Idempotent."""
-        self.finalizer()
+        self._finalizer()
 
     # ---- attributes (read from the communicator; plain values) ------------------------------
     @property
@@ -271,7 +271,7 @@ class Master:
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, **options: Any) -> None:
         self._runner, self._master = _owned("pccl_aio blocking master",
                                              lambda: _AsyncMaster(host, port, **options), _HERE)
-        self.finalizer = weakref.finalize(self, finalize, self._runner, self._master.close)
+        self._finalizer = weakref.finalize(self, finalize, self._runner, self._master.close)
 
     def start(self) -> Master:
         """Bind and serve; returns once listening. OSError if the address is taken."""
@@ -280,7 +280,7 @@ class Master:
 
     def close(self) -> None:
         """Stop serving, close every connection and stop the thread. Idempotent."""
-        self.finalizer()
+        self._finalizer()
 
     def __enter__(self) -> Master:
         return self.start()

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import msgspec
 
+from .._types import CollectiveKind
 from .base import Msg
 from .fields import MAX_EVICTED, U32, U63, U64, Algo, DType, Kind, Op, QDType, Reason
 
@@ -106,3 +107,21 @@ class CollectiveRejected(Msg, frozen=True, tag=72):
     tag: U64
     reason: str
     deadlock: bool = False
+
+
+def kind_error(msg: CollectiveInit) -> str:
+    """What a ``CollectiveInit``'s kind forbids (``messages._check`` calls it at decode): a
+    root but for a broadcast, an op or a quantization where nothing is reduced, data in a
+    barrier, an epoch where ranks do not matter (or none where they do)."""
+    kind = CollectiveKind(msg.kind)
+    where = f"CollectiveInit ({kind.label})"
+    reduces = kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
+    if msg.root and kind != CollectiveKind.BROADCAST:
+        return f"{where}.root: {msg.root} (must be 0)"
+    if not reduces and (msg.op or msg.quant_algo):
+        return f"{where}: op {msg.op} / quantization {msg.quant_algo} (nothing is reduced)"
+    if kind == CollectiveKind.BARRIER and msg.count:
+        return f"{where}.count: {msg.count} (a barrier moves no data)"
+    if kind.ranked != bool(msg.epoch):
+        return f"{where}.epoch: {msg.epoch} ({'0' if msg.epoch else 'the launch epoch'} due)"
+    return ""

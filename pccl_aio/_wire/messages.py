@@ -19,7 +19,7 @@ from typing import Annotated, Final, TypeAlias
 import msgspec
 
 from .._errors import RemoteProtocolError
-from .._types import CollectiveKind, QuantAlgo
+from .._types import QuantAlgo
 from .base import Msg, Record
 from .explain import DECODE_ERRORS, explain
 from .explain import peek_hello_version as peek_hello_version
@@ -29,6 +29,7 @@ from .recovery import Superseded as Superseded
 from .collective import CollectiveAbort as CollectiveAbort, CollectiveDone as CollectiveDone
 from .collective import CollectiveComplete as CollectiveComplete
 from .collective import CollectiveInit as CollectiveInit, CollectiveStart as CollectiveStart
+from .collective import kind_error
 from .collective import CollectiveRejected as CollectiveRejected
 from .collective import CollectiveWait as CollectiveWait
 
@@ -353,24 +354,6 @@ def decode_master_to_peer(buf: bytes | memoryview) -> MasterToPeer:
     return reply
 
 
-def _check_kind(msg: CollectiveInit) -> str:
-    """What a ``CollectiveInit``'s kind forbids: a root but for a broadcast, an op or a
-    quantization where nothing is reduced, data in a barrier, an epoch where ranks do not
-    matter (or none where they do)."""
-    kind = CollectiveKind(msg.kind)
-    where = f"CollectiveInit ({kind.label})"
-    reduces = kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
-    if msg.root and kind != CollectiveKind.BROADCAST:
-        return f"{where}.root: {msg.root} (must be 0)"
-    if not reduces and (msg.op or msg.quant_algo):
-        return f"{where}: op {msg.op} / quantization {msg.quant_algo} (nothing is reduced)"
-    if kind == CollectiveKind.BARRIER and msg.count:
-        return f"{where}.count: {msg.count} (a barrier moves no data)"
-    if kind.ranked != bool(msg.epoch):
-        return f"{where}.epoch: {msg.epoch} ({'0' if msg.epoch else 'the launch epoch'} due)"
-    return ""
-
-
 def _check(msg: msgspec.Struct, direction: str) -> None:
     """The rules that span fields (or a set msgspec cannot express)."""
     bad = ""
@@ -383,7 +366,7 @@ def _check(msg: msgspec.Struct, direction: str) -> None:
             bad = (f"CollectiveInit.quant_dtype: {msg.quant_dtype} (uint4) needs MIN_MAX, "
                    f"not algorithm {msg.quant_algo}")
         else:
-            bad = _check_kind(msg)
+            bad = kind_error(msg)
     elif isinstance(msg, VoteSync):
         for i, e in enumerate(msg.entries):
             if len(e.hash) not in (0, HASH_SIZE):

@@ -5,6 +5,8 @@ message per collective and peer"). Harness: ``master_harness``.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -125,7 +127,9 @@ def test_descriptor_mismatch_names_dtypes_and_ops(descs: list[tuple[int, ...]],
     a, b = h.run(0, 0)
     assert h.send(a, m.CollectiveInit(3, *descs[0])) == []
     rej = msgs(h.send(b, m.CollectiveInit(3, *descs[1])), m.CollectiveRejected)
-    assert rej[a][0].reason == "peers disagree on count/dtype/op/quantization: " + words
+    words = re.sub(r"peer (\d): ", r"peer \1: all-reduce ", words)
+    assert rej[a][0].reason == ("peers disagree on kind/count/dtype/op/root/quantization: "
+                                + words)
     assert not rej[a][0].deadlock
 
 

@@ -311,8 +311,8 @@ class Model:
 
     def lone_dissenter(self, conn: int, reason: str) -> bool:
         """Was ``conn`` kicked for the odd element count it voted, against the others' 8?"""
-        found = re.fullmatch(r"collective tag (\d+): its .* \(9 x .*\) disagrees with every "
-                             r"other member's \(8 x .*\)", reason)
+        found = re.fullmatch(r"collective tag (\d+): its .* \(all-reduce 9 x .*\) disagrees with "
+                             r"every other member's \(all-reduce 8 x .*\)", reason)
         return found is not None and self.counts.get((conn, int(found.group(1)))) == 9
 
     # -- checking --

@@ -55,8 +55,7 @@ class Collective:
                  op: ReduceOp, in_place: bool, quant: Quantization | None = None,
                  restore: bool = True, spec: Spec | None = None) -> None:
         self.env, self.tag, self.op = env, tag, op
-        self.spec = spec = spec or Spec()
-        self.kind = spec.kind
+        self.spec = spec or Spec()
         self.quant = quant if quant is not None and quant.algo != QuantAlgo.NONE else None
         self.src, self.dst = src, dst
         loop = asyncio.get_running_loop()
@@ -107,6 +106,10 @@ class Collective:
         pipe = self._pipe
         return (self._phase in _phase.DONE and not self.cancelled and pipe is not None
                 and not pipe.broken)
+
+    @property
+    def kind(self) -> CollectiveKind:
+        return self.spec.kind
 
     @property
     def count(self) -> int:

@@ -47,8 +47,8 @@ class ReduceCalls:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
         self._check_group()
         coll = self._obs.watch(
-            Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort))
-        coll.kind = kind
+            Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort,
+                       spec=Spec(kind)))
         self._control.launch(coll, awaited)
         return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
 
