@@ -170,10 +170,9 @@ class CollectiveKind(enum.IntEnum):
 
     @property
     def ranked(self) -> bool:
-        """Its shape or meaning depends on the ranks (a root, rank-ordered chunks): it runs
-        only in the ring it was launched in."""
-        return self in (CollectiveKind.BROADCAST, CollectiveKind.ALL_GATHER,
-                        CollectiveKind.REDUCE_SCATTER)
+        """It is defined by the group it was launched in (a root, rank-ordered chunks, every
+        member arriving): it runs only in that ring. An all-reduce runs in any."""
+        return self != CollectiveKind.ALL_REDUCE
 
 
 class ReduceOp(enum.IntEnum):

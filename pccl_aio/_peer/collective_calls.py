@@ -52,23 +52,23 @@ class CollectiveCalls:
     def barrier_async(self, *, tag: int = 0) -> AllReduceHandle:
         """Launch a barrier now and return an awaitable handle (``wait()``, ``cancel()``,
         ``started()``, as an all-reduce's). Raises ``InvalidUsageError`` (bad tag, tag in
-        flight) or ``TooFewPeersError`` (group smaller than two) before anything is sent."""
-        return self._reduce.launch(bytearray(0), None, ReduceOp.SUM, tag, None, False, False,
-                                   CollectiveKind.BARRIER)
+        flight) before anything is sent."""
+        return self._reduce.launch_ranked(CollectiveKind.BARRIER, bytearray(0), None, None, tag,
+                                          None, 0, False)
 
     async def barrier(self, *, tag: int = 0, timeout: float | None = None) -> None:
         """Block until every peer of the group called ``barrier`` (with this ``tag``).
 
         A collective that moves no data, with every guarantee of an all-reduce: it returns on
-        every peer or raises on every peer. Raises ``PeerLostError`` if a peer of the group
-        left before all arrived (retry on the survivors), ``InvalidUsageError`` if another
-        peer runs another collective with this tag (``DeadlockError`` if the peers wait on
-        each other in other calls), ``TooFewPeersError``. Cancelling, or ``timeout``
-        expiring (``PcclTimeoutError``), ends it for the group.
+        every peer or raises on every peer. Raises ``PeerLostError`` if the group changed
+        before all arrived (retry on the survivors), ``InvalidUsageError`` if another peer
+        runs another collective with this tag (``DeadlockError`` if the peers wait on each
+        other in other calls). In a group of one it returns at once. Cancelling, or
+        ``timeout`` expiring (``PcclTimeoutError``), ends it for the group.
         """
         limit = deadline.check(timeout)
-        handle = self._reduce.launch(bytearray(0), None, ReduceOp.SUM, tag, None, False, True,
-                                     CollectiveKind.BARRIER)
+        handle = self._reduce.launch_ranked(CollectiveKind.BARRIER, bytearray(0), None, None,
+                                            tag, None, 0, True)
         await handle.wait(limit)
 
     # ---- broadcast, all-gather, reduce-scatter ----------------------------------------------

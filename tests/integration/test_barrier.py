@@ -52,15 +52,17 @@ async def test_a_barrier_beside_a_sync_is_a_deadlock_on_both_within_a_second(pee
     assert loop.time() - t0 < 1.0
 
 
-async def test_a_peer_killed_before_it_arrives_leaves_a_barrier_of_the_survivors(peers):
-    """The group is whoever is a member: once the dead peer is dropped, every member has
-    called the barrier and it returns, on both survivors, in the world of two."""
+async def test_a_peer_killed_before_it_arrives_fails_the_barrier_on_every_survivor(peers):
+    """A barrier is the group it was launched in: a member lost before all arrived makes it
+    raise ``PeerLostError`` on every survivor (as a lost peer fails an all-reduce), and the
+    next barrier of the survivors passes, in the world of two."""
     a, b, c = await peers(3)
     waiting = [asyncio.ensure_future(x.barrier()) for x in (a, b)]
     done, _ = await asyncio.wait(waiting, timeout=0.2)
     assert not done
     testing.crash(c)  # killed before its barrier
-    await asyncio.gather(*waiting)
+    for r in await asyncio.gather(*waiting, return_exceptions=True):
+        assert isinstance(r, pccl.PeerLostError) and "ring changed" in str(r), r
     assert a.peer_group_world_size == b.peer_group_world_size == 2
     await asyncio.gather(a.barrier(), b.barrier())
     await c.close()

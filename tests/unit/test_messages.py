@@ -566,10 +566,26 @@ def test_decoded_enum_fields_are_plain_ints() -> None:
 
 
 def test_a_collectives_kind_is_validated_at_decode() -> None:
-    """Issue 32: the kind is part of a collective's descriptor (version 5); a kind no peer
-    knows is refused at decode, like any out-of-range field."""
-    init = m.CollectiveInit(3, 0, 0, 0, kind=1)
+    """Issue 32: the kind is part of a collective's descriptor (version 6, with a broadcast's
+    root and a ranked kind's launch epoch); a kind no peer knows is refused at decode, like
+    any out-of-range field, and so are fields a kind does not have."""
+    init = m.CollectiveInit(3, 0, 0, 0, kind=1, epoch=4)
     assert m.decode_peer_to_master(m.encode(init)) == init
     assert m.decode_peer_to_master(enc([5, 3, 0, 0, 0])).kind == 0  # an older peer's: all-reduce
     with pytest.raises(RemoteProtocolError):
         m.decode_peer_to_master(enc([5, 3, 0, 0, 0, 0, 0, 0, False, 9]))
+    ok = [m.CollectiveInit(1, 8, 10, 0, kind=2, root=3, epoch=2),  # broadcast from rank 3
+          m.CollectiveInit(1, 8, 10, 0, kind=3, epoch=2),  # all-gather
+          m.CollectiveInit(1, 8, 10, 4, 1, 0, kind=4, epoch=2)]  # quantized reduce-scatter
+    for msg in ok:
+        assert m.decode_peer_to_master(m.encode(msg)) == msg
+    bad = {"root": m.CollectiveInit(1, 8, 10, 0, kind=3, root=1, epoch=2),
+           "nothing is reduced": m.CollectiveInit(1, 8, 10, 2, kind=2, epoch=2),
+           "moves no data": m.CollectiveInit(1, 8, 10, 0, kind=1, epoch=2),
+           "launch epoch due": m.CollectiveInit(1, 8, 10, 0, kind=3),
+           "(all-reduce).epoch": m.CollectiveInit(1, 8, 10, 0, epoch=2),
+           "uint32": m.CollectiveInit(1, 8, 10, 0, kind=2, root=2**32, epoch=2)}
+    for words, msg in bad.items():
+        with pytest.raises(RemoteProtocolError) as err:
+            m.decode_peer_to_master(m.encode(msg))
+        assert words in str(err.value) or words == "uint32", (words, err.value)

@@ -32,9 +32,8 @@ class ReduceCalls:
         self._check_loop, self._group = check_loop, peer_group
 
     def launch(self, src: Any, dst: Any, op: Any, tag: Any, quantization: Any,
-               restore_on_abort: Any, awaited: bool,
-               kind: CollectiveKind = CollectiveKind.ALL_REDUCE) -> AllReduceHandle:
-        """Check the arguments, then vote for one collective of ``kind``; its handle."""
+               restore_on_abort: Any, awaited: bool) -> AllReduceHandle:
+        """Check the arguments, then vote for one all-reduce; its handle."""
         self._check_usable()
         if not isinstance(restore_on_abort, bool):
             raise InvalidUsageError(
@@ -47,23 +46,24 @@ class ReduceCalls:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
         self._check_group()
         coll = self._obs.watch(
-            Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort,
-                       spec=Spec(kind)))
+            Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort))
         self._control.launch(coll, awaited)
         return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
 
     def launch_ranked(self, kind: CollectiveKind, src: Any, dst: Any, op: Any, tag: Any,
                       quantization: Any, root: Any, awaited: bool) -> AllReduceHandle:
-        """Check the arguments of a broadcast, all-gather or reduce-scatter against the ring
-        as it is now (``comm.ranks``), then vote for it in that ring; its handle (done at
-        once in a group of one)."""
+        """Check the arguments of a barrier, broadcast, all-gather or reduce-scatter against
+        the ring as it is now (``comm.ranks``), then vote for it in that ring; its handle
+        (done at once in a group of one)."""
         self._check_usable()
         ms = self._control.membership
         ranks = [p.peer_id for p in ms.ring] if ms is not None else []
         world, rank = len(ranks), ranks.index(self._control.peer_id) if ranks else 0
         tag = args.tag(tag)
         copy_own, reduce_op, quant, at = True, ReduceOp.SUM, None, 0
-        if kind == CollectiveKind.BROADCAST:
+        if kind == CollectiveKind.BARRIER:
+            s = d = as_buffer(src, writable=True, what="a barrier's buffer")
+        elif kind == CollectiveKind.BROADCAST:
             s = d = as_buffer(src, writable=True, what="tensor")
             at = args.root(root, max(world, 1))
         elif kind == CollectiveKind.ALL_GATHER:
