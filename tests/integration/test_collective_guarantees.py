@@ -13,8 +13,8 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._peer import testing
-from tests.integration.test_failover import _drop_completions, new_master, running
 from tests.helpers import join_peers
+from tests.integration.test_failover import _drop_completions, new_master, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,7 +78,7 @@ async def test_peers_that_disagree_are_rejected_on_every_peer_naming_each(peers,
         n, dt = kw.get("n", 4), kw.get("dtype", np.float32)
         x = np.ones(n, dt)
         if kind == "broadcast":
-            return c.broadcast(x, root=kw["root"] if "root" in kw else 0, tag=5)
+            return c.broadcast(x, root=kw.get("root", 0), tag=5)
         if kind == "all_gather":
             return c.all_gather(x, np.zeros(2 * n, dt), tag=5)
         if kind == "reduce_scatter":
@@ -121,7 +121,7 @@ async def test_twenty_mixed_collectives_in_flight_at_once(peers):
     assert all(len(testing.control_plane(c).colls) == 20 for c in comms)
     for kind, row in launched:
         await asyncio.gather(*(h for h, _ in row))
-        for r, (_, bufs) in enumerate(row):
+        for _, bufs in row:
             if kind == "all_reduce":
                 assert (bufs[0] == 6).all()
             elif kind == "broadcast":

@@ -17,7 +17,6 @@ checked here against its numpy value.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
