@@ -132,6 +132,7 @@ class Status:
             "running": [{"group": g, "tag": tag, "seq": seq, "waiting_for": waiting}
                         for g, tag, seq, waiting in access.running()[:_RUNNING]],
             "counts": {"started": c.started, "completed": c.completed,
+                       "kinds": _by_kind(c.kinds),
                        "reduced_bytes": c.reduced_bytes, "aborted": dict(c.aborted),
                        "rejected": dict(c.rejected), "votes": dict(c.votes),
                        "syncs": dict(c.syncs), "sync_bytes": c.sync_bytes, "joins": c.joins,
@@ -152,6 +153,14 @@ class Status:
 
     def metrics(self) -> Response:
         return "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)
+
+
+def _by_kind(kinds: collections.Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """{kind: {"started": n, "completed": m}} of the counts by (kind, event)."""
+    out: dict[str, dict[str, int]] = {}
+    for (kind, event), n in sorted(kinds.items()):
+        out.setdefault(kind, {"started": 0, "completed": 0})[event] = n
+    return out
 
 
 @functools.cache
@@ -188,6 +197,10 @@ class _Collector(Collector):
                        {(k,): v for k, v in c.aborted.items()}, ["cause"])
         yield _counter("pccl_master_collectives_rejected", "Collectives rejected, by cause.",
                        {(k,): v for k, v in c.rejected.items()}, ["cause"])
+        yield _counter("pccl_master_collectives", "Collectives by kind (all-reduce, "
+                       "broadcast, all-gather, reduce-scatter, barrier) and event (started, "
+                       "completed).", {(k, e): float(n) for (k, e), n in c.kinds.items()},
+                       ["kind", "event"])
         yield _counter("pccl_master_reduced_bytes", "Payload bytes of completed collectives.",
                        {(): c.reduced_bytes})
         yield _counter("pccl_master_votes", "Joint votes answered (and rejected), by kind.",

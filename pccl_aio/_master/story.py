@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .. import _log
-from .._types import DTYPE_ITEMSIZE, DataType
+from .._types import DTYPE_ITEMSIZE, CollectiveKind, DataType
 from .._wire import messages as m
 from .._wire import recovery as r
 from .core import state as ms
@@ -49,6 +49,9 @@ class Counts:
     started: int = 0
     completed: int = 0
     reduced_bytes: int = 0  # payload bytes of completed collectives
+    # (kind label, "started" | "completed") -> collectives, e.g. ("broadcast", "started")
+    kinds: collections.Counter[tuple[str, str]] = dataclasses.field(
+        default_factory=collections.Counter)
     aborted: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     rejected: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     votes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
@@ -114,7 +117,8 @@ class Story:
         self.rings: dict[int, list[int]] = {}  # group -> ring as last logged
         self._epoch = 0
         self._votes: dict[int, m.VoteSync] = {}  # conn -> its last sync vote
-        self._bytes: dict[int, int] = {}  # seq -> payload bytes of a running collective
+        # seq -> payload bytes (per rank) and kind of a running collective
+        self._bytes: dict[int, tuple[int, str]] = {}
 
     # ---- entry point --------------------------------------------------------------------------
     def observe(self, event: ms.Event, actions: list[ms.Action]) -> None:
@@ -237,13 +241,19 @@ class Story:
             group = self.members[conn].group if conn in self.members else 0
             desc = self._access.descriptor(group, msg.tag)
             if desc is not None:
-                self._bytes[msg.seq] = desc[0] * DTYPE_ITEMSIZE.get(DataType(desc[1]), 1)
+                kind = CollectiveKind(desc[5]).label
+                self.counts.kinds[(kind, "started")] += 1
+                self._bytes[msg.seq] = (desc[0] * DTYPE_ITEMSIZE.get(DataType(desc[1]), 1),
+                                        kind)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("collective tag %d seq %d started: %s", msg.tag, msg.seq,
                               describe(desc), extra=self._ids(group=group))
             return
         self.counts.completed += 1
-        self.counts.reduced_bytes += self._bytes.pop(msg.seq, 0)
+        nbytes, kind = self._bytes.pop(msg.seq, (0, ""))
+        self.counts.reduced_bytes += nbytes
+        if kind:
+            self.counts.kinds[(kind, "completed")] += 1
 
     def _failed(self, conn: int, msg: m.CollectiveAbort | m.CollectiveRejected) -> None:
         group = self.members[conn].group if conn in self.members else 0

@@ -14,7 +14,7 @@ from pccl_aio._master.core import state as ms
 from pccl_aio._master.status import Status
 from pccl_aio._master.story import Story, cause_of
 from pccl_aio._wire import messages as m
-from tests.unit.master_harness import RUN, Harness, sync_vote
+from tests.unit.master_harness import RUN, Harness, msgs, sync_vote
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -223,3 +223,31 @@ def test_metrics_are_prometheus_text_with_the_run_counters():
     assert samples[("pccl_master_joins_total", ())] == 3
     assert samples[("pccl_master_votes_total", (("kind", "update_topology"),))] == 1
     assert samples[("pccl_master_group_world_size", (("group", "0"),))] == 2
+    assert samples[("pccl_master_collectives_total",
+                    (("event", "started"), ("kind", "all-reduce")))] == 2
+    assert samples[("pccl_master_collectives_total",
+                    (("event", "completed"), ("kind", "all-reduce")))] == 1
+
+
+def test_each_kind_is_counted_and_the_story_names_it():
+    h = Observed()
+    a, b = h.run(0, 0)
+    epoch = h.st.epoch
+    kinds = {2: m.CollectiveInit(1, 8, 10, 0, kind=2, root=1, epoch=epoch),
+             3: m.CollectiveInit(2, 8, 10, 0, kind=3, epoch=epoch),
+             4: m.CollectiveInit(3, 8, 10, 0, kind=4, epoch=epoch),
+             1: m.CollectiveInit(4, 0, 0, 0, kind=1, epoch=epoch)}
+    for init in kinds.values():
+        h.send(a, init)
+        starts = msgs(h.send(b, init), m.CollectiveStart)
+        seq = starts[a][0].seq
+        for conn in (a, b):
+            h.send(conn, m.CollectiveDone(init.tag, seq, True))
+    snap = status_of(h).snapshot()
+    assert snap["counts"]["kinds"] == {
+        k: {"started": 1, "completed": 1}
+        for k in ("all-gather", "barrier", "broadcast", "reduce-scatter")}
+    h.send(a, m.CollectiveInit(9, 8, 10, 0, kind=2, root=0, epoch=epoch))
+    h.send(b, m.CollectiveInit(9, 8, 10, 0, kind=2, root=1, epoch=epoch))
+    said = [r["text"] for r in h.story.recent]
+    assert any("broadcast 8 x float32 from rank 0" in t and "from rank 1" in t for t in said)
