@@ -362,3 +362,67 @@ def test_a_stalled_predecessor_is_kicked_even_when_another_report_came_first(
     # a stall report naming a non-participant or itself kicks nobody
     out = h.send(a, m.CollectiveDone(5, seq, False, "stalled", a, True))
     assert closes(out) == []
+
+
+# ---- issue 32: the start rules of the ranked kinds -------------------------------------------
+def _ranked(tag: int, epoch: int, kind: int = 3, root: int = 0) -> m.CollectiveInit:
+    return m.CollectiveInit(tag, 8, 10, 0, kind=kind, root=root, epoch=epoch)
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3, 4])
+def test_a_ranked_kind_starts_when_every_member_voted_in_the_current_ring(kind: int) -> None:
+    h = Harness()
+    a, b, c = h.run(0, 0, 0)
+    init = _ranked(5, h.st.epoch, kind)
+    if kind == 1:
+        init = m.CollectiveInit(5, 0, 0, 0, kind=1, epoch=h.st.epoch)
+    assert h.send(a, init) == [] and h.send(b, init) == []
+    starts = msgs(h.send(c, init), m.CollectiveStart)
+    assert sorted(starts) == [a, b, c]
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3, 4])
+def test_a_ranked_kind_launched_before_its_ring_changed_is_aborted_for_every_voter(kind: int
+                                                                                   ) -> None:
+    h = Harness()
+    a, b, c = h.run(0, 0, 0)
+    before = h.st.epoch
+    count = 0 if kind == 1 else 8
+    init = m.CollectiveInit(5, count, 0 if kind == 1 else 10, 0, kind=kind, epoch=before)
+    assert h.send(a, init) == [] and h.send(b, init) == []
+    acts = h.disconnect(c)  # the ring changes: a and b voted in the old one
+    aborts = msgs(acts, m.CollectiveAbort)
+    assert sorted(aborts) == [a, b] and msgs(acts, m.CollectiveStart) == {}
+    assert all("ring changed" in x.reason and x.seq == 0 for (x,) in aborts.values())
+    # the retry, in the new ring, starts; an all-reduce would have started at once
+    again = m.CollectiveInit(5, count, 0 if kind == 1 else 10, 0, kind=kind, epoch=h.st.epoch)
+    h.send(a, again)
+    assert sorted(msgs(h.send(b, again), m.CollectiveStart)) == [a, b]
+
+
+def test_an_all_reduce_whose_ring_changed_before_its_start_runs_in_the_new_one() -> None:
+    h = Harness()
+    a, b, c = h.run(0, 0, 0)
+    h.send(a, m.CollectiveInit(5, 8, 10, 0))
+    h.send(b, m.CollectiveInit(5, 8, 10, 0))
+    assert sorted(msgs(h.disconnect(c), m.CollectiveStart)) == [a, b]
+
+
+def test_another_groups_change_does_not_void_a_ranked_kind() -> None:
+    h = Harness()
+    a, b, x, y = h.run(0, 0, 1, 1)
+    init = _ranked(5, h.st.epoch)
+    h.send(a, init)
+    h.disconnect(y)  # group 1 changes; group 0's ring is as it was
+    assert h.st.epoch > init.epoch
+    assert sorted(msgs(h.send(b, init), m.CollectiveStart)) == [a, b]
+
+
+def test_a_broadcast_root_outside_the_group_is_rejected_for_every_voter() -> None:
+    h = Harness()
+    a, b = h.run(0, 0)
+    init = _ranked(5, h.st.epoch, kind=2, root=2)
+    h.send(a, init)
+    rej = msgs(h.send(b, init), m.CollectiveRejected)
+    assert sorted(rej) == [a, b]
+    assert all("root rank 2 is not in a group of 2" in r.reason for (r,) in rej.values())

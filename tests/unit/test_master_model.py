@@ -39,6 +39,7 @@ class _P:
     voted_topology: bool = False
     voted_pending: bool = False
     outstanding: dict[int, int] = dataclasses.field(default_factory=dict)  # tag -> seq (0: voting)
+    launched_in: dict[int, int] = dataclasses.field(default_factory=dict)  # ranked tag -> epoch
     awaited: set[int] = dataclasses.field(default_factory=set)  # voting tags it sent a Wait for
     done_sent: set[int] = dataclasses.field(default_factory=set)
     revision: int = 0  # of its shared state
@@ -55,6 +56,7 @@ class Model:
     """A client-side model of every connection; checks every action batch of the master."""
 
     TAGS = (1, 2, 3)
+    RANKED = 3  # the tag launched as an all-gather (a ranked kind: its launch epoch counts)
 
     def __init__(self, rng: random.Random, n_peers: int, groups: list[int] | None = None) -> None:
         self.rng = rng
@@ -67,6 +69,7 @@ class Model:
         self.seq_members: dict[int, set[int]] = {}
         self.ok_done: dict[int, set[int]] = {}
         self.last_epoch = 0
+        self.rings: dict[tuple[int, int], tuple[int, ...]] = {}  # (group, epoch) -> its ring
         self.revisions: dict[int, int] = {}  # group -> last elected revision
         self.elections: dict[int, Election] = {}  # group -> sync started in this batch
         self.sync_parts: dict[int, set[int]] = {}  # group -> participants of its running sync
@@ -135,7 +138,7 @@ class Model:
             count = 8 if rng.random() < 0.93 else 9
             if legal:
                 self.counts[(c, tag)] = count
-            self.send(c, m.CollectiveInit(tag, count, 10, 0), legal)
+            self.send(c, self.init(p, tag, count, legal), legal)
         elif kind == "done":
             cands = [(c, t) for c in accepted for t, s in self.peers[c].outstanding.items()
                      if s and t not in self.peers[c].done_sent]
@@ -195,7 +198,7 @@ class Model:
                 if (p and p.group == group and tag not in p.outstanding and not p.voted_topology
                         and not p.in_sync()):
                     p.outstanding[tag] = 0
-                    self.send(c, m.CollectiveInit(tag, 8, 10, 0), legal=True)
+                    self.send(c, self.init(p, tag, 8, True), legal=True)
         elif kind == "group topology":
             for c in accepted:
                 p = self.peers.get(c)
@@ -256,6 +259,15 @@ class Model:
             if p.outstanding.get(tag) != 0 or tag in p.awaited:
                 assert self.send(c, m.CollectiveWait(tag), legal=True) == []
 
+    def init(self, p: _P, tag: int, count: int, legal: bool) -> m.CollectiveInit:
+        """The vote for ``tag``: an all-reduce, or (``RANKED``) an all-gather launched in the
+        peer's epoch."""
+        if tag != self.RANKED:
+            return m.CollectiveInit(tag, count, 10, 0)
+        if legal:
+            p.launched_in[tag] = p.epoch
+        return m.CollectiveInit(tag, count, 10, 0, kind=3, epoch=p.epoch)
+
     def vote_sync(self, c: int, strict: bool) -> None:
         """``c`` votes; mostly legal votes (``strict``: only), sometimes ones the election kicks."""
         rng, p = self.rng, self.peers[c]
@@ -311,8 +323,8 @@ class Model:
 
     def lone_dissenter(self, conn: int, reason: str) -> bool:
         """Was ``conn`` kicked for the odd element count it voted, against the others' 8?"""
-        found = re.fullmatch(r"collective tag (\d+): its .* \(all-reduce 9 x .*\) disagrees with "
-                             r"every other member's \(all-reduce 8 x .*\)", reason)
+        found = re.fullmatch(r"collective tag (\d+): its .* \(all-\w+ 9 x .*\) disagrees with "
+                             r"every other member's \(all-\w+ 8 x .*\)", reason)
         return found is not None and self.counts.get((conn, int(found.group(1)))) == 9
 
     # -- checking --
@@ -537,6 +549,7 @@ class Model:
             p = self.peers[c]
             group = sorted(x for x in batch if self.peers[x].group == p.group)
             assert ring_ids(mm) == group
+            self.rings[(p.group, epoch)] = tuple(group)
             assert mm.global_world_size == len(batch)
             sizes = [sum(1 for x in batch if self.peers[x].group == g)
                      for g in {self.peers[x].group for x in batch}]
@@ -568,6 +581,11 @@ class Model:
         group = self.peers[acts[i].conn].group
         assert members == {c for c, p in self.peers.items() if p.accepted and p.group == group}
         assert len(members) >= 2
+        if first.tag == self.RANKED:  # only in the ring every voter launched it in
+            ring = tuple(sorted(members))
+            for c in members:
+                launched = self.peers[c].launched_in[first.tag]
+                assert self.rings[(group, launched)] == ring, (c, launched, ring)
         self.seq_members[first.seq] = members
         return j
 
