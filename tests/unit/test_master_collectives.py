@@ -410,7 +410,7 @@ def test_an_all_reduce_whose_ring_changed_before_its_start_runs_in_the_new_one()
 
 def test_another_groups_change_does_not_void_a_ranked_kind() -> None:
     h = Harness()
-    a, b, x, y = h.run(0, 0, 1, 1)
+    a, b, _x, y = h.run(0, 0, 1, 1)
     init = _ranked(5, h.st.epoch)
     h.send(a, init)
     h.disconnect(y)  # group 1 changes; group 0's ring is as it was
