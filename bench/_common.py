@@ -179,3 +179,69 @@ def init_gloo_rank(rank: int, world: int, port: int) -> Any:
                             world_size=world)
     return torch
 
+
+
+# ---- bench/collectives.py: one rank's buffers, refill and exact check per collective ---------
+COLLECTIVE_KINDS = ("broadcast", "all_gather", "reduce_scatter", "barrier")
+CollectivePlan = list[tuple[str, int, int]]  # (kind, bytes per rank, timed iterations)
+
+
+def collective_plan_arg(plan: CollectivePlan) -> str:
+    return ",".join(f"{k}:{n}:{i}" for k, n, i in plan)
+
+
+def parse_collective_plan(text: str) -> CollectivePlan:
+    return [(k, int(n), int(i)) for k, n, i in (item.split(":") for item in text.split(","))]
+
+
+class CollectiveCase:
+    """One rank's float32 buffers for one (kind, size) of ``bench/collectives.py``, the same for
+    every implementation. Rank r contributes ``input_pattern + 256 r`` (small integers, exact in
+    float32, a block from the wrong rank or at the wrong offset shows up):
+
+    - broadcast: ``src`` (``count`` elements, in place); the root, rank ``i mod P`` in iteration
+      i, holds its pattern, every other rank -1 (so an untouched tensor fails the check);
+    - all_gather: ``src`` ``count`` elements, ``dst`` P x ``count``: block b = rank b's input;
+    - reduce_scatter: ``src`` P x ``count``, ``dst`` ``count``: chunk r of the SUM.
+
+    ``refill(i)`` (untimed) rewrites the input and sets ``dst`` to -1; it returns the root."""
+
+    def __init__(self, kind: str, rank: int, world: int, count: int) -> None:
+        self.kind, self.rank, self.world, self.count = kind, rank, world, count
+        self.base = input_pattern(count * world if kind == "reduce_scatter" else count)
+        self.src = np.empty_like(self.base)
+        dst_count = {"all_gather": count * world, "reduce_scatter": count}.get(kind)
+        self.dst = self.src if dst_count is None else np.empty(dst_count, np.float32)
+
+    def refill(self, i: int) -> int:
+        root = i % self.world
+        if self.kind != "broadcast":
+            np.add(self.base, 256 * self.rank, out=self.src)
+            self.dst.fill(-1.0)
+        elif self.rank == root:
+            np.add(self.base, 256 * root, out=self.src)
+        else:
+            self.src.fill(-1.0)
+        return root
+
+    def expected(self, i: int) -> list[tuple[slice, np.ndarray]]:
+        n, p = self.count, self.world
+        if self.kind == "broadcast":
+            return [(slice(0, n), self.base + 256 * (i % p))]
+        if self.kind == "all_gather":
+            return [(slice(b * n, (b + 1) * n), self.base + 256 * b) for b in range(p)]
+        chunk = self.base[self.rank * n:(self.rank + 1) * n]
+        return [(slice(0, n), chunk * p + 256 * p * (p - 1) // 2)]
+
+    def check(self, i: int, what: str) -> str | None:
+        """``None`` when ``dst`` is exactly right after iteration ``i``, else a message naming
+        the first bad element."""
+        for part, want in self.expected(i):
+            got = self.dst[part]
+            if not np.array_equal(got, want):
+                bad = np.flatnonzero(got != want)
+                j = int(bad[0]) if bad.size else -1
+                return (f"{what}: WRONG {self.kind} result: {bad.size} of {self.dst.size} "
+                        f"elements differ, first at [{part.start + j}] = {got[j]!r}, expected "
+                        f"{want[j]!r}")
+        return None

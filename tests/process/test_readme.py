@@ -168,6 +168,14 @@ async def test_each_python_block_runs(block: Block, tmp_path: Path):
     if "status.json" in block.code:  # Logs, metrics and status: the master saw the run
         (_, out, _), = results
         assert re.search(r"^2 peers, ring \[\d+, \d+\], 1 all-reduce completed$", out, re.M), out
+    if block.section == "Collectives":  # every rank saw the others' rows in rank order
+        said = sorted(re.findall(r"^rank (\d) of 3: weights (.*), rows (.*), shard (.*)$",
+                                 "".join(out for _, out, _ in results), re.M))
+        assert [r for r, *_ in said] == ["0", "1", "2"], results
+        rows = "[[0, 0], [1, 10], [2, 20]]"
+        for rank, weights, got, shard in said:
+            assert (weights, got) == ("[0.0, 0.0, 0.0, 0.0]", rows), said
+            assert shard == str([3.0 * 2 * int(rank), 3.0 * (2 * int(rank) + 1)]), said
     if "run secret and TLS" in block.note:  # the Security example: both peers reduced
         sums = [re.findall(r": sum (\S+) over 2 peers, all TLS", out) for _, out, _ in results]
         assert len(sums) == 2 and sums[0] == sums[1] and len(sums[0]) == 1, results
