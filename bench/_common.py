@@ -241,7 +241,7 @@ class CollectiveCase:
             if not np.array_equal(got, want):
                 bad = np.flatnonzero(got != want)
                 j = int(bad[0]) if bad.size else -1
-                return (f"{what}: WRONG {self.kind} result: {bad.size} of {self.dst.size} "
-                        f"elements differ, first at [{part.start + j}] = {got[j]!r}, expected "
-                        f"{want[j]!r}")
+                return (f"{what}: WRONG {self.kind} result: {bad.size} of the {got.size} "
+                        f"elements [{part.start}:{part.stop}] differ, first at "
+                        f"[{part.start + j}] = {got[j]!r}, expected {want[j]!r}")
         return None

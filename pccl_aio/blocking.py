@@ -38,8 +38,9 @@ _HERE = frozenset({__file__})  # a traceback leaves this module's wrappers out
 
 
 class AllReduceHandle:
-    """An all-reduce in flight (``Communicator.all_reduce_async``): ``wait()`` blocks for its
-    ``ReduceInfo`` or raises; ``cancel()`` aborts it for the whole group."""
+    """A collective in flight (``Communicator.all_reduce_async`` or any ``*_async`` call):
+    ``wait()`` blocks for its ``ReduceInfo`` or raises; ``cancel()`` aborts it for the whole
+    group."""
 
     def __init__(self, runner: LoopThread, handle: _AsyncHandle) -> None:
         self._runner, self._handle = runner, handle

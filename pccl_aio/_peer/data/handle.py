@@ -14,8 +14,8 @@ from .collective import Collective
 
 
 class AllReduceHandle(Awaitable[ReduceInfo]):
-    """An all-reduce in flight; ``await handle`` (or ``await handle.wait()``) gives its
-    ``ReduceInfo`` or raises.
+    """A collective in flight (an all-reduce, or any ``*_async`` call's); ``await handle``
+    (or ``await handle.wait()``) gives its ``ReduceInfo`` or raises.
 
     Cancelling the awaiting task, or ``cancel()``, aborts the collective for the whole group
     (the others get ``PeerLostError``); the communicator stays usable.
@@ -30,7 +30,7 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
 
     @property
     def tag(self) -> int:
-        """The tag the all-reduce was launched with."""
+        """The tag the collective was launched with."""
         return self._coll.tag
 
     def done(self) -> bool:
@@ -84,7 +84,7 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
         self._check()
         coll = self._coll
         self._awaiting(coll)
-        what = f"all-reduce tag {coll.tag}"
+        what = f"{coll.kind.label} tag {coll.tag}"
         try:
             return await deadline.within(asyncio.shield(coll.future), timeout, what)
         except asyncio.CancelledError:

@@ -74,7 +74,7 @@ class Pipeline:
     def spawn(self) -> None:
         """Start the run task (the path may have taken stashed frames already)."""
         self._run = self._env.tasks.spawn(self._run_data(),
-                                          name=f"pccl_aio all-reduce {self.seq}")
+                                          name=f"pccl_aio collective {self.seq}")
 
     def confirm(self, active: bool) -> None:
         """The master's start confirmed this attempt: the data deadline counts from now, and
@@ -130,7 +130,7 @@ class Pipeline:
         if self._stream_error is None:
             self._stream_error, self._suspect = reason, suspect
             if active and self._run is not None and self._run.done():
-                log.warning("all-reduce tag=%d seq=%d: %s after it was reported done",
+                log.warning("collective tag=%d seq=%d: %s after it was reported done",
                             self._tag, self.seq, reason)
                 self._env.report(self._tag, self.seq, False, reason)
         self._poke()

@@ -41,7 +41,8 @@ class Observer:
         return coll
 
     def ended(self, coll: Collective, seconds: float) -> None:
-        """An all-reduce attempt ended (its verdict, ``seconds`` after its launch)."""
+        """A collective's attempt ended (its verdict, ``seconds`` after its launch); logs
+        name its kind (``all-reduce``, ``broadcast``, ...)."""
         stats = self.stats
         if coll.seq:
             stats.moved(coll.successor, coll.tx, coll.predecessor, coll.rx)
@@ -52,18 +53,18 @@ class Observer:
             stats.completed += 1
             stats.latency[size_class(nbytes)].observe(seconds)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("all-reduce tag=%d seq=%d completed: %d B in %.4f s", coll.tag,
-                          coll.seq, nbytes, seconds, extra=self.control.ids(
+                log.debug("%s tag=%d seq=%d completed: %d B in %.4f s", coll.kind.label,
+                          coll.tag, coll.seq, nbytes, seconds, extra=self.control.ids(
                               tag=coll.tag, seq=coll.seq, bytes=nbytes,
                               seconds=round(seconds, 6), tx=coll.tx, rx=coll.rx))
         elif isinstance(exc, PeerLostError):
             stats.aborted += 1
-            cause = _cause(coll.tag, exc)
-            log.info("all-reduce tag=%d seq=%d aborted: %s", coll.tag, coll.seq, cause,
-                     extra=self.control.ids(tag=coll.tag, seq=coll.seq, cause=cause))
+            cause = str(exc).removeprefix(f"{coll.kind.label} tag {coll.tag} aborted: ")
+            log.info("%s tag=%d seq=%d aborted: %s", coll.kind.label, coll.tag, coll.seq,
+                     cause, extra=self.control.ids(tag=coll.tag, seq=coll.seq, cause=cause))
         else:
             stats.failed += 1
-            log.debug("all-reduce tag=%d seq=%d failed: %r", coll.tag, coll.seq, exc,
+            log.debug("%s tag=%d seq=%d failed: %r", coll.kind.label, coll.tag, coll.seq, exc,
                       extra=self.control.ids(tag=coll.tag, seq=coll.seq, cause=repr(exc)))
 
     def retried(self, tag: int, attempt: int, max_attempts: int, exc: BaseException) -> None:
