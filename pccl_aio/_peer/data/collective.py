@@ -200,7 +200,10 @@ class Collective:
                            self.spec.copy_own)
         self._pipe = Pipeline(self.env, self.tag, seq, path, ring, not early, self._data_done)
         self.env.registry.add(seq, self)
-        self._pipe.spawn()
+        if self.kind == CollectiveKind.BARRIER:
+            self._pipe.done_now()
+        else:
+            self._pipe.spawn()
 
     def _connections(self) -> int:
         return self.env.p2p_connections

@@ -76,6 +76,11 @@ class Pipeline:
         self._run = self._env.tasks.spawn(self._run_data(),
                                           name=f"pccl_aio collective {self.seq}")
 
+    def done_now(self) -> None:
+        """A path with nothing to move (a barrier's) is done at its start: no task, no link."""
+        self._done()
+        self._env.report(self._tag, self.seq, True, "")
+
     def confirm(self, active: bool) -> None:
         """The master's start confirmed this attempt: the data deadline counts from now, and
         a failure held meanwhile is reported (if the caller still wants it: ``active``)."""

@@ -39,11 +39,12 @@ from .core.votes import Settle, VoteBook, Withdraw
 from .dial import Session, close_quietly, goodbye, heartbeat, open_retrying
 from .dispatch import dispatch
 from .failover import Outage
+from .launches import Launches
 
 log = logging.getLogger("pccl_aio.communicator")
 
 
-class ControlPlane:
+class ControlPlane(Launches):
     """The master session of one communicator.
 
     Owns the master connection, its two tasks, the futures of the votes waiting for an
@@ -72,6 +73,7 @@ class ControlPlane:
         self.term, self.run_id = 0, ""  # the master's, as last heard
         self.outage = Outage(self._tasks)
         self.arrivals = Arrivals()  # the master's word on joiners (``wait_for_peers``)
+        self._batch: list[bytes] | None = None  # ``send``s held for one write
 
     @property
     def connected(self) -> bool:
@@ -194,7 +196,15 @@ class ControlPlane:
         if not self.up or self.writer is None or self.writer.is_closing():
             raise MasterLostError("the master is lost; this peer is rejoining the run",
                                   new_member=self.outage.demoted)
-        self.writer.write(b"".join(frame(m.encode(msg)) for msg in msgs))
+        data = b"".join(frame(m.encode(msg)) for msg in msgs)
+        if self._batch is not None:  # (``batched``: written together at its end)
+            self._batch.append(data)
+        else:
+            self.writer.write(data)
+
+    def _flush(self, data: bytes) -> None:
+        if (writer := self.writer) is not None and not writer.is_closing():
+            writer.write(data)
 
     def fail_all(self, exc: PcclError) -> None:
         """The session ended for good: every vote, the join, every collective (and every
@@ -310,55 +320,6 @@ class ControlPlane:
                 if retrieve:
                     act.waiter.exception()
 
-    def launch(self, coll: Collective, awaited: bool = False) -> None:
-        """Send the collective's vote (``CollectiveInit``) and track it until its verdict;
-        ``awaited``: the caller waits on it at once (``CollectiveWait`` in the same write, so
-        the master never sees the vote without the wait). With a ticket of the ring as it is
-        (``Tickets``) its data starts moving here and now, before the master's start."""
-        if self.failure is not None:
-            raise self.failure
-        self.colls[coll.tag] = coll
-        coll.hooks.append(self._forget)
-        coll.awaited = awaited
-        if not self.up:  # no master now: the vote goes out once the run is rejoined
-            coll.save_input()
-            self.outage.deferred.append(coll)
-            return
-        self.send_launch(coll, save=True)
-
-    def send_launch(self, coll: Collective, save: bool = False) -> None:
-        """Send the vote of ``coll`` (tracked in ``colls``; ``save``: then back its input
-        up, overlapping the master's round trip) and start it early on its ticket. Raises
-        why it cannot be sent (``coll`` is dropped from ``colls`` then)."""
-        d, q, (seq, spoiled) = coll.dst, coll.quant, self.tickets.use(coll.tag, self.membership)
-        init = m.CollectiveInit(coll.tag, coll.count, int(d.dtype), int(coll.op),
-                                int(q.algo) if q else 0, int(q.dtype) if q else 0, seq, spoiled,
-                                int(coll.kind), coll.spec.root, coll.spec.epoch)
-        msgs = (init, m.CollectiveWait(coll.tag)) if coll.awaited else (init,)
-        try:
-            self.send(*msgs)
-        except BaseException:
-            self.colls.pop(coll.tag, None)
-            raise
-        coll.ticket = seq = seq if not spoiled else 0
-        if save:
-            coll.save_input()
-        if seq and self.membership is not None:
-            coll.on_start(seq, [p.peer_id for p in self.membership.ring], self.peer_id,
-                          early=True)
-
-    def awaiting(self, coll: Collective) -> None:
-        """The caller now waits on ``coll``: if the master has not started it, say so once
-        (``CollectiveWait``), so that it can tell a blocked peer from a computing one."""
-        if not coll.awaited and not coll.confirmed and not coll.future.done():
-            coll.awaited = True
-            with contextlib.suppress(PcclError):
-                self.send(m.CollectiveWait(coll.tag))
-
-    def _forget(self, coll: Collective) -> None:
-        if self.colls.get(coll.tag) is coll:
-            del self.colls[coll.tag]
-
     def report_measure(self, msg: m.MeasureReport) -> None:
         """A link measurement to the master; dropped if the session is over."""
         with contextlib.suppress(PcclError):
@@ -369,12 +330,6 @@ class ControlPlane:
         why it cannot be sent (``MasterLostError`` while the master is being replaced)."""
         self.votes.reported(ok)
         self.send(m.SyncDone(ok, reason))
-
-    def report(self, tag: int, seq: int, ok: bool, reason: str, suspect: int = 0,
-               stalled: bool = False) -> None:
-        """``CollectiveDone`` for (tag, seq); dropped if the session is over."""
-        with contextlib.suppress(PcclError):
-            self.send(m.CollectiveDone(tag, seq, ok, reason[:200], suspect, stalled))
 
     # ---- tasks ----------------------------------------------------------------------------
     async def _heartbeat_loop(self, session: Session, gen: int) -> None:

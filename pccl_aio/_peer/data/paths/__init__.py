@@ -13,7 +13,7 @@ frames. What differs by kind is a ``DataPath`` (``base.py``): where a received f
 - ``broadcast.py``: the root's tensor pipelined once along the ring;
 - ``scatter.py``: the reduce-scatter (the ring's first half, rank r keeping chunk r).
 
-A barrier is a ring all-reduce of nothing. Adding a kind is one new module here with a class
+A barrier moves nothing (``base.Nothing``). Adding a kind is one new module here with a class
 that implements ``DataPath`` (its own plan in a sans-IO ``core/`` module if it needs one),
 one branch in ``start`` choosing it from what every peer of the collective agrees on, and the
 master's start rule for it in ``_master/core/collectives.py``. The collective, its life
@@ -30,7 +30,7 @@ from ..core.backup import InputBackup
 from ..core.gather import chosen as _small
 from ..core.slots import Pool
 from .allgather import AllGatherPath
-from .base import DataPath
+from .base import DataPath, Nothing
 from .broadcast import BroadcastPath
 from .gather import GatherPath
 from .quant import QuantRingPath
@@ -47,6 +47,8 @@ def start(kind: CollectiveKind, rank: int, world: int, src: Buffer, dst: Buffer,
     size), laid out; ``connections()`` (per link: the ring sizes its receive slots by it) is
     asked only by the ring kinds; ``copy_own``: an all-gather's input is not its slot of
     ``dst`` already."""
+    if kind == CollectiveKind.BARRIER:
+        return Nothing()
     if kind == CollectiveKind.BROADCAST:
         return BroadcastPath(rank, world, root, dst.view, SEGMENT_BYTES, backup)
     if kind == CollectiveKind.ALL_GATHER:

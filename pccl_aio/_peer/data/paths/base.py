@@ -46,3 +46,28 @@ class DataPath(Protocol):
 
     def release(self) -> None:
         """Give back every buffer (idempotent): the attempt is over."""
+
+
+class Nothing:
+    """A barrier's data path: nothing to move (``Pipeline.done_now`` ends it at its start)."""
+
+    remaining = 0
+    own_first = defers = False
+
+    def target(self, phase: int, offset: int, length: int) -> memoryview | None:
+        return None
+
+    def process(self, phase: int, offset: int, p0: float, p1: float) -> Forward | None:
+        return None
+
+    def first_sends(self) -> Iterator[Forward]:
+        return iter(())
+
+    def sent(self, sender: Sent, end: int, slot: memoryview) -> None:
+        """No slots."""
+
+    def finish(self) -> None:
+        """Nothing to do."""
+
+    def release(self) -> None:
+        """Nothing held."""
