@@ -194,13 +194,15 @@ class Communicator:
         return AllReduceHandle(self._runner, self._runner.call(launch()))
 
     def broadcast(self, tensor: Any, *, root: int, tag: int = 0,
-                  timeout: float | None = None) -> ReduceInfo:
-        return self._runner.call(self._comm.broadcast(tensor, root=root, tag=tag,
-                                                      timeout=timeout))
+                  restore_on_abort: bool = False, timeout: float | None = None) -> ReduceInfo:
+        return self._runner.call(self._comm.broadcast(
+            tensor, root=root, tag=tag, restore_on_abort=restore_on_abort, timeout=timeout))
 
-    def broadcast_async(self, tensor: Any, *, root: int, tag: int = 0) -> AllReduceHandle:
+    def broadcast_async(self, tensor: Any, *, root: int, tag: int = 0,
+                        restore_on_abort: bool = False) -> AllReduceHandle:
         """Launch a broadcast and return at once; do not touch ``tensor`` until it ended."""
-        return self._launch(lambda: self._comm.broadcast_async(tensor, root=root, tag=tag))
+        return self._launch(lambda: self._comm.broadcast_async(
+            tensor, root=root, tag=tag, restore_on_abort=restore_on_abort))
 
     def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
                    timeout: float | None = None) -> ReduceInfo:

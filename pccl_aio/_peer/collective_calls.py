@@ -72,26 +72,33 @@ class CollectiveCalls:
         await handle.wait(limit)
 
     # ---- broadcast, all-gather, reduce-scatter ----------------------------------------------
-    def broadcast_async(self, tensor: Any, *, root: int, tag: int = 0) -> AllReduceHandle:
+    def broadcast_async(self, tensor: Any, *, root: int, tag: int = 0,
+                        restore_on_abort: bool = False) -> AllReduceHandle:
         """Launch a broadcast now and return its handle (as ``all_reduce_async``'s)."""
         return self._reduce.launch_ranked(CollectiveKind.BROADCAST, tensor, None, None, tag,
-                                          None, root, False)
+                                          None, root, False, restore_on_abort)
 
     async def broadcast(self, tensor: Any, *, root: int, tag: int = 0,
+                        restore_on_abort: bool = False,
                         timeout: float | None = None) -> ReduceInfo:
         """Copy rank ``root``'s ``tensor`` into ``tensor`` on every peer of the group.
 
         ``root`` is a rank of the ring as it is at the call (``comm.ranks``); the bytes go
         once along the ring from the root, pipelined. Blocks until every peer has them. Raises
-        ``PeerLostError`` if a peer left before it ended (the root included: every peer's
-        tensor is then as it was) or if the group changed since the call (the ranks did: look
-        again and retry), ``InvalidUsageError`` if the peers disagree on root, count or dtype
-        (``DeadlockError`` if they wait on each other). In a group of one it returns at once.
-        Cancelling, or ``timeout`` expiring (``PcclTimeoutError``), ends it for the group.
+        ``PeerLostError`` if a peer left before it ended (the root included) or if the group
+        changed since the call (the ranks did: look again and retry), ``InvalidUsageError`` if
+        the peers disagree on root, count or dtype (``DeadlockError`` if they wait on each
+        other). In a group of one it returns at once. Cancelling, or ``timeout`` expiring
+        (``PcclTimeoutError``), ends it for the group.
+
+        After a failure the root's tensor is as it was (it is only read); another peer's,
+        the output, holds unspecified bytes (as with ``torch.distributed``) unless
+        ``restore_on_abort=True``, which copies each part aside just before it is first
+        overwritten (one more copy of the tensor) and puts it back.
         """
         limit = deadline.check(timeout)
         handle = self._reduce.launch_ranked(CollectiveKind.BROADCAST, tensor, None, None, tag,
-                                            None, root, True)
+                                            None, root, True, restore_on_abort)
         return await handle.wait(limit)
 
     def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0) -> AllReduceHandle:

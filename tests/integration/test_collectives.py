@@ -145,6 +145,7 @@ async def test_bad_arguments_fail_before_anything_is_sent(peers):
                                                          dtype="uint4")), "even count"),
         (a.broadcast(x, root=2), r"\[0, 2\)"),
         (a.broadcast(x, root=True), "root must be"),
+        (a.broadcast(x, root=0, restore_on_abort=1), "restore_on_abort must be"),
         (a.broadcast(np.zeros(4, np.float32).view(np.float32)[::2], root=0), "contiguous"),
         (a.all_gather(x, np.zeros(8, np.float32), tag=-1), "tag must be"),
     ]

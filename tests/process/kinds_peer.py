@@ -63,7 +63,8 @@ def launch(comm: pccl.Communicator, kind: str, n: int, tag: int
     w, r = comm.peer_group_world_size, comm.rank
     if kind == "broadcast":
         x = np.full(n, r + 1.0, np.float32)
-        return comm.broadcast_async(x, root=w - 1 if n == COUNT else 0, tag=tag), [x], x
+        root = w - 1 if n == COUNT else 0  # (the round's root is the victim)
+        return comm.broadcast_async(x, root=root, tag=tag, restore_on_abort=True), [x], x
     if kind == "all_gather":
         x, out = np.arange(n, dtype=np.float32) + 1000 * r, np.zeros(w * n, np.float32)
         return comm.all_gather_async(x, out, tag=tag), [x], out

@@ -51,7 +51,8 @@ class ReduceCalls:
         return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
 
     def launch_ranked(self, kind: CollectiveKind, src: Any, dst: Any, op: Any, tag: Any,
-                      quantization: Any, root: Any, awaited: bool) -> AllReduceHandle:
+                      quantization: Any, root: Any, awaited: bool,
+                      restore: Any = False) -> AllReduceHandle:
         """Check the arguments of a barrier, broadcast, all-gather or reduce-scatter against
         the ring as it is now (``comm.ranks``), then vote for it in that ring; its handle
         (done at once in a group of one)."""
@@ -64,6 +65,9 @@ class ReduceCalls:
         if kind == CollectiveKind.BARRIER:
             s = d = as_buffer(src, writable=True, what="a barrier's buffer")
         elif kind == CollectiveKind.BROADCAST:
+            if not isinstance(restore, bool):
+                raise InvalidUsageError(
+                    f"restore_on_abort must be True or False, not {restore!r}")
             s = d = as_buffer(src, writable=True, what="tensor")
             at = args.root(root, max(world, 1))
         elif kind == CollectiveKind.ALL_GATHER:
@@ -79,7 +83,8 @@ class ReduceCalls:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
         spec = Spec(kind, at, tuple(ranks), ms.epoch if ms is not None else 0, copy_own)
         coll = self._obs.watch(Collective(self._data, tag, s, d, reduce_op,
-                                          kind == CollectiveKind.BROADCAST, quant, spec=spec))
+                                          kind == CollectiveKind.BROADCAST, quant,
+                                          restore=restore is True, spec=spec))
         handle = AllReduceHandle(coll, self._check_loop, self._control.awaiting)
         if world == 1:
             coll.alone()
