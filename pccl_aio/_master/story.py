@@ -260,8 +260,8 @@ class Story:
         if isinstance(msg, m.CollectiveAbort):
             cause = cause_of(msg.reason)
             self.counts.aborted[cause] += 1
-            self._bytes.pop(msg.seq, None)
-            self._note(logging.INFO, "aborted", "collective tag %d seq %d aborted: %s",
+            kind = self._bytes.pop(msg.seq, (0, "collective"))[1]  # (not started: unknown)
+            self._note(logging.INFO, "aborted", "%s tag %d seq %d aborted: %s", kind,
                        msg.tag, msg.seq, msg.reason, group=group, tag=msg.tag, seq=msg.seq,
                        cause=cause)
         else:
