@@ -158,3 +158,59 @@ async def test_bad_arguments_fail_before_anything_is_sent(peers):
     await asyncio.gather(*(c.all_gather(v, o) for c, v, o in zip((a, b), y, out)))
     assert all((o == [0, 0, 1, 1]).all() for o in out)
     assert FAST  # (the group was made with the suite's fast timeouts)
+
+
+async def test_a_timeout_or_a_cancel_ends_it_for_the_group(peers):
+    a, b = _by_rank(await peers(2))
+    x = np.ones(4, np.float32)
+    with pytest.raises(pccl.PcclTimeoutError):
+        await a.all_gather(x, np.zeros(8, np.float32), timeout=0.3)  # b never calls
+    h = a.reduce_scatter_async(np.ones(8, np.float32), np.zeros(4, np.float32), tag=1)
+    assert h.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await h
+    t = np.arange(4, dtype=np.float32)
+    outs = [t.copy(), np.zeros(4, np.float32)]
+    await asyncio.gather(*(c.broadcast(o, root=0, tag=2) for c, o in zip((a, b), outs)))
+    assert (outs[1] == t).all()  # both usable after
+
+
+def test_the_blocking_facade_runs_every_kind():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pccl_aio import blocking
+
+    with blocking.Master("127.0.0.1", 0, admission_interval=0.0, heartbeat_interval=0.2,
+                         heartbeat_timeout=2.0) as m:
+        comms = [blocking.Communicator(m.address, heartbeat_interval=0.2,
+                                       heartbeat_timeout=2.0) for _ in range(2)]
+        comms[0].connect()
+        with ThreadPoolExecutor(2) as pool:
+            joining = pool.submit(comms[1].connect)
+            while not comms[0].are_peers_pending():
+                pass
+            comms[0].update_topology()
+            joining.result()
+            comms.sort(key=lambda c: c.rank)
+
+            def run(c: blocking.Communicator) -> tuple[np.ndarray, ...]:
+                r = c.rank
+                t = np.full(3, r + 1.0, np.float32)
+                c.broadcast(t, root=1, timeout=10)
+                out = np.zeros(4, np.int32)
+                c.all_gather(np.array([r, r], np.int32), out, timeout=10)
+                shard = np.zeros(2, np.float32)
+                c.reduce_scatter(np.arange(4, dtype=np.float32), shard, timeout=10)
+                handles = [c.broadcast_async(np.zeros(2, np.float32), root=0, tag=1),
+                           c.all_gather_async(np.zeros(1), np.zeros(2), tag=2),
+                           c.reduce_scatter_async(np.zeros(2), np.zeros(1), tag=3)]
+                for h in handles:
+                    assert h.wait().world_size == 2
+                return t, out, shard
+
+            res = list(pool.map(run, comms))
+        assert all((t == 2.0).all() for t, _, _ in res)
+        assert all((out == [0, 0, 1, 1]).all() for _, out, _ in res)
+        assert (res[0][2] == [0.0, 2.0]).all() and (res[1][2] == [4.0, 6.0]).all()
+        for c in comms:
+            c.close()
