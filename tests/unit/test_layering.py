@@ -7,9 +7,9 @@ The rule, by folder (no list of files):
   ``_peer/<concern>/core``) and the top-level ``_*.py`` modules (errors, types, version;
   the compiled kernels ``_kernels.pyx`` sit beside them). They import no ``asyncio``,
   ``socket``, ``selectors`` or ``time``, directly or through any pccl_aio module they import.
-- asyncio shell: ``_net/``, ``_master/``, ``_peer/`` (outside ``core/``), ``_launch/`` and the
-  public entry modules ``master.py``, ``demo.py``, ``launch.py``, ``secret.py``, ``blocking.py``,
-  ``__init__.py``.
+- asyncio shell: ``_net/``, ``_master/``, ``_peer/`` (outside ``core/``), ``_launch/``,
+  ``_torch/`` and the public entry modules ``master.py``, ``demo.py``, ``launch.py``,
+  ``secret.py``, ``blocking.py``, ``torch.py``, ``__init__.py``.
 
 Checked on the source (AST), so the sans-IO modules stay usable from a plain unit test, a
 thread, or another event loop.
@@ -25,9 +25,9 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "pccl_aio"
 FORBIDDEN = {"asyncio", "socket", "time", "selectors"}
 SANS_IO_FOLDERS = {"_wire", "_compute", "core"}
-SHELL_FOLDERS = {"_net", "_master", "_peer", "_launch"}
+SHELL_FOLDERS = {"_net", "_master", "_peer", "_launch", "_torch"}
 PUBLIC_ENTRY = {"__init__.py", "master.py", "demo.py", "blocking.py", "launch.py",
-                "secret.py"}
+                "secret.py", "torch.py"}
 
 
 def layer(path: Path) -> str:

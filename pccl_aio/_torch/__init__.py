@@ -1,0 +1,1 @@
+"""The ``torch.distributed`` backend behind ``pccl_aio.torch`` (imports torch)."""

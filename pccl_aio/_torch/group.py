@@ -1,0 +1,203 @@
+"""``ProcessGroup``: a ``torch.distributed.ProcessGroup`` over a pccl_aio communicator.
+
+Every method DDP, FSDP2, DTensor and the functional collectives call is a Python override that
+launches the matching pccl_aio collective (``all_reduce``, ``broadcast``, ``all_gather``,
+``reduce_scatter``, ``barrier``) through the blocking facade and returns a ``Work``
+(``work.py``). Launches return at once (the vote goes out on the communicator's loop thread);
+``Work.wait()`` blocks. Rank and size are the peer group's as they are now (they change with
+the membership, and a collective launched before a change raises ``PeerLostError``). Tags
+cycle through ``TAGS`` values, the same on every peer because torch makes every rank call
+the group's collectives in the same order; a tag that comes round again starts early on its
+ticket. Tensors must be on the CPU here (``InvalidUsageError`` otherwise).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._errors import InvalidUsageError
+from .._types import ReduceOp
+from ..blocking import AllReduceHandle, Communicator
+from .work import Completions, Work
+
+__all__ = ["BACKEND", "ProcessGroup"]
+
+BACKEND = "pccl_aio"
+TAGS = 1 << 12  # tags cycled through (collectives in flight at once, at most)
+_OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.AVG,
+        dist.ReduceOp.PRODUCT: ReduceOp.PROD, dist.ReduceOp.MIN: ReduceOp.MIN,
+        dist.ReduceOp.MAX: ReduceOp.MAX}
+
+
+def reduce_op(opts: Any) -> ReduceOp:
+    """pccl_aio's op for torch's options (or op); ``InvalidUsageError`` for one it lacks
+    (BAND, BOR, BXOR, PREMUL_SUM)."""
+    op = getattr(opts, "reduceOp", opts)
+    for theirs, ours in _OPS.items():
+        if op == theirs:
+            return ours
+    raise InvalidUsageError(f"reduce op {op} is not supported (SUM, AVG, PRODUCT, MIN, MAX)")
+
+
+class ProcessGroup(dist.ProcessGroup):
+    """The fault-tolerant process group of one connected ``blocking.Communicator``."""
+
+    def __init__(self, comm: Communicator) -> None:
+        if comm.rank < 0:
+            raise InvalidUsageError("connect the communicator first (it has no rank yet)")
+        super().__init__(comm.rank, comm.peer_group_world_size)  # type: ignore[call-arg]
+        self.comm = comm
+        self._tags = itertools.cycle(range(TAGS))
+        self._completions = Completions()
+        self._name = ""
+
+    # ---- what torch asks of a group ----------------------------------------------------------
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def size(self) -> int:
+        return self.comm.peer_group_world_size
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"pccl_aio.torch.ProcessGroup(rank={self.rank()}, size={self.size()})"
+
+    def close(self) -> None:
+        """Stop the completion thread (the communicator is the caller's to close)."""
+        self._completions.close()
+
+    # ---- collectives -------------------------------------------------------------------------
+    def _work(self, handles: list[AllReduceHandle], finish: Callable[[], Any]) -> Work:
+        return Work(handles, finish, self._completions)
+
+    def allreduce(  # type: ignore[override]
+            self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        op = reduce_op(opts if opts is not None else dist.ReduceOp.SUM)
+        hs = [self.comm.all_reduce_async(_cpu(t), op=op, tag=next(self._tags)) for t in tensors]
+        return self._work(hs, lambda: tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(  # type: ignore[override]
+            self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        root = opts.rootRank if opts is not None else 0
+        hs = [self.comm.broadcast_async(_cpu(t), root=root, tag=next(self._tags))
+              for t in tensors]
+        return self._work(hs, lambda: tensors)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Work:
+        h = self.comm.all_gather_async(_cpu(input), _cpu(output), tag=next(self._tags))
+        return self._work([h], lambda: [output])
+
+    _allgather_base = all_gather_single
+
+    def allgather(  # type: ignore[override]
+            self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> Work:
+        flats, hs = [], []
+        for outs, t in zip(outputs, inputs, strict=True):
+            flat = torch.empty(len(outs) * t.numel(), dtype=t.dtype)
+            flats.append(flat)
+            hs.append(self.comm.all_gather_async(_cpu(t), flat, tag=next(self._tags)))
+
+        def finish() -> list[list[torch.Tensor]]:
+            for outs, flat in zip(outputs, flats):
+                for o, part in zip(outs, flat.chunk(len(outs))):
+                    o.copy_(part.view(o.shape))
+            return outputs
+
+        return self._work(hs, finish)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        hs = [self.comm.all_gather_async(_cpu(i), _cpu(o), tag=next(self._tags))
+              for o, i in zip(outputs, inputs, strict=True)]
+        return self._work(hs, lambda: outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced  # type: ignore[assignment]
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> Work:
+        op = reduce_op(opts if opts is not None else dist.ReduceOp.SUM)
+        h = self.comm.reduce_scatter_async(_cpu(input), _cpu(output), op=op,
+                                           tag=next(self._tags))
+        return self._work([h], lambda: [output])
+
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def reduce_scatter(  # type: ignore[override]
+            self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                       opts: Any = None) -> Work:
+        op = reduce_op(opts if opts is not None else dist.ReduceOp.SUM)
+        hs = []
+        for o, parts in zip(outputs, inputs, strict=True):
+            flat = torch.cat([_cpu(p).reshape(-1) for p in parts])
+            hs.append(self.comm.reduce_scatter_async(flat, _cpu(o), op=op,
+                                                     tag=next(self._tags)))
+        return self._work(hs, lambda: outputs)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        op = reduce_op(opts if opts is not None else dist.ReduceOp.SUM)
+        hs = [self.comm.reduce_scatter_async(_cpu(i), _cpu(o), op=op, tag=next(self._tags))
+              for o, i in zip(outputs, inputs, strict=True)]
+        return self._work(hs, lambda: outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced  # type: ignore[assignment]
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._work([self.comm.barrier_async(tag=next(self._tags))], lambda: None)
+
+    def scatter(  # type: ignore[override]
+            self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                opts: Any = None) -> Work:
+        """Rank ``root``'s ``inputs[0]`` (one tensor per rank), rank r's to ``outputs[0]``
+        on rank r: a broadcast of them all, each rank keeping its own."""
+        root, out, world = opts.rootRank if opts is not None else 0, outputs[0], self.size()
+        if self.rank() == root:
+            flat = torch.cat([_cpu(t).reshape(-1) for t in inputs[0]])
+        else:
+            flat = torch.empty(world * out.numel(), dtype=out.dtype)
+        h = self.comm.broadcast_async(flat, root=root, tag=next(self._tags))
+
+        def finish() -> list[torch.Tensor]:
+            out.copy_(flat.chunk(world)[self.rank()].view(out.shape))
+            return outputs
+
+        return self._work([h], finish)
+
+    def gather(  # type: ignore[override]
+            self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any = None) -> Work:
+        """Every rank's ``inputs[0]`` into rank ``root``'s ``outputs[0]``: an all-gather."""
+        root = opts.rootRank if opts is not None else 0
+        if self.rank() == root:
+            return self.allgather(outputs, inputs)
+        t = inputs[0]
+        flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
+        h = self.comm.all_gather_async(_cpu(t), flat, tag=next(self._tags))
+        return self._work([h], lambda: outputs)
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "cpu":
+        raise InvalidUsageError(f"a tensor on {t.device}: the pccl_aio group takes CPU "
+                                "tensors")
+    return t
+
