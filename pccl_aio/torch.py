@@ -24,10 +24,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
 from ._torch.group import BACKEND, ProcessGroup, reduce_op
+from ._torch.hooks import HookState, ddp_comm_hook
 from ._torch.work import Work
 from .blocking import Communicator
 
-__all__ = ["BACKEND", "ProcessGroup", "Work", "init_process_group", "reduce_op"]
+__all__ = ["BACKEND", "HookState", "ProcessGroup", "Work", "ddp_comm_hook", "init_process_group",
+           "reduce_op"]
 
 _handing: list[ProcessGroup] = []  # the group ``init_process_group`` hands torch's factory
 

@@ -53,7 +53,7 @@ class ProcessGroup(dist.ProcessGroup):
         super().__init__(comm.rank, comm.peer_group_world_size)  # type: ignore[call-arg]
         self.comm = comm
         self._tags = itertools.cycle(range(TAGS))
-        self._completions = Completions()
+        self.completions = Completions()  # (the comm hook's works complete there too)
         self._name = ""
 
     # ---- what torch asks of a group ----------------------------------------------------------
@@ -78,11 +78,15 @@ class ProcessGroup(dist.ProcessGroup):
 
     def close(self) -> None:
         """Stop the completion thread (the communicator is the caller's to close)."""
-        self._completions.close()
+        self.completions.close()
 
     # ---- collectives -------------------------------------------------------------------------
     def _work(self, handles: list[AllReduceHandle], finish: Callable[[], Any]) -> Work:
-        return Work(handles, finish, self._completions)
+        return Work(handles, finish, self.completions)
+
+    def next_tag(self) -> int:
+        """The tag of the next collective (the same sequence on every rank)."""
+        return next(self._tags)
 
     def allreduce(  # type: ignore[override]
             self, tensors: list[torch.Tensor], opts: Any = None) -> Work:

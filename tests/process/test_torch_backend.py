@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 
 import pytest
@@ -49,3 +50,27 @@ async def test_dist_collectives_match_gloo_and_ddp_replicas_agree(procs):
             if key not in ("backend", "ddp"):
                 assert mine[key] == gloo[key], (key, mine, gloo)
     assert len({r["ddp"] for r in ours}) == 1  # every replica's parameters, bit-identical
+
+
+async def test_ddp_with_the_comm_hook_survives_a_sigkilled_replica(procs):
+    """Three replicas; one is SIGKILLed mid-run: the two survivors go on (a step whose
+    all-reduce was aborted is skipped by both and run again) and end with the same
+    parameters, over a world of two."""
+    async with pccl.Master("127.0.0.1", 0, admission_interval=0.0, heartbeat_interval=0.2,
+                           heartbeat_timeout=2.0) as master:
+        replicas = []
+        for i in range(3):
+            p = await spawn(f"replica{i}", str(HERE / "ddp_peer.py"), master.address, "3",
+                            "300", str(i), env={"OMP_NUM_THREADS": "1"})
+            procs.append(p)
+            replicas.append(p)
+        for p in replicas:
+            while (await p.expect("step", timeout=90))["step"] < 10:
+                pass
+        replicas[1].signal(signal.SIGKILL)
+        survivors = [replicas[0], replicas[2]]
+        done = [await p.expect("done", timeout=90) for p in survivors]
+    assert done[0]["digest"] == done[1]["digest"], done
+    assert all(d["ws"] == 2 for d in done)
+    failed = [[e["step"] for e in p.events if e["event"] == "failed"] for p in survivors]
+    assert failed[0] == failed[1]  # the same steps skipped on both, if any

@@ -1,0 +1,63 @@
+"""The DDP communication hook of the pccl_aio group: fault-tolerant replicas, the torchft way.
+
+``ddp_comm_hook(state, bucket)`` all-reduces each gradient bucket with AVG over the replicas
+that take part (the world may shrink mid-run; DDP's own division by its fixed world size is
+the default hook's, which this one replaces). A bucket whose all-reduce is aborted (a replica
+was lost: ``PeerLostError`` on every survivor alike) leaves the local gradients as they were
+and marks the step ``failed`` in ``HookState``: the training loop then skips the optimizer
+step on every survivor and runs the step again. Every bucket is launched whatever happened to
+the ones before, so the replicas always make the same calls in the same order. Runs in
+DDP's autograd threads; nothing here blocks (the collective completes on the group's thread).
+Annotations here are objects, not strings: DDP compares the hook's with ``dist.GradBucket``
+(``torch._C._distributed_c10d.GradBucket``).
+"""
+
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import GradBucket
+
+from .._errors import PcclError
+from .._types import Quantization, ReduceOp
+from .group import ProcessGroup
+from .work import Work
+
+__all__ = ["HookState", "ddp_comm_hook"]
+
+
+class HookState:
+    """The hook's state for one DDP model (``model.register_comm_hook(state, ddp_comm_hook)``):
+    ``failed`` once a bucket of this step was aborted, ``error`` the first such error."""
+
+    def __init__(self, group: ProcessGroup, quantization: Quantization | None = None) -> None:
+        self.group, self.quantization = group, quantization
+        self.failed = False
+        self.error: PcclError | None = None
+
+    def reset(self) -> None:
+        """A new step (call it after each optimizer step or skipped one)."""
+        self.failed, self.error = False, None
+
+    def _lost(self, exc: PcclError) -> None:
+        if not self.failed:
+            self.failed, self.error = True, exc
+
+
+def ddp_comm_hook(state: HookState, bucket: GradBucket
+                  ) -> torch.futures.Future[torch.Tensor]:
+    """All-reduce one bucket (AVG over the replicas taking part, quantized on the wire with
+    ``state.quantization``); its future gives the bucket. See the module's docstring."""
+    buf: torch.Tensor = bucket.buffer()
+    group = state.group
+    handle = group.comm.all_reduce_async(buf, op=ReduceOp.AVG, tag=group.next_tag(),
+                                         quantization=state.quantization)
+    fut = Work([handle], lambda: buf, group.completions).get_future()
+
+    def settle(f: torch.futures.Future[Any]) -> torch.Tensor:
+        try:
+            f.wait()
+        except PcclError as exc:  # aborted on every survivor alike: the step is void
+            state._lost(exc)
+        return buf
+
+    return fut.then(settle)
