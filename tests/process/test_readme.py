@@ -176,6 +176,11 @@ async def test_each_python_block_runs(block: Block, tmp_path: Path):
         for rank, weights, got, shard in said:
             assert (weights, got) == ("[0.0, 0.0, 0.0, 0.0]", rows), said
             assert shard == str([3.0 * 2 * int(rank), 3.0 * (2 * int(rank) + 1)]), said
+    if block.section == "Use with torch.distributed":  # both replicas, the same weights
+        said = re.findall(r"^rank (\d) of 2: weights (\S+)$",
+                          "".join(out for _, out, _ in results), re.M)
+        assert sorted(r for r, _ in said) == ["0", "1"], results
+        assert said[0][1] == said[1][1], said
     if "run secret and TLS" in block.note:  # the Security example: both peers reduced
         sums = [re.findall(r": sum (\S+) over 2 peers, all TLS", out) for _, out, _ in results]
         assert len(sums) == 2 and sums[0] == sums[1] and len(sums[0]) == 1, results
