@@ -8,7 +8,8 @@ launches the matching pccl_aio collective (``all_reduce``, ``broadcast``, ``all_
 the membership, and a collective launched before a change raises ``PeerLostError``). Tags
 cycle through ``TAGS`` values, the same on every peer because torch makes every rank call
 the group's collectives in the same order; a tag that comes round again starts early on its
-ticket. Tensors must be on the CPU here (``InvalidUsageError`` otherwise).
+ticket. CUDA tensors are staged through host memory by the communicator
+(``_peer/core/staging.py``); another device is an ``InvalidUsageError``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .._errors import InvalidUsageError
+from .._peer.core import staging
 from .._types import ReduceOp
 from ..blocking import AllReduceHandle, Communicator
 from .work import Completions, Work
@@ -200,8 +202,8 @@ class ProcessGroup(dist.ProcessGroup):
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
-    if t.device.type != "cpu":
-        raise InvalidUsageError(f"a tensor on {t.device}: the pccl_aio group takes CPU "
-                                "tensors")
+    """``t``, if its device is the CPU or one the communicator stages (CUDA);
+    ``InvalidUsageError`` before anything is sent otherwise."""
+    staging.needs(t)
     return t
 

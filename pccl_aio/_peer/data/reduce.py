@@ -12,6 +12,7 @@ from ..._errors import InvalidUsageError, TooFewPeersError
 from ..._types import CollectiveKind, DataType, Quantization, ReduceInfo, ReduceOp
 from ..core import args
 from ..core.buffers import Buffer, as_buffer
+from ..core.staging import HostPool, Stages
 from ..observe.observer import Observer
 from ..session.control import ControlPlane
 from .collective import Collective, Spec
@@ -30,6 +31,7 @@ class ReduceCalls:
                  check_loop: Callable[[], None], peer_group: int) -> None:
         self._control, self._data, self._obs = control, data, obs
         self._check_loop, self._group = check_loop, peer_group
+        self._host = HostPool()  # host twins of device tensors (``core/staging.py``)
 
     def launch(self, src: Any, dst: Any, op: Any, tag: Any, quantization: Any,
                restore_on_abort: Any, awaited: bool) -> AllReduceHandle:
@@ -38,16 +40,25 @@ class ReduceCalls:
         if not isinstance(restore_on_abort, bool):
             raise InvalidUsageError(
                 f"restore_on_abort must be True or False, not {restore_on_abort!r}")
-        s, d, in_place = args.buffers(src, dst)
-        op = args.op(op)
-        tag = args.tag(tag)
-        quant = args.quantization(quantization, d.dtype)
-        if tag in self._control.colls:
-            raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
-        self._check_group()
-        coll = self._obs.watch(
-            Collective(self._data, tag, s, d, op, in_place, quant, restore=restore_on_abort))
-        self._control.launch(coll, awaited)
+        stages = Stages(self._host)
+        try:
+            same = dst is None or dst is src
+            src = stages.host(src, load=True, out=same)
+            dst = src if same else stages.host(dst, load=False, out=True)
+            s, d, in_place = args.buffers(src, dst)
+            op = args.op(op)
+            tag = args.tag(tag)
+            quant = args.quantization(quantization, d.dtype)
+            if tag in self._control.colls:
+                raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
+            self._check_group()
+            coll = self._obs.watch(Collective(self._data, tag, s, d, op, in_place, quant,
+                                              restore=restore_on_abort))
+            _staged(coll, stages)
+            self._control.launch(coll, awaited)
+        except BaseException:
+            stages.done(False)
+            raise
         return AllReduceHandle(coll, self._check_loop, self._control.awaiting)
 
     def launch_ranked(self, kind: CollectiveKind, src: Any, dst: Any, op: Any, tag: Any,
@@ -59,8 +70,24 @@ class ReduceCalls:
         self._check_usable()
         ms = self._control.membership
         ranks = [p.peer_id for p in ms.ring] if ms is not None else []
-        world, rank = len(ranks), ranks.index(self._control.peer_id) if ranks else 0
+        rank = ranks.index(self._control.peer_id) if ranks else 0
         tag = args.tag(tag)
+        stages = Stages(self._host)
+        try:
+            if kind != CollectiveKind.BARRIER:  # device tensors: their host twins
+                src = stages.host(src, load=kind != CollectiveKind.BROADCAST or root == rank,
+                                  out=kind == CollectiveKind.BROADCAST)
+                dst = dst if dst is None else stages.host(dst, load=False, out=True)
+            return self._launch_ranked(kind, src, dst, op, tag, quantization, root, awaited,
+                                       restore, ranks, rank, stages)
+        except BaseException:
+            stages.done(False)
+            raise
+
+    def _launch_ranked(self, kind: CollectiveKind, src: Any, dst: Any, op: Any, tag: int,
+                       quantization: Any, root: Any, awaited: bool, restore: Any,
+                       ranks: list[int], rank: int, stages: Stages) -> AllReduceHandle:
+        ms, world = self._control.membership, len(ranks)
         copy_own, reduce_op, quant, at = True, ReduceOp.SUM, None, 0
         if kind == CollectiveKind.BARRIER:
             s = d = as_buffer(src, writable=True, what="a barrier's buffer")
@@ -85,6 +112,7 @@ class ReduceCalls:
         coll = self._obs.watch(Collective(self._data, tag, s, d, reduce_op,
                                           kind == CollectiveKind.BROADCAST, quant,
                                           restore=restore is True, spec=spec))
+        _staged(coll, stages)
         handle = AllReduceHandle(coll, self._check_loop, self._control.awaiting)
         if world == 1:
             coll.alone()
@@ -121,3 +149,11 @@ class ReduceCalls:
         size = self._control.peer_group_world_size
         if size < 2:
             raise TooFewPeersError(f"peer group {self._group} has {size} peer(s)")
+
+
+def _staged(coll: Collective, stages: Stages) -> None:
+    """Device tensors: the results go back to them once ``coll`` succeeded (before its caller
+    resumes); their host twins are released whatever happened."""
+    if stages:
+        coll.hooks.append(lambda c: stages.done(
+            not c.future.cancelled() and c.future.exception() is None))

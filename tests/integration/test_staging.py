@@ -1,0 +1,60 @@
+"""Issue 33, point 3 (begun): every collective through the staging path (device tensors'
+host twins; "cpu" added to the staged devices, as no GPU is needed for the logic): the same
+results, and a failed in-place all-reduce leaves the tensor untouched even without a backup."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pccl_aio as pccl  # noqa: E402
+from pccl_aio._peer import testing  # noqa: E402
+from pccl_aio._peer.core import staging  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def cpu_staged(monkeypatch):
+    monkeypatch.setattr(staging, "DEVICES", frozenset({"cuda", "cpu"}))
+
+
+async def test_every_kind_through_host_twins(peers, cpu_staged):
+    comms = sorted(await peers(3), key=lambda c: c.rank)
+    xs = [torch.full((1001,), r + 1.0) for r in range(3)]
+    ptrs = [x.data_ptr() for x in xs]
+    await asyncio.gather(*(c.all_reduce(x) for c, x in zip(comms, xs)))
+    assert all((x == 6).all() for x in xs) and [x.data_ptr() for x in xs] == ptrs
+    outs = [torch.empty(3) for _ in comms]
+    await asyncio.gather(*(c.all_reduce(torch.full((3,), 2.0), o, op=pccl.ReduceOp.MAX)
+                           for c, o in zip(comms, outs)))
+    assert all((o == 2).all() for o in outs)
+    ts = [torch.full((5,), float(r)) for r in range(3)]
+    await asyncio.gather(*(c.broadcast(t, root=2) for c, t in zip(comms, ts)))
+    assert all((t == 2).all() for t in ts)
+    gathered = [torch.zeros(6) for _ in comms]
+    await asyncio.gather(*(c.all_gather(torch.tensor([r, -r], dtype=torch.float32), g)
+                           for r, (c, g) in enumerate(zip(comms, gathered))))
+    assert all(torch.equal(g, torch.tensor([0.0, 0, 1, -1, 2, -2])) for g in gathered)
+    shards = [torch.zeros(2) for _ in comms]
+    await asyncio.gather(*(c.reduce_scatter(torch.arange(6.0), s)
+                           for c, s in zip(comms, shards)))
+    assert [s.tolist() for s in shards] == [[0.0, 3.0], [6.0, 9.0], [12.0, 15.0]]
+
+
+async def test_a_failed_in_place_all_reduce_leaves_the_tensor_as_it_was(peers, cpu_staged):
+    a, b, c = await peers(3)
+    xs = [torch.full((1 << 20,), float(i + 1)) for i in range(3)]
+    testing.data_plane(c).abort()  # c's data path breaks: the attempt fails for all
+    handles = [p.all_reduce_async(x, restore_on_abort=False) for p, x in zip((a, b, c), xs)]
+    for h in handles:
+        with pytest.raises(pccl.PeerLostError):
+            await h
+    assert [float(x[0]) for x in xs] == [1.0, 2.0, 3.0]  # the host twins took the damage
+    assert all((x == x[0]).all() for x in xs)
+    await c.close()
+    await asyncio.gather(a.all_reduce(xs[0]), b.all_reduce(xs[1]))
+    assert (xs[0] == 3).all() and (xs[1] == 3).all()
