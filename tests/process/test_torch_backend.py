@@ -74,3 +74,14 @@ async def test_ddp_with_the_comm_hook_survives_a_sigkilled_replica(procs):
     assert all(d["ws"] == 2 for d in done)
     failed = [[e["step"] for e in p.events if e["event"] == "failed"] for p in survivors]
     assert failed[0] == failed[1]  # the same steps skipped on both, if any
+
+
+async def test_the_gpu_bench_runs_and_says_when_there_is_no_gpu():
+    """``bench/gpu.py`` is the GPU check a GPU machine runs; without one it measures
+    nothing and says so (exit status 0 either way)."""
+    p = await spawn("gpu", str(HERE.parent.parent / "bench" / "gpu.py"), "--mib", "1",
+                    "--iters", "2")
+    out, err = await asyncio.wait_for(p.proc.communicate(), 90)
+    assert p.proc.returncode == 0, err.decode()[-2000:]
+    text = out.decode()
+    assert "no GPU present" in text or "cuda_vs_cpu" in text, text

@@ -1,0 +1,123 @@
+"""CUDA tensors through pccl_aio: correctness and the cost of staging them through host memory.
+
+    python bench/gpu.py [--peers 2] [--mib 1 16 64] [--iters 10] [--kinds all_reduce ...]
+
+A master and ``--peers`` communicators in this process (one event loop), all on GPU 0. For
+every size and kind (all-reduce SUM in place, broadcast, all-gather, reduce-scatter) the same
+inputs run once as CPU tensors and once as CUDA tensors: every peer's CUDA result, copied
+back, must be bit-identical to the others' and to the CPU run's (a difference fails the
+bench). Then each path is timed (``--iters`` calls, alternated, median): the ratio is CUDA /
+CPU time, the staging overhead (device-to-host and host-to-device copies through pinned
+buffers on a side stream). Without a GPU it says so and exits 0, having measured nothing.
+Table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import emit_json, median, print_table
+
+import pccl_aio as pccl
+
+KINDS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
+
+
+def inputs(kind: str, n: int, world: int, rank: int, device: str) -> tuple:
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randint(-8, 8, (n * (world if kind == "reduce_scatter" else 1),),
+                      generator=g).float().to(device)
+    out = None
+    if kind == "all_gather":
+        out = torch.empty(world * n, device=device)
+    elif kind == "reduce_scatter":
+        out = torch.empty(n, device=device)
+    return x, out
+
+
+async def call(comm: pccl.Communicator, kind: str, x, out, tag: int):
+    if kind == "all_reduce":
+        await comm.all_reduce(x, tag=tag)
+        return x
+    if kind == "broadcast":
+        await comm.broadcast(x, root=0, tag=tag)
+        return x
+    if kind == "all_gather":
+        await comm.all_gather(x, out, tag=tag)
+        return out
+    await comm.reduce_scatter(x, out, tag=tag)
+    return out
+
+
+async def once(comms: list[pccl.Communicator], kind: str, n: int, device: str) -> list[bytes]:
+    world = len(comms)
+    args = [inputs(kind, n, world, c.rank, device) for c in comms]
+    res = await asyncio.gather(*(call(c, kind, x, o, 1) for c, (x, o) in zip(comms, args)))
+    return [r.cpu().numpy().tobytes() for r in res]
+
+
+async def timed(comms: list[pccl.Communicator], kind: str, n: int, device: str) -> float:
+    import torch
+
+    world = len(comms)
+    args = [inputs(kind, n, world, c.rank, device) for c in comms]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(call(c, kind, x, o, 2) for c, (x, o) in zip(comms, args)))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", type=int, default=2)
+    ap.add_argument("--mib", type=float, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=KINDS)
+    a = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no GPU present (torch.cuda.is_available() is False): nothing measured")
+        emit_json("gpu", [], gpu=None)
+        return
+    from tests.helpers import join_peers
+
+    rows = []
+    async with pccl.Master("127.0.0.1", 0, admission_interval=0.0) as master:
+        comms = sorted(await join_peers(master, a.peers), key=lambda c: c.rank)
+        try:
+            for mib in a.mib:
+                n = int(mib * (1 << 20)) // 4
+                for kind in a.kinds:
+                    cpu, gpu = await once(comms, kind, n, "cpu"), await once(comms, kind, n,
+                                                                             "cuda")
+                    if len(set(gpu)) > (1 if kind != "reduce_scatter" else a.peers) or \
+                            gpu != cpu:
+                        raise SystemExit(f"{kind} {mib} MiB: CUDA results differ")
+                    times: dict[str, list[float]] = {"cpu": [], "cuda": []}
+                    for i in range(a.iters):
+                        for dev in (("cpu", "cuda") if i % 2 == 0 else ("cuda", "cpu")):
+                            times[dev].append(await timed(comms, kind, n, dev))
+                    c, g = median(times["cpu"]), median(times["cuda"])
+                    rows.append({"kind": kind, "MiB": mib, "cpu_ms": c * 1e3, "cuda_ms": g * 1e3,
+                                 "cuda_vs_cpu": g / c, "identical": True})
+        finally:
+            await asyncio.gather(*(c.close() for c in comms))
+    print(f"# {torch.cuda.get_device_name(0)}, {a.peers} peers in one process")
+    print_table(rows, ["kind", "MiB", "cpu_ms", "cuda_ms", "cuda_vs_cpu", "identical"])
+    emit_json("gpu", rows, gpu=torch.cuda.get_device_name(0))
+
+
+if __name__ == "__main__":
+    pccl.run(main())
