@@ -1,17 +1,21 @@
 """A DDP replica for ``test_torch_backend.py``: plain ``DistributedDataParallel`` on the
 pccl_aio group with ``pccl_aio.torch.ddp_comm_hook``; prints JSON lines.
 
-Usage: python ddp_peer.py MASTER_ADDR WORLD STEPS INDEX
+Usage: python ddp_peer.py MASTER_ADDR WORLD STEPS INDEX [FREEZE_AT]
 
 Trains until STEPS optimizer steps were taken; a step whose gradient all-reduce was aborted
 (a replica lost mid-step: every survivor sees it) is skipped and run again. Prints "step"
-after each step, "failed" for each skipped one and "done" with the parameters' digest.
+after each step, "failed" for each skipped one and "done" with the parameters' digest. With
+FREEZE_AT, this replica prints "frozen" after that step and stops itself (SIGSTOP) for the test
+to SIGKILL, in the middle of the run whatever the machine's speed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import sys
 import time
 
@@ -26,6 +30,7 @@ def emit(**kw: object) -> None:
 
 def main() -> None:
     addr, world, steps, index = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    freeze_at = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     torch.set_num_threads(1)
     group = pt.init_process_group(addr, min_peers=world, heartbeat_interval=0.2,
                                   heartbeat_timeout=2.0, data_timeout=3.0)
@@ -48,6 +53,9 @@ def main() -> None:
             opt.step()
             step += 1
             emit(event="step", step=step, ws=group.size())
+            if step == freeze_at:
+                emit(event="frozen")
+                os.kill(os.getpid(), signal.SIGSTOP)
         state.reset()
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
                                      for p in model.parameters())).hexdigest()[:16]

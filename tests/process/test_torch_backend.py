@@ -60,13 +60,12 @@ async def test_ddp_with_the_comm_hook_survives_a_sigkilled_replica(procs):
                            heartbeat_timeout=2.0) as master:
         replicas = []
         for i in range(3):
+            freeze = ["10"] if i == 1 else []  # the victim stops itself after step 10
             p = await spawn(f"replica{i}", str(HERE / "ddp_peer.py"), master.address, "3",
-                            "300", str(i), env={"OMP_NUM_THREADS": "1"})
+                            "60", str(i), *freeze, env={"OMP_NUM_THREADS": "1"})
             procs.append(p)
             replicas.append(p)
-        for p in replicas:
-            while (await p.expect("step", timeout=90))["step"] < 10:
-                pass
+        await replicas[1].expect("frozen", timeout=90)
         replicas[1].signal(signal.SIGKILL)
         survivors = [replicas[0], replicas[2]]
         done = [await p.expect("done", timeout=90) for p in survivors]
