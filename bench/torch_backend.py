@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import emit_json, median, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 def replica(backend: str, addr: str, world: int, rank: int, steps: int, warmup: int,

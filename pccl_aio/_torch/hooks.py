@@ -6,7 +6,8 @@ the default hook's, which this one replaces). A bucket whose all-reduce is abort
 was lost: ``PeerLostError`` on every survivor alike) leaves the local gradients as they were
 and marks the step ``failed`` in ``HookState``: the training loop then skips the optimizer
 step on every survivor and runs the step again. Every bucket is launched whatever happened to
-the ones before, so the replicas always make the same calls in the same order. Runs in
+the ones before, so the replicas always make the same calls in the same order; a bucket's tag
+is fixed (``HOOK_TAGS`` + its index), so its all-reduce starts early on its ticket. Runs in
 DDP's autograd threads; nothing here blocks (the collective completes on the group's thread).
 Annotations here are objects, not strings: DDP compares the hook's with ``dist.GradBucket``
 (``torch._C._distributed_c10d.GradBucket``).
@@ -22,7 +23,10 @@ from .._types import Quantization, ReduceOp
 from .group import ProcessGroup
 from .work import Work
 
-__all__ = ["HookState", "ddp_comm_hook"]
+__all__ = ["HOOK_TAGS", "HookState", "ddp_comm_hook"]
+
+#: The hook's tags: bucket i's is ``HOOK_TAGS + i`` (above the group's own, ``group.TAGS``).
+HOOK_TAGS = 1 << 32
 
 
 class HookState:
@@ -49,7 +53,9 @@ def ddp_comm_hook(state: HookState, bucket: GradBucket
     ``state.quantization``); its future gives the bucket. See the module's docstring."""
     buf: torch.Tensor = bucket.buffer()
     group = state.group
-    handle = group.comm.all_reduce_async(buf, op=ReduceOp.AVG, tag=group.next_tag(),
+    # a bucket's tag is the same every step (DDP waits for all of a step's buckets), so from
+    # the second step on each starts at once on the ticket its previous run handed out
+    handle = group.comm.all_reduce_async(buf, op=ReduceOp.AVG, tag=HOOK_TAGS + bucket.index(),
                                          quantization=state.quantization)
     fut = Work([handle], lambda: buf, group.completions).get_future()
 
