@@ -181,13 +181,11 @@ class Communicator:
     def barrier_async(self, *, tag: int = 0) -> AllReduceHandle:
         """Launch a barrier and return at once; the handle's ``wait()`` blocks until every
         peer of the group called it."""
-
-        async def launch() -> _AsyncHandle:
-            return self._comm.barrier_async(tag=tag)
-
-        return AllReduceHandle(self._runner, self._runner.call(launch()))
+        return self._launch(lambda: self._comm.barrier_async(tag=tag))
 
     def _launch(self, make: Callable[[], _AsyncHandle]) -> AllReduceHandle:
+        """``make()`` (an ``*_async`` launch) run on the loop thread; its blocking handle."""
+
         async def launch() -> _AsyncHandle:
             return make()
 
@@ -237,13 +235,9 @@ class Communicator:
                          restore_on_abort: bool = True) -> AllReduceHandle:
         """Launch an all-reduce and return at once; do not touch ``src``/``dst`` until the
         handle's ``wait()`` returned."""
-
-        async def launch() -> _AsyncHandle:
-            return self._comm.all_reduce_async(src, dst, op=op, tag=tag,
-                                               quantization=quantization,
-                                               restore_on_abort=restore_on_abort)
-
-        return AllReduceHandle(self._runner, self._runner.call(launch()))
+        return self._launch(lambda: self._comm.all_reduce_async(
+            src, dst, op=op, tag=tag, quantization=quantization,
+            restore_on_abort=restore_on_abort))
 
     def all_reduce_multiple_with_retry(
             self, tensors: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,
