@@ -327,7 +327,11 @@ class ControlPlane(Launches):
 
     def report_sync(self, ok: bool, reason: str) -> None:
         """``SyncDone``: this peer's part of the sync finished (``ok``) or failed. Raises
-        why it cannot be sent (``MasterLostError`` while the master is being replaced)."""
+        why it cannot be sent (``MasterLostError`` while the master is being replaced).
+        Nothing goes out for a sync the master's loss already failed (its verdict holds the
+        error): the next master knows no such sync."""
+        if self.votes.sync is None:
+            return
         self.votes.reported(ok)
         self.send(m.SyncDone(ok, reason))
 
