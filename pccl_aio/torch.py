@@ -1,18 +1,22 @@
 """PyTorch's ``torch.distributed`` on pccl_aio: the fault-tolerant process group.
 
     import torch.distributed as dist
-from torch._C._distributed_c10d import HashStore
     import pccl_aio.torch
 
     group = pccl_aio.torch.init_process_group("10.0.0.1:48148", min_peers=2)
     dist.all_reduce(t)             # on the pccl_aio group, torch's default now
     model = torch.nn.parallel.DistributedDataParallel(model)
 
+Replicas that join and leave: ``pccl_aio.torch.DistributedDataParallel(model)``, DDP on
+``local_group()`` (its own collectives stay in the process) with ``ddp_comm_hook``
+all-reducing the gradients over the pccl_aio group.
+
 Importing this module registers the backend name ``"pccl_aio"`` with torch (``dist.Backend``).
 ``init_process_group`` connects a ``pccl_aio.blocking.Communicator``, waits until the peer
 group has ``min_peers`` peers (asleep meanwhile) and makes a ``ProcessGroup`` over it torch's
 default group. Every collective raises pccl_aio's typed errors from ``Work.wait()`` (a lost
-peer: ``PeerLostError``, on every peer). Needs torch; tensors on the CPU.
+peer: ``PeerLostError``, on every peer). Needs torch; CPU or CUDA tensors (CUDA staged
+through host memory).
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from typing import Any
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
+from ._torch.ddp import DistributedDataParallel
 from ._torch.group import BACKEND, ProcessGroup, reduce_op
 from ._torch.hooks import HookState, ddp_comm_hook
+from ._torch.local import LocalGroup, local_group
 from ._torch.work import Work
 from .blocking import Communicator
 
-__all__ = ["BACKEND", "HookState", "ProcessGroup", "Work", "ddp_comm_hook", "init_process_group",
-           "reduce_op"]
+__all__ = ["BACKEND", "DistributedDataParallel", "HookState", "LocalGroup", "ProcessGroup",
+           "Work", "ddp_comm_hook", "init_process_group", "local_group", "reduce_op"]
 
 _handing: list[ProcessGroup] = []  # the group ``init_process_group`` hands torch's factory
 

@@ -5,10 +5,12 @@ that take part (the world may shrink mid-run; DDP's own division by its fixed wo
 the default hook's, which this one replaces). A bucket whose all-reduce is aborted (a replica
 was lost: ``PeerLostError`` on every survivor alike) leaves the local gradients as they were
 and marks the step ``failed`` in ``HookState``: the training loop then skips the optimizer
-step on every survivor and runs the step again. Every bucket is launched whatever happened to
-the ones before, so the replicas always make the same calls in the same order; a bucket's tag
-is fixed (``HOOK_TAGS`` + its index), so its all-reduce starts early on its ticket. Runs in
-DDP's autograd threads; nothing here blocks (the collective completes on the group's thread).
+step on every survivor and runs the step again. A replica alone in its group keeps its own
+gradient. Every bucket is launched whatever happened to the ones before, so the replicas
+always make the same calls in the same order; a bucket's tag is fixed (``HOOK_TAGS`` + its
+index), so its all-reduce starts early on its ticket. Runs in DDP's autograd threads; nothing
+here blocks (the collective completes on the group's thread). Build DDP on ``local_group()``
+(``local.py``) so that replicas can join mid-run: DDP's own collectives then stay local.
 Annotations here are objects, not strings: DDP compares the hook's with ``dist.GradBucket``
 (``torch._C._distributed_c10d.GradBucket``).
 """
@@ -18,10 +20,10 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import GradBucket
 
-from .._errors import PcclError
+from .._errors import PcclError, TooFewPeersError
 from .._types import Quantization, ReduceOp
 from .group import ProcessGroup
-from .work import Work
+from .work import Work, done
 
 __all__ = ["HOOK_TAGS", "HookState", "ddp_comm_hook"]
 
@@ -55,13 +57,22 @@ def ddp_comm_hook(state: HookState, bucket: GradBucket
     group = state.group
     # a bucket's tag is the same every step (DDP waits for all of a step's buckets), so from
     # the second step on each starts at once on the ticket its previous run handed out
-    handle = group.comm.all_reduce_async(buf, op=ReduceOp.AVG, tag=HOOK_TAGS + bucket.index(),
-                                         quantization=state.quantization)
+    try:
+        handle = group.comm.all_reduce_async(buf, op=ReduceOp.AVG,
+                                             tag=HOOK_TAGS + bucket.index(),
+                                             quantization=state.quantization)
+    except TooFewPeersError:  # alone in the group: its own gradient
+        return done(buf).get_future()
+    except PcclError as exc:  # (the session is over: the step is void)
+        state._lost(exc)
+        return done(buf).get_future()
     fut = Work([handle], lambda: buf, group.completions).get_future()
 
     def settle(f: torch.futures.Future[Any]) -> torch.Tensor:
         try:
             f.wait()
+        except TooFewPeersError:  # left alone meanwhile: its own gradient (restored)
+            pass
         except PcclError as exc:  # aborted on every survivor alike: the step is void
             state._lost(exc)
         return buf

@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import socket
+from typing import Any
 
 import pytest
 
@@ -52,27 +53,33 @@ async def test_dist_collectives_match_gloo_and_ddp_replicas_agree(procs):
     assert len({r["ddp"] for r in ours}) == 1  # every replica's parameters, bit-identical
 
 
-async def test_ddp_with_the_comm_hook_survives_a_sigkilled_replica(procs):
+async def test_ddp_with_the_comm_hook_survives_a_sigkilled_replica_and_a_joiner(procs):
     """Three replicas; one is SIGKILLed mid-run: the two survivors go on (a step whose
-    all-reduce was aborted is skipped by both and run again) and end with the same
-    parameters, over a world of two."""
+    all-reduce was aborted is skipped by both and run again) over a world of two; a new
+    replica joins, receives model, momentum and step count in the shared-state sync, and all
+    three end with the same parameters."""
     async with pccl.Master("127.0.0.1", 0, admission_interval=0.0, heartbeat_interval=0.2,
                            heartbeat_timeout=2.0) as master:
+        def replica(i: int, *extra: str) -> Any:
+            return spawn(f"replica{i}", str(HERE / "ddp_peer.py"), master.address, "3", "30",
+                         str(i), *extra, env={"OMP_NUM_THREADS": "1"})
+
         replicas = []
         for i in range(3):
-            freeze = ["10"] if i == 1 else []  # the victim stops itself after step 10
-            p = await spawn(f"replica{i}", str(HERE / "ddp_peer.py"), master.address, "3",
-                            "60", str(i), *freeze, env={"OMP_NUM_THREADS": "1"})
-            procs.append(p)
-            replicas.append(p)
+            replicas.append(await replica(i, *(["10"] if i == 1 else [])))  # 1 stops at 10
+            procs.append(replicas[-1])
         await replicas[1].expect("frozen", timeout=90)
         replicas[1].signal(signal.SIGKILL)
         survivors = [replicas[0], replicas[2]]
-        done = [await p.expect("done", timeout=90) for p in survivors]
-    assert done[0]["digest"] == done[1]["digest"], done
-    mid = [next(e for e in p.events if e["event"] == "step" and e["step"] == 30)
-           for p in survivors]  # (at the end, the first to finish may have left already)
-    assert [e["ws"] for e in mid] == [2, 2], mid
+        joiner = await replica(3)
+        procs.append(joiner)
+        done = [await p.expect("done", timeout=90) for p in [*survivors, joiner]]
+    assert len({d["digest"] for d in done}) == 1, done
+    assert len({d["step"] for d in done}) == 1, done
+    steps = [[e for e in p.events if e["event"] == "step"] for p in survivors]
+    assert [{e["ws"] for e in s if 12 <= e["step"] < 15} for s in steps] == [{2}, {2}], steps
+    joined = [e for e in joiner.events if e["event"] == "step"]
+    assert joined and joined[0]["step"] > 11 and {e["ws"] for e in joined} == {3}, joined
     failed = [[e["step"] for e in p.events if e["event"] == "failed"] for p in survivors]
     assert failed[0] == failed[1]  # the same steps skipped on both, if any
 

@@ -85,3 +85,65 @@ def test_an_unconnected_communicator_has_no_group():
 
     with pytest.raises(pccl.InvalidUsageError, match="connect"):
         pt.ProcessGroup(Unconnected())  # type: ignore[arg-type]
+
+
+def test_the_local_group_is_a_world_of_one_whose_collectives_are_local_copies():
+    g = pt.local_group()
+    assert g is pt.local_group() and (g.rank(), g.size()) == (0, 1)
+    x = torch.arange(6.0)
+    assert g.allreduce([x]).wait() and (x == torch.arange(6.0)).all()
+    out = [[torch.zeros(6)]]
+    g.allgather(out, [x]).wait()
+    flat = torch.zeros(6)
+    g.all_gather_single(flat, x).wait()
+    rs = torch.zeros(6)
+    g.reduce_scatter([rs], [[x]]).wait()
+    assert all((t == x).all() for t in (out[0][0], flat, rs))
+    assert g.barrier().is_completed()
+
+
+def _bucket_layouts(net: torch.nn.Module, iters: int) -> list[list[tuple[int, tuple]]]:
+    layouts: list[list[tuple[int, tuple]]] = []
+
+    def hook(_, bucket):  # (no annotations: DDP checks them, and they are strings here)
+        layouts[-1].append((bucket.index(), tuple(tuple(p.shape) for p in bucket.parameters())))
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    net.register_comm_hook(None, hook)
+    for _ in range(iters):
+        layouts.append([])
+        net(torch.randn(4, 16)).sum().backward()
+    return layouts
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+
+
+def test_ddp_on_the_local_group_keeps_one_bucket_layout_from_the_first_iteration():
+    """Why ``pt.DistributedDataParallel`` sets ``find_unused_parameters``: by default DDP lays
+    its buckets out anew after the first iteration, so a joiner's first step would meet the
+    others' buckets with other parameters at each offset."""
+    default = torch.nn.parallel.DistributedDataParallel(
+        _model(), process_group=pt.local_group(), bucket_cap_mb=0.001)
+    first, *later = _bucket_layouts(default, 3)
+    assert first != later[0]  # (what would go wrong)
+    fixed = torch.nn.parallel.DistributedDataParallel(
+        _model(), process_group=pt.local_group(), bucket_cap_mb=0.001,
+        find_unused_parameters=True)
+    first, *later = _bucket_layouts(fixed, 3)
+    assert len(first) > 1 and all(layout == first for layout in later)
+
+
+def test_distributed_data_parallel_refuses_what_it_sets_and_needs_a_pccl_group():
+    for kw in ({"process_group": pt.local_group()}, {"find_unused_parameters": False}):
+        with pytest.raises(pccl.InvalidUsageError, match="is set by"):
+            pt.DistributedDataParallel(_model(), **kw)
+    with pytest.raises(pccl.InvalidUsageError, match="must be a pccl_aio"):
+        pt.DistributedDataParallel(_model(), group=pt.local_group())  # type: ignore[arg-type]
+    if not dist.is_initialized():
+        with pytest.raises(pccl.InvalidUsageError, match="init_process_group"):
+            pt.DistributedDataParallel(_model())
