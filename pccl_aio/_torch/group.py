@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import _register_process_group
 
 from .._errors import InvalidUsageError
 from .._peer.core import staging
@@ -31,6 +32,7 @@ __all__ = ["BACKEND", "ProcessGroup"]
 
 BACKEND = "pccl_aio"
 TAGS = 1 << 12  # tags cycled through (collectives in flight at once, at most)
+_names = itertools.count()
 _OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.AVG: ReduceOp.AVG,
         dist.ReduceOp.PRODUCT: ReduceOp.PROD, dist.ReduceOp.MIN: ReduceOp.MIN,
         dist.ReduceOp.MAX: ReduceOp.MAX}
@@ -56,7 +58,10 @@ class ProcessGroup(dist.ProcessGroup):
         self.comm = comm
         self._tags = itertools.cycle(range(TAGS))
         self.completions = Completions()  # (the comm hook's works complete there too)
-        self._name = ""
+        # named and registered at once, for DeviceMesh.from_group (it finds groups by name);
+        # init_process_group names the default group again, torch's way
+        self._name = f"pccl_aio:{next(_names)}"
+        _register_process_group(self._name, self)
 
     # ---- what torch asks of a group ----------------------------------------------------------
     def rank(self) -> int:

@@ -1,6 +1,8 @@
-"""Issue 33 (begun): ``pccl_aio.torch`` as torch's default process group, in real
-processes: the ``dist.*`` collectives give the same bytes as a gloo group on the same inputs,
-and plain ``DistributedDataParallel`` trains with parameters bit-identical on every rank."""
+"""Issue 33: ``pccl_aio.torch`` in real processes: the ``dist.*`` collectives on the default
+pccl_aio group give the same bytes as a gloo group on the same inputs; plain
+``DistributedDataParallel`` trains with parameters bit-identical on every rank;
+``pccl_aio.torch.DistributedDataParallel`` rides out a SIGKILLed replica and takes in a
+joiner; FSDP2 with the all-reduce hook and the HSDP mesh over pccl_aio agree per shard."""
 
 from __future__ import annotations
 
@@ -82,6 +84,32 @@ async def test_ddp_with_the_comm_hook_survives_a_sigkilled_replica_and_a_joiner(
     assert joined and joined[0]["step"] > 11 and {e["ws"] for e in joined} == {3}, joined
     failed = [[e["step"] for e in p.events if e["event"] == "failed"] for p in survivors]
     assert failed[0] == failed[1]  # the same steps skipped on both, if any
+
+
+async def test_fsdp2_with_the_all_reduce_hook_and_the_hsdp_mesh_agree_per_shard(procs):
+    """Two replicas x two FSDP2 shards (gloo inside a replica), shard i of each replica in
+    pccl_aio peer group i: with ``set_all_reduce_hook`` averaging over pccl_aio, and as HSDP
+    through ``DeviceMesh.from_group([pccl_aio group, gloo pair])`` (the group registered by
+    name for the mesh), each shard's parameters end bit-identical on both replicas, and the
+    two forms agree."""
+    store = f"127.0.0.1:{_free_port()}"
+    async with pccl.Master("127.0.0.1", 0, admission_interval=0.0) as master:
+        ps = []
+        for r in range(2):
+            for shard in range(2):
+                p = await spawn(f"r{r}s{shard}", str(HERE / "fsdp_peer.py"), master.address,
+                                store, "2", str(r), str(shard), env={"OMP_NUM_THREADS": "1"})
+                procs.append(p)
+                ps.append(p)
+        out = [json.loads(await p.line(timeout=90)) for p in ps]
+        assert await asyncio.gather(*(p.proc.wait() for p in ps)) == [0] * 4
+    for shard in range(2):
+        mine = [o for o in out if o["shard"] == shard]
+        assert sorted(o["rank"] for o in mine) == [0, 1]  # a peer group per shard
+        assert len({(o["hook"], o["hsdp"]) for o in mine}) == 1, out
+        assert mine[0]["hook"] == mine[0]["hsdp"], out
+    assert out[0]["hook"] != out[1]["hook"]  # (two shards, two digests)
+    assert all(o["name"].startswith("pccl_aio:") for o in out)
 
 
 async def test_the_gpu_bench_runs_and_says_when_there_is_no_gpu():
