@@ -61,7 +61,7 @@ class ProcessGroup(dist.ProcessGroup):
         # named and registered at once, for DeviceMesh.from_group (it finds groups by name);
         # init_process_group names the default group again, torch's way
         self._name = f"pccl_aio:{next(_names)}"
-        _register_process_group(self._name, self)
+        _register_process_group(self._name, self)  # type: ignore[arg-type]
 
     # ---- what torch asks of a group ----------------------------------------------------------
     def rank(self) -> int:
