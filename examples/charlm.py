@@ -293,11 +293,13 @@ class Peer(Lines):
     then ``sync(state)`` before every outer step and ``reduced(infos)`` after its collectives.
     Alone, it waits for company (a run needs two peers to average anything)."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace,
+                 comm: blocking.Communicator | None = None) -> None:
         super().__init__()
         self.args = args
-        self.comm = blocking.Communicator(args.master,
-                                          secret=pccl.load_secret(args.secret_file) or b"")
+        self.given = comm is not None  # connected already (pccl_aio.torch's group's)
+        self.comm = comm if comm is not None else blocking.Communicator(
+            args.master, secret=pccl.load_secret(args.secret_file) or b"")
         self.first = True  # the first sync of this peer (a joiner's too) skips the vote
 
     def __enter__(self) -> Peer:
@@ -308,7 +310,8 @@ class Peer(Lines):
 
     def connect(self) -> None:
         """Join the run; the first step waits for ``--min-peers`` (a joiner finds them)."""
-        self.comm.connect(attempts=self.args.attempts)
+        if not self.given:
+            self.comm.connect(attempts=self.args.attempts)
         self.peer_id = self.comm.peer_id
         self.log("joined", world=self.comm.world_size)
         if self.comm.peer_group_world_size < self.args.min_peers:

@@ -1,6 +1,6 @@
-"""The torch examples (examples/ddp.py, diloco.py, diloco_asyncio.py) as real processes on
-the tiny model: three peers, the third SIGKILLed mid-run, then a joiner; the digests of the
-shared model agree step by step and the run ends with one model on every peer
+"""The torch examples (examples/ddp.py, ddp_torch_distributed.py, diloco.py,
+diloco_asyncio.py) as real processes on the tiny model: three peers, the third SIGKILLed
+mid-run, then a joiner; the digests of the shared model agree step by step and the run ends with one model on every peer
 (``tests/process/example_runs.py`` runs them and checks the line protocol)."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ DILOCO = ("--tiny", "--inner", "5", "--inner-steps", "1500")  # 300 outer steps:
 
 
 @pytest.mark.timeout(180)
-async def test_ddp_survives_a_sigkill_and_a_joiner(procs, master_proc):
+@pytest.mark.parametrize("script", ["ddp.py", "ddp_torch_distributed.py"])
+async def test_ddp_survives_a_sigkill_and_a_joiner(procs, master_proc, script):
     _, addr = master_proc
-    peers = await run_example(procs, addr, "ddp.py", "--tiny", "--inner-steps", "600",
+    peers = await run_example(procs, addr, script, "--tiny", "--inner-steps", "600",
                               "--eval-every", "50", kill_after=5, join=True)
     assert peers[0].done is not None and peers[0].done["outer"] == "600"
     assert len(peers[-1].steps) >= 5, peers[-1].steps  # the joiner took part
