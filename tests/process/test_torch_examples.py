@@ -1,7 +1,8 @@
 """The torch examples (examples/ddp.py, ddp_torch_distributed.py, diloco.py,
 diloco_asyncio.py) as real processes on the tiny model: three peers, the third SIGKILLed
-mid-run, then a joiner; the digests of the shared model agree step by step and the run ends with one model on every peer
-(``tests/process/example_runs.py`` runs them and checks the line protocol)."""
+mid-run, then a joiner; the digests of the shared model agree step by step and the run ends
+with one model on every peer (``tests/process/example_runs.py`` runs them and checks the
+line protocol)."""
 
 from __future__ import annotations
 

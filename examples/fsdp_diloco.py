@@ -1,0 +1,155 @@
+"""DiLoCo across replicas of an FSDP2 model: the small GPT of ``charlm.py`` sharded over two
+processes per replica (gloo inside a replica), the replicas joined by pccl_aio peer groups.
+
+    python -m pccl_aio.master --port 48148 &
+    for r in 1 2; do for s in 0 1; do
+        python examples/fsdp_diloco.py --seed $r --shard $s --replica-store 127.0.0.1:$((49000+r)) &
+    done; done
+
+A replica is two processes (``--shard 0`` and ``1``) that meet at ``--replica-store`` (shard 0
+listens there) and ``fully_shard`` the model between them: inner AdamW steps, gradients
+reduce-scattered within the replica. Shard i of every replica is a pccl_aio peer in peer group
+i: every ``--inner`` (H) steps it averages the pseudo-gradient of its own part of the
+parameters over its group (the shard dimension in the peer groups), and takes an outer
+Nesterov step on that part. Each process prints the line protocol of ``charlm.py`` with the
+digest of its part of the global model: at every outer step it is the same on every replica.
+
+Replicas are lost and join as a whole. A lost replica aborts the averaging in both groups: the
+survivors retry on their own. A joining replica's shards are admitted in both groups at the
+same outer step (each replica's two processes agree on it over gloo: the joint votes of the two
+groups give the same answer on every replica, so every replica decides alike) and receive
+their part of the global model, the outer momentum and the step in their group's shared-state
+sync. A process whose partner in the replica died sees gloo fail and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from datetime import timedelta
+
+import charlm
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import pccl_aio as pccl
+from pccl_aio import blocking
+
+
+def agree(flag: bool) -> bool:
+    """True when both processes of this replica say True (gloo, within the replica)."""
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def sync(peer: charlm.Peer, state: pccl.SharedState) -> None:
+    """Before an outer step: admit joining replicas (in both groups at once, or not at all)
+    and sync this shard's part of the global model in its group; retried by the whole
+    replica when either group's sync failed."""
+    while True:
+        pending = not peer.first and peer.comm.are_peers_pending()
+        peer.first = False
+        peer._update_topology(agree(pending))
+        if peer.comm.peer_group_world_size < 2:
+            peer.wait_for_peers(2)  # alone: both shards wait for a joining replica
+        try:
+            info = peer.comm.sync_shared_state(state)
+            ok = True
+        except pccl.SharedStateError as exc:  # every peer of this group got it
+            peer.log("failed", error=repr(str(exc)).replace(" ", "_"))
+            ok = False
+        if agree(ok):  # (the other group may have failed: then both groups sync again)
+            peer.sent += info.tx_bytes
+            state.revision += 1
+            return
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg, train, val = charlm.setup(args)
+    host, port = args.replica_store.rsplit(":", 1)
+    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=args.shard,
+                            world_size=2, timeout=timedelta(seconds=args.replica_timeout))
+    model = charlm.GPT(cfg)  # the same initial model on every replica
+    fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
+    local = [p.to_local() for p in model.parameters()]  # this shard's part of each
+    part = torch.nn.ParameterList(torch.nn.Parameter(t.detach().clone()) for t in local)
+    outer = torch.optim.SGD(part.parameters(), lr=args.outer_lr, momentum=args.momentum,
+                            nesterov=True)
+    flat = torch.zeros(sum(t.numel() for t in local))  # the part's .grad: one all-reduce
+    at = 0
+    for p in part:
+        p.grad, at = flat[at:at + p.numel()].view_as(p), at + p.numel()
+    count = torch.zeros(1, dtype=torch.int64)  # outer steps taken by the run
+    state = pccl.SharedState.from_module(part, outer, extra={"step": count})
+    inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    last = math.ceil(args.inner_steps / args.inner)
+    comm = blocking.Communicator(args.master, peer_group=args.shard,
+                                 secret=pccl.load_secret(args.secret_file) or b"")
+    comm.connect(attempts=args.attempts)
+    with charlm.Peer(args, comm) as peer:
+        peer.connect()
+        while int(count) < last:
+            sync(peer, state)  # a joiner receives its part, the momentum and the step here
+            k = int(count) + 1
+            if k > last:
+                break
+            with torch.no_grad():
+                for t, p in zip(local, part):
+                    t.copy_(p)
+            first, end = (k - 1) * args.inner, min(k * args.inner, args.inner_steps)
+            total = 0.0
+            for i in range(first + 1, end + 1):
+                charlm.set_lr(inner, charlm.lr_at(args.lr, i, args.inner_steps))
+                inner.zero_grad()
+                loss = model(*charlm.batch(train, cfg, 2 * args.seed + args.shard, i))
+                loss.backward()
+                inner.step()
+                total += float(loss.detach())
+            world = average(peer, part, local, flat, k)
+            outer.step()  # never zero_grad: the .grad views stay
+            count += 1
+            val_loss = charlm.evaluate(model, val, cfg) if charlm.evaluate_at(args, k, last) \
+                else math.nan  # (both shards evaluate: FSDP's forward is a collective)
+            peer.step(k, end, world, total / max(end - first, 1), val_loss,
+                      charlm.digest(list(part)))
+        peer.done(int(count), min(int(count) * args.inner, args.inner_steps),
+                  charlm.evaluate(model, val, cfg), charlm.digest(list(part)))
+    dist.destroy_process_group()
+    return 0
+
+
+def average(peer: charlm.Peer, part: torch.nn.ParameterList, local: list[torch.Tensor],
+            flat: torch.Tensor, k: int) -> int:
+    """Average this part's pseudo-gradient over its group; the world size it took. A lost
+    replica aborts the attempt in the group: the survivors retry together."""
+    while True:
+        with torch.no_grad():
+            for p, t in zip(part, local):
+                torch.sub(p, t, out=p.grad)
+        try:
+            info = peer.comm.all_reduce(flat, op=pccl.ReduceOp.AVG, restore_on_abort=False)
+        except pccl.TooFewPeersError:  # alone now (nothing was sent): our own
+            return 1
+        except pccl.PeerLostError:
+            peer.lost(k, peer.comm.peer_group_world_size)
+            continue
+        return peer.reduced([info], k)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = charlm.diloco_parser(__doc__, "inner steps per outer step (H)")
+    ap.add_argument("--shard", type=int, choices=(0, 1), required=True,
+                    help="this process's shard of its replica (its pccl_aio peer group)")
+    ap.add_argument("--replica-store", required=True, metavar="HOST:PORT",
+                    help="where the replica's two processes meet (shard 0 listens)")
+    ap.add_argument("--replica-timeout", type=float, default=60.0,
+                    help="seconds a gloo call within the replica waits for the partner")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse()))
