@@ -28,12 +28,14 @@ import argparse
 import math
 import sys
 from datetime import timedelta
+from typing import cast
 
 import charlm
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 import pccl_aio as pccl
 from pccl_aio import blocking
@@ -75,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
                             world_size=2, timeout=timedelta(seconds=args.replica_timeout))
     model = charlm.GPT(cfg)  # the same initial model on every replica
     fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
-    local = [p.to_local() for p in model.parameters()]  # this shard's part of each
+    # this shard's part of each parameter (FSDP2's parameters are DTensors)
+    local = [cast(DTensor, p).to_local() for p in model.parameters()]
     part = torch.nn.ParameterList(torch.nn.Parameter(t.detach().clone()) for t in local)
     outer = torch.optim.SGD(part.parameters(), lr=args.outer_lr, momentum=args.momentum,
                             nesterov=True)
