@@ -8,6 +8,7 @@ one change here.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from .._wire import messages as m
@@ -17,8 +18,8 @@ from .data.measure import Measurer
 from .session.control import ControlPlane
 from .state.sync import SharedStateSync
 
-__all__ = ["control_plane", "crash", "data_plane", "measurer", "pair_key", "record_sends",
-           "shared_state_sync"]
+__all__ = ["control_plane", "crash", "data_plane", "hold_fetches", "measurer", "pair_key",
+           "record_sends", "shared_state_sync"]
 
 
 def control_plane(comm: Communicator) -> ControlPlane:
@@ -70,3 +71,19 @@ def record_sends(comm: Communicator) -> list[m.PeerToMaster]:
 
     control.send = spy  # type: ignore[method-assign]
     return sent
+
+
+def hold_fetches(comm: Communicator) -> tuple[asyncio.Event, asyncio.Event]:
+    """From now on each shared-state fetch of ``comm`` waits before it starts until the
+    second event is set; the first is set once one waits (a fetch held across a master's
+    loss, say). Set the second to let this one and every later fetch through."""
+    sync = comm._sync
+    fetch, waiting, release = sync._fetch, asyncio.Event(), asyncio.Event()
+
+    async def held(*args: Any) -> int:
+        waiting.set()
+        await release.wait()
+        return await fetch(*args)
+
+    sync._fetch = held  # type: ignore[method-assign,assignment]
+    return waiting, release

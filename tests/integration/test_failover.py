@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -280,15 +279,7 @@ async def test_a_sync_whose_fetch_outlives_its_master_is_not_reported_to_the_nex
     async with running(new_master()) as first:
         port = first.port
         a, b = await join_peers(first, 2)
-        sync = testing.shared_state_sync(b)
-        fetch, fetching, release = sync._fetch, asyncio.Event(), asyncio.Event()
-
-        async def held(*args: Any) -> int:
-            fetching.set()
-            await release.wait()
-            return await fetch(*args)
-
-        sync._fetch = held  # type: ignore[method-assign]
+        fetching, release = testing.hold_fetches(b)
         ws = [np.full(64, v, np.float32) for v in (1.0, 0.0)]
         states = [pccl.SharedState({"w": w}, revision=r) for w, r in zip(ws, (3, 0))]
         calls = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip((a, b), states)]
@@ -302,7 +293,6 @@ async def test_a_sync_whose_fetch_outlives_its_master_is_not_reported_to_the_nex
         assert not lost.value.new_member
         with pytest.raises(pccl.SharedStateError):
             await calls[0]  # the next master: not every peer finished it
-        sync._fetch = fetch  # type: ignore[method-assign]
         infos = await asyncio.gather(*(c.sync_shared_state(s) for c, s in zip((a, b), states)))
         assert [i.revision for i in infos] == [3, 3] and (ws[1] == 1.0).all()
         assert sorted(second.state.accepted()) == sorted([a.peer_id, b.peer_id])
