@@ -1,6 +1,7 @@
-"""Issue 33, point 3 (begun): every collective through the staging path (device tensors'
-host twins; "cpu" added to the staged devices, as no GPU is needed for the logic): the same
-results, and a failed in-place all-reduce leaves the tensor untouched even without a backup."""
+"""Issue 33, point 3: every collective, ``SharedState`` and ``Buckets`` through the staging
+path (device tensors' host twins; "cpu" added to the staged devices, as no GPU is needed for
+the logic): the same results, and a failed in-place all-reduce leaves the tensor untouched
+even without a backup."""
 
 from __future__ import annotations
 
@@ -58,3 +59,33 @@ async def test_a_failed_in_place_all_reduce_leaves_the_tensor_as_it_was(peers, c
     await c.close()
     await asyncio.gather(a.all_reduce(xs[0]), b.all_reduce(xs[1]))
     assert (xs[0] == 3).all() and (xs[1] == 3).all()
+
+
+async def test_a_shared_state_of_device_tensors_syncs_through_host_twins(peers, cpu_staged):
+    """A device tensor of a ``SharedState`` is copied into its host twin when a sync starts
+    (``refresh``) and back once the sync succeeded: a joiner's tensors receive the group's,
+    and a tensor changed between syncs is what the next sync compares."""
+    a, b = await peers(2)
+    wa, wb = torch.arange(1000.0), torch.zeros(1000)
+    sa, sb = pccl.SharedState({"w": wa}, revision=4), pccl.SharedState({"w": wb})
+    await asyncio.gather(a.sync_shared_state(sa), b.sync_shared_state(sb))
+    assert torch.equal(wb, wa) and sb.revision == 4  # fetched into b's twin, then stored
+    wb += 1  # the state holds the twin: it sees the change at the next refresh only
+    assert bytes(sb.view("w")) == wa.numpy().tobytes()
+    sb.refresh()
+    assert bytes(sb.view("w")) == wb.numpy().tobytes()
+    wa += 1
+    sa.revision = sb.revision = 5
+    infos = await asyncio.gather(a.sync_shared_state(sa), b.sync_shared_state(sb))
+    assert [i.rx_bytes for i in infos] == [0, 0] and torch.equal(wa, wb)  # nothing differed
+
+
+async def test_buckets_of_device_tensors_stage_through_their_flat_buffers(peers, cpu_staged):
+    a, b = await peers(2)
+    ts = [[torch.full((300,), float(r + 1)), torch.full((7, 3), 10.0 * (r + 1))]
+          for r in range(2)]
+    buckets = [pccl.Buckets(t, bucket_cap_mb=0.001) for t in ts]
+    await asyncio.gather(*(bk.all_reduce(c) for bk, c in zip(buckets, (a, b))))
+    for t in ts:
+        assert (t[0] == 3).all() and (t[1] == 30).all()
+    assert all(f.device.type == "cpu" for bk in buckets for f in bk.flat)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..._errors import InvalidUsageError
 
-__all__ = ["DEVICES", "HostPool", "Staged", "Stages", "needs", "stage"]
+__all__ = ["DEVICES", "HostPool", "Staged", "Stages", "needs", "stage", "twin"]
 
 #: Device types staged through host memory (a test adds "cpu" to run the path without a GPU).
 DEVICES = frozenset({"cuda"})
@@ -35,6 +35,14 @@ def needs(x: Any) -> bool:
         raise InvalidUsageError(f"a tensor on {x.device}: pccl_aio takes CPU tensors and "
                                 f"stages {', '.join(sorted(DEVICES))} ones through host memory")
     return False
+
+
+def twin(x: Any) -> Any:
+    """A host tensor of ``x``'s dtype and shape (pinned where the device can use it), kept
+    by its owner (a shared state's entry) across calls."""
+    import torch
+
+    return torch.empty(x.shape, dtype=x.dtype, pin_memory=_pinnable(x))
 
 
 class HostPool:

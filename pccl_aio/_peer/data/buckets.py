@@ -16,6 +16,7 @@ from typing import Any, Self
 
 from ..._errors import InvalidUsageError
 from ..._types import Quantization, ReduceInfo, ReduceOp
+from ..core import staging
 
 __all__ = ["Buckets"]
 
@@ -25,10 +26,12 @@ def _is_torch(t: Any) -> bool:
 
 
 class Buckets:
-    """Flat buffers for ``tensors`` (torch CPU tensors or numpy arrays, all of one kind;
-    contiguous or not). ``bucket_cap_mb`` bounds a bucket's size (DDP's default: 25). The
-    results are bit-identical on every peer; with three or more peers a float sum may differ
-    from per-tensor all-reduces in the last bits (the ring adds in another order)."""
+    """Flat buffers for ``tensors`` (torch tensors or numpy arrays, all of one kind;
+    contiguous or not). The flat buffers are host memory: CUDA tensors are copied into them
+    and back (pinned buffers), so they are the staging. ``bucket_cap_mb`` bounds a bucket's
+    size (DDP's default: 25). The results are bit-identical on every peer; with three or more
+    peers a float sum may differ from per-tensor all-reduces in the last bits (the ring adds
+    in another order)."""
 
     def __init__(self, tensors: Sequence[Any], bucket_cap_mb: float = 25.0) -> None:
         tensors = list(tensors)
@@ -41,14 +44,15 @@ class Buckets:
             raise InvalidUsageError("Buckets takes torch tensors or numpy arrays, not a mix")
         self.torch = kinds.pop()
         self.tensors = tensors
+        self.pinned = False
         cap = int(bucket_cap_mb * (1 << 20))
         # (dtype key, [(tensor index, offset, numel)]) per bucket, in order of first tensor
         plans: list[tuple[Any, list[tuple[int, int, int]], int]] = []
         open_by_dtype: dict[Any, int] = {}
         for i, t in enumerate(tensors):
             if self.torch:
-                if t.device.type != "cpu":
-                    raise InvalidUsageError(f"tensor {i} is on {t.device}, not the CPU")
+                if staging.needs(t) and t.device.type == "cuda":  # (another: refused)
+                    self.pinned = True  # the flat buffers stage them: pinned host memory
                 n, size = t.numel(), t.element_size()
             else:
                 n, size = t.size, t.itemsize
@@ -90,7 +94,7 @@ class Buckets:
         if self.torch:
             import torch
 
-            return torch.empty(n, dtype=dtype)
+            return torch.empty(n, dtype=dtype, pin_memory=self.pinned)
         import numpy as np
 
         return np.empty(n, dtype=dtype)

@@ -151,6 +151,7 @@ class SharedStateSync:
                     raise error
                 raise SharedStateError(
                     f"shared-state fetch failed: {error}; retry the sync") from error
+            state.store()  # (device tensors: their host twins' bytes back)
             state.revision = plan.revision
             state.fresh = False
             info = SyncInfo(self.server.tx - tx0, rx, plan.revision)

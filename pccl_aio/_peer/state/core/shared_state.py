@@ -1,8 +1,11 @@
 """``SharedState``: named tensors kept bit-identical across the peers of a group.
 
-Entries are numpy arrays or torch CPU tensors of any supported dtype (float16, bfloat16 and
+Entries are numpy arrays or torch tensors of any supported dtype (float16, bfloat16 and
 int16 included). Each entry is hashed with xxh3-128; an entry with
 ``allow_content_inequality`` is not compared between peers, but is still sent to a joiner.
+A CUDA tensor is kept in a host twin (pinned): copied into it when a sync starts
+(``refresh``), copied back from it when a sync succeeded (``store``); a failed sync leaves
+the device tensor as it was.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import xxhash
 
 from ...._errors import InvalidUsageError
 from ...._wire.state import MAX_KEY
+from ...core import staging
 from ...core.buffers import Buffer, as_buffer
 
 __all__ = ["SharedState", "hash_bytes"]
@@ -36,8 +40,8 @@ class SharedState:
     """The tensors a group keeps identical, and the revision they are at.
 
     Args:
-        tensors: name -> tensor (numpy array, torch CPU tensor, writable buffer); the
-            tensors are updated in place by ``Communicator.sync_shared_state``.
+        tensors: name -> tensor (numpy array, torch CPU or CUDA tensor, writable buffer);
+            the tensors are updated in place by ``Communicator.sync_shared_state``.
         revision: the revision this peer holds; advance it by exactly one per sync
             (a peer resuming from a checkpoint passes the checkpoint's revision).
         allow_content_inequality: names whose contents may differ between peers.
@@ -51,6 +55,8 @@ class SharedState:
         self._source: Callable[[], Mapping[str, Any]] | None = None
         self._entries: list[_Entry] = []
         self._by_key: dict[str, _Entry] = {}
+        self._twins: dict[str, Any] = {}  # key -> host twin of a device tensor
+        self._staged: list[tuple[Any, Any]] = []  # (device tensor, its host twin)
         self._set(tensors)
         self.revision = revision
         self.fresh = True  # never synced: a joiner also receives the inequality-allowed entries
@@ -66,7 +72,7 @@ class SharedState:
         names; they alias the tensors (no copy) and are read again at every sync, so the
         state follows ``module.load_state_dict`` and ``optimizer.load_state_dict``. An
         optimizer that never stepped gets its fresh state materialized as zeros (Adam, AdamW,
-        Adamax, RAdam, SGD; others must step once first). Only CPU tensors."""
+        Adamax, RAdam, SGD; others must step once first). CPU or CUDA tensors."""
         from .torch_state import module_tensors
 
         def read() -> Mapping[str, Any]:
@@ -77,10 +83,20 @@ class SharedState:
         return state
 
     def refresh(self) -> None:
-        """Re-read the entries of a ``from_module`` state (the sync calls this first); a no-op
-        for a state built from a mapping. Raises ``InvalidUsageError`` for a bad tensor."""
+        """Re-read the entries of a ``from_module`` state and copy device tensors into their
+        host twins (the sync calls this first; blocks for the copies). Raises
+        ``InvalidUsageError`` for a bad tensor."""
         if self._source is not None:
             self._set(self._source())
+        else:
+            for device, host in self._staged:
+                host.copy_(device)
+
+    def store(self) -> None:
+        """A sync succeeded: the host twins' bytes into their device tensors (blocks for the
+        copies; nothing to do without device tensors)."""
+        for device, host in self._staged:
+            device.copy_(host)
 
     def _set(self, tensors: Mapping[str, Any]) -> None:
         if not tensors:
@@ -89,16 +105,23 @@ class SharedState:
         if unknown:
             raise InvalidUsageError(
                 f"allow_content_inequality names unknown keys {sorted(unknown)}")
-        entries = []
+        entries, staged = [], []
         for key, t in tensors.items():
             if not isinstance(key, str) or not key:
                 raise InvalidUsageError(f"shared-state keys must be non-empty str, not {key!r}")
             if len(key.encode()) > MAX_KEY:
                 raise InvalidUsageError(
                     f"shared-state key {key[:40]!r}... is longer than {MAX_KEY} UTF-8 bytes")
+            if staging.needs(t):
+                host = self._twins.get(key)
+                if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                    host = self._twins[key] = staging.twin(t)
+                host.copy_(t)
+                staged.append((t, host))
+                t = host
             entries.append(_Entry(key, as_buffer(t, writable=True, what=f"entry {key!r}"),
                                   key in self._loose))
-        self._entries = entries
+        self._entries, self._staged = entries, staged
         self._by_key = {e.key: e for e in entries}
 
     def __repr__(self) -> str:
