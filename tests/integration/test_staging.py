@@ -89,3 +89,10 @@ async def test_buckets_of_device_tensors_stage_through_their_flat_buffers(peers,
     for t in ts:
         assert (t[0] == 3).all() and (t[1] == 30).all()
     assert all(f.device.type == "cpu" for bk in buckets for f in bk.flat)
+
+
+async def test_all_reduce_multiple_with_retry_of_device_tensors(peers, cpu_staged):
+    a, b = await peers(2)
+    ts = [[torch.full((50,), float(r + 1)), torch.full((3,), 5.0)] for r in range(2)]
+    await asyncio.gather(*(c.all_reduce_multiple_with_retry(t) for c, t in zip((a, b), ts)))
+    assert all((t[0] == 3).all() and (t[1] == 10).all() for t in ts)

@@ -126,6 +126,20 @@ class ReduceCalls:
         """``all_reduce_multiple_with_retry`` once its ``timeout`` is checked (``limit``)."""
         args.positive("max_in_flight", max_in_flight)
         args.positive("max_attempts", max_attempts)
+        stages = Stages(self._host)  # device tensors: host twins, stored back on success
+        try:
+            tensors = [stages.host(t, load=True, out=True) for t in tensors]
+            result = await self._multiple(tensors, op, max_in_flight, first_tag, max_attempts,
+                                          quantization, restore_on_abort, limit)
+        except BaseException:
+            stages.done(False)
+            raise
+        stages.done(True)
+        return result
+
+    async def _multiple(self, tensors: Sequence[Any], op: Any, max_in_flight: Any,
+                        first_tag: Any, max_attempts: Any, quantization: Quantization | None,
+                        restore_on_abort: Any, limit: float | None) -> list[ReduceInfo]:
         bufs, tags, quant_of = args.multi(tensors, first_tag, quantization, restore_on_abort)
         reduce_op = args.op(op)
         busy = set(tags) & set(self._control.colls)
