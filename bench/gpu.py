@@ -2,14 +2,15 @@
 
     python bench/gpu.py [--peers 2] [--mib 1 16 64] [--iters 10] [--kinds all_reduce ...]
 
-A master and ``--peers`` communicators in this process (one event loop), all on GPU 0. For
-every size and kind (all-reduce SUM in place, broadcast, all-gather, reduce-scatter) the same
-inputs run once as CPU tensors and once as CUDA tensors: every peer's CUDA result, copied
-back, must be bit-identical to the others' and to the CPU run's (a difference fails the
-bench). Then each path is timed (``--iters`` calls, alternated, median): the ratio is CUDA /
-CPU time, the staging overhead (device-to-host and host-to-device copies through pinned
-buffers on a side stream). Without a GPU it says so and exits 0, having measured nothing.
-Table, then one JSON line.
+A master and ``--peers`` communicators in this process (one event loop), all on GPU 0. First a
+``SharedState`` and ``Buckets`` of CUDA tensors are checked (a sync from the highest revision,
+bucketed sums). Then for every size and kind (all-reduce SUM in place, broadcast, all-gather,
+reduce-scatter) the same inputs run once as CPU tensors and once as CUDA tensors: every peer's
+CUDA result, copied back, must be bit-identical to the others' and to the CPU run's (a
+difference fails the bench). Each path is timed (``--iters`` calls, alternated, median): the
+ratio is CUDA / CPU time, the staging overhead (device-to-host and host-to-device copies
+through pinned buffers on a side stream). Without a GPU it says so and exits 0, having
+measured nothing. Table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -78,6 +79,27 @@ async def timed(comms: list[pccl.Communicator], kind: str, n: int, device: str) 
     return time.perf_counter() - t0
 
 
+async def state_and_buckets(comms: list[pccl.Communicator]) -> None:
+    """A ``SharedState`` of CUDA tensors synced from rank 0 (the highest revision) and
+    ``Buckets`` of CUDA gradients all-reduced: every peer's tensors as expected, or exit."""
+    import torch
+
+    world = len(comms)
+    ws = [torch.full((1 << 18,), float(c.rank), device="cuda") for c in comms]
+    states = [pccl.SharedState({"w": w}, revision=3 if c.rank == 0 else 0)
+              for c, w in zip(comms, ws)]
+    await asyncio.gather(*(c.sync_shared_state(s) for c, s in zip(comms, states)))
+    if not all(bool((w == 0).all()) for w in ws):
+        raise SystemExit("SharedState of CUDA tensors: a peer did not receive rank 0's")
+    gs = [[torch.full((1000,), float(c.rank + 1), device="cuda"),
+           torch.full((3, 5), 1.0, device="cuda")] for c in comms]
+    buckets = [pccl.Buckets(g, bucket_cap_mb=0.001) for g in gs]
+    await asyncio.gather(*(b.all_reduce(c) for b, c in zip(buckets, comms)))
+    total = world * (world + 1) / 2
+    if not all(bool((g[0] == total).all() and (g[1] == world).all()) for g in gs):
+        raise SystemExit("Buckets of CUDA tensors: wrong sums")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers", type=int, default=2)
@@ -97,6 +119,7 @@ async def main() -> None:
     async with pccl.Master("127.0.0.1", 0, admission_interval=0.0) as master:
         comms = sorted(await join_peers(master, a.peers), key=lambda c: c.rank)
         try:
+            await state_and_buckets(comms)
             for mib in a.mib:
                 n = int(mib * (1 << 20)) // 4
                 for kind in a.kinds:
@@ -114,7 +137,8 @@ async def main() -> None:
                                  "cuda_vs_cpu": g / c, "identical": True})
         finally:
             await asyncio.gather(*(c.close() for c in comms))
-    print(f"# {torch.cuda.get_device_name(0)}, {a.peers} peers in one process")
+    print(f"# {torch.cuda.get_device_name(0)}, {a.peers} peers in one process; SharedState "
+          "and Buckets of CUDA tensors: correct")
     print_table(rows, ["kind", "MiB", "cpu_ms", "cuda_ms", "cuda_vs_cpu", "identical"])
     emit_json("gpu", rows, gpu=torch.cuda.get_device_name(0))
 
