@@ -84,7 +84,8 @@ async def test_fsdp_diloco_survives_a_killed_replica_and_a_joining_one(procs, ma
                 for j in joiner:  # joins the two running replicas
                     assert j.proc.stdin is not None
                     j.proc.stdin.write(b"go\n")
-            if not killed and p.name.startswith("r3") and f["kind"] == "step":
+            if not killed and all(any(g["kind"] == "step" for g in lines[j.name])
+                                  for j in joiner):  # (both groups' step done with 3)
                 killed = True
                 for victim in two:  # the whole replica at once
                     victim.signal(signal.SIGKILL)
