@@ -29,13 +29,14 @@ from torch._C._distributed_c10d import HashStore
 
 from ._torch.ddp import DistributedDataParallel
 from ._torch.group import BACKEND, ProcessGroup, reduce_op
-from ._torch.hooks import HookState, ddp_comm_hook
+from ._torch.hooks import AllReduceHook, HookState, ddp_comm_hook
 from ._torch.local import LocalGroup, local_group
 from ._torch.work import Work
 from .blocking import Communicator
 
-__all__ = ["BACKEND", "DistributedDataParallel", "HookState", "LocalGroup", "ProcessGroup",
-           "Work", "ddp_comm_hook", "init_process_group", "local_group", "reduce_op"]
+__all__ = ["BACKEND", "AllReduceHook", "DistributedDataParallel", "HookState", "LocalGroup",
+           "ProcessGroup", "Work", "ddp_comm_hook", "init_process_group", "local_group",
+           "reduce_op"]
 
 _handing: list[ProcessGroup] = []  # the group ``init_process_group`` hands torch's factory
 

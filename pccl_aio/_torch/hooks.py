@@ -11,7 +11,8 @@ always make the same calls in the same order; a bucket's tag is fixed (``HOOK_TA
 index), so its all-reduce starts early on its ticket. Runs in DDP's autograd threads; nothing
 here blocks (the collective completes on the group's thread). Build DDP on ``local_group()``
 (``local.py``) so that replicas can join mid-run: DDP's own collectives then stay local.
-Annotations here are objects, not strings: DDP compares the hook's with ``dist.GradBucket``
+``AllReduceHook`` is the same for FSDP2's ``set_all_reduce_hook``. Annotations here are
+objects, not strings: DDP compares the hook's with ``dist.GradBucket``
 (``torch._C._distributed_c10d.GradBucket``).
 """
 
@@ -25,10 +26,12 @@ from .._types import Quantization, ReduceOp
 from .group import ProcessGroup
 from .work import Work, done
 
-__all__ = ["HOOK_TAGS", "HookState", "ddp_comm_hook"]
+__all__ = ["FSDP_HOOK_TAG", "HOOK_TAGS", "AllReduceHook", "HookState", "ddp_comm_hook"]
 
 #: The hook's tags: bucket i's is ``HOOK_TAGS + i`` (above the group's own, ``group.TAGS``).
 HOOK_TAGS = 1 << 32
+#: ``AllReduceHook``'s tag (one call at a time; fixed, so it starts early on its ticket).
+FSDP_HOOK_TAG = 1 << 33
 
 
 class HookState:
@@ -78,3 +81,43 @@ def ddp_comm_hook(state: HookState, bucket: GradBucket
         return buf
 
     return fut.then(settle)
+
+
+class AllReduceHook:
+    """FSDP2's all-reduce hook over fault-tolerant replicas: ``fully_shard`` a model over the
+    processes of one replica (gloo), then ``model.set_all_reduce_hook(hook)``. Each call
+    averages a reduce-scattered gradient over the pccl_aio ``group`` (AVG over the replicas
+    taking part; shard i of every replica in peer group i), blocking until it is done. A
+    replica lost mid-step marks the step ``failed`` instead of raising, so FSDP's backward
+    completes; alone in its group a replica keeps its own gradient. A replica's shards are in
+    different groups, so one may fail a step another completed: after ``backward()`` ask
+    ``failed_in(replica_group)`` (the flag ORed over the replica's processes, one gloo
+    all-reduce): every replica then skips the same steps. ``reset()`` before the next step."""
+
+    def __init__(self, group: ProcessGroup, quantization: Quantization | None = None) -> None:
+        self.group, self.quantization = group, quantization
+        self.failed = False
+        self.error: PcclError | None = None
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        try:  # (every call is made whatever happened before: the same calls on every peer)
+            self.group.comm.all_reduce(grad, op=ReduceOp.AVG, tag=FSDP_HOOK_TAG,
+                                       quantization=self.quantization)
+        except TooFewPeersError:
+            pass
+        except PcclError as exc:
+            if not self.failed:
+                self.failed, self.error = True, exc
+
+    def failed_in(self, replica_group: Any = None) -> bool:
+        """Did any process of this replica see the step fail? A gloo all-reduce (MAX) over
+        ``replica_group`` (torch's default group if None); blocks for it."""
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(self.failed)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=replica_group)
+        return bool(flag.item())
+
+    def reset(self) -> None:
+        """A new step."""
+        self.failed, self.error = False, None

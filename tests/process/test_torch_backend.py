@@ -2,7 +2,8 @@
 pccl_aio group give the same bytes as a gloo group on the same inputs; plain
 ``DistributedDataParallel`` trains with parameters bit-identical on every rank;
 ``pccl_aio.torch.DistributedDataParallel`` rides out a SIGKILLed replica and takes in a
-joiner; FSDP2 with the all-reduce hook and the HSDP mesh over pccl_aio agree per shard."""
+joiner; FSDP2 with the all-reduce hook and the HSDP mesh over pccl_aio agree per shard, and
+FSDP2 replicas with ``AllReduceHook`` ride out a SIGKILLed replica."""
 
 from __future__ import annotations
 
@@ -110,6 +111,39 @@ async def test_fsdp2_with_the_all_reduce_hook_and_the_hsdp_mesh_agree_per_shard(
         assert mine[0]["hook"] == mine[0]["hsdp"], out
     assert out[0]["hook"] != out[1]["hook"]  # (two shards, two digests)
     assert all(o["name"].startswith("pccl_aio:") for o in out)
+
+
+async def test_fsdp2_replicas_with_the_fault_tolerant_hook_survive_a_sigkilled_replica(procs):
+    """Three replicas x two FSDP2 shards, ``AllReduceHook`` across replicas; replica 2 is
+    SIGKILLed whole mid-run: the survivors skip the same steps (their two groups may disagree
+    on a step; ``failed_in`` makes the replica agree) and each shard's parameters stay
+    bit-identical on both survivors at every step, over a world of two at the end."""
+    async with pccl.Master("127.0.0.1", 0, admission_interval=0.0, heartbeat_interval=0.2,
+                           heartbeat_timeout=2.0) as master:
+        ps: dict[tuple[int, int], Any] = {}
+        for r in range(3):
+            store = f"127.0.0.1:{_free_port()}"
+            for shard in range(2):
+                p = await spawn(f"r{r}s{shard}", str(HERE / "fsdp_ft_peer.py"),
+                                master.address, store, "3", str(r), str(shard), "20",
+                                *(["6"] if r == 2 else []), env={"OMP_NUM_THREADS": "1"})
+                procs.append(p)
+                ps[r, shard] = p
+        for shard in range(2):
+            await ps[2, shard].expect("frozen", timeout=90)
+        for shard in range(2):
+            ps[2, shard].signal(signal.SIGKILL)
+        for key in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+            await ps[key].expect("done", timeout=90)
+    for shard in range(2):
+        steps = [[e for e in ps[r, shard].events if e["event"] == "step"] for r in (0, 1)]
+        assert [[e["digest"] for e in s] for s in steps[:1]] == [
+            [e["digest"] for e in s] for s in steps[1:]], steps  # every step, both replicas
+        worlds = [e["ws"] for e in steps[0]]  # (at the very end one may have left already)
+        assert worlds[5] == 3 and set(worlds[6:-1]) == {2}, worlds
+    failed = [[e["step"] for e in ps[key].events if e["event"] == "failed"]
+              for key in [(0, 0), (0, 1), (1, 0), (1, 1)]]
+    assert all(f == failed[0] for f in failed), failed  # the same steps skipped everywhere
 
 
 async def test_the_gpu_bench_runs_and_says_when_there_is_no_gpu():
