@@ -28,7 +28,7 @@ from .._types import ReduceOp
 from ..blocking import AllReduceHandle, Communicator
 from .work import Completions, Work
 
-__all__ = ["BACKEND", "ProcessGroup"]
+__all__ = ["BACKEND", "Named", "ProcessGroup"]
 
 BACKEND = "pccl_aio"
 TAGS = 1 << 12  # tags cycled through (collectives in flight at once, at most)
@@ -48,7 +48,20 @@ def reduce_op(opts: Any) -> ReduceOp:
     raise InvalidUsageError(f"reduce op {op} is not supported (SUM, AVG, PRODUCT, MIN, MAX)")
 
 
-class ProcessGroup(dist.ProcessGroup):
+class Named(dist.ProcessGroup):
+    """The name torch gives a group (``_set_group_name``) and reads back (``group_name``)."""
+
+    _name = ""
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+
+class ProcessGroup(Named):
     """The fault-tolerant process group of one connected ``blocking.Communicator``."""
 
     def __init__(self, comm: Communicator) -> None:
@@ -72,13 +85,6 @@ class ProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND
-
-    @property
-    def group_name(self) -> str:  # type: ignore[override]
-        return self._name
-
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
 
     def __repr__(self) -> str:
         return f"pccl_aio.torch.ProcessGroup(rank={self.rank()}, size={self.size()})"

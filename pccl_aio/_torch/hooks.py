@@ -83,7 +83,7 @@ def ddp_comm_hook(state: HookState, bucket: GradBucket
     return fut.then(settle)
 
 
-class AllReduceHook:
+class AllReduceHook(HookState):
     """FSDP2's all-reduce hook over fault-tolerant replicas: ``fully_shard`` a model over the
     processes of one replica (gloo), then ``model.set_all_reduce_hook(hook)``. Each call
     averages a reduce-scattered gradient over the pccl_aio ``group`` (AVG over the replicas
@@ -94,11 +94,6 @@ class AllReduceHook:
     ``failed_in(replica_group)`` (the flag ORed over the replica's processes, one gloo
     all-reduce): every replica then skips the same steps. ``reset()`` before the next step."""
 
-    def __init__(self, group: ProcessGroup, quantization: Quantization | None = None) -> None:
-        self.group, self.quantization = group, quantization
-        self.failed = False
-        self.error: PcclError | None = None
-
     def __call__(self, grad: torch.Tensor) -> None:
         try:  # (every call is made whatever happened before: the same calls on every peer)
             self.group.comm.all_reduce(grad, op=ReduceOp.AVG, tag=FSDP_HOOK_TAG,
@@ -106,8 +101,7 @@ class AllReduceHook:
         except TooFewPeersError:
             pass
         except PcclError as exc:
-            if not self.failed:
-                self.failed, self.error = True, exc
+            self._lost(exc)
 
     def failed_in(self, replica_group: Any = None) -> bool:
         """Did any process of this replica see the step fail? A gloo all-reduce (MAX) over
@@ -117,7 +111,3 @@ class AllReduceHook:
         flag = torch.tensor([int(self.failed)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=replica_group)
         return bool(flag.item())
-
-    def reset(self) -> None:
-        """A new step."""
-        self.failed, self.error = False, None

@@ -14,20 +14,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from .group import Named
 from .work import Work, done
 
 __all__ = ["LocalGroup", "local_group"]
 
 
-class LocalGroup(dist.ProcessGroup):
+class LocalGroup(Named):
     """Rank 0 of a world of one: every collective is a local copy (reductions of one rank are
     the identity), completed at once."""
 
     def __init__(self) -> None:
         super().__init__(0, 1)  # type: ignore[call-arg]
-        self._name = ""
 
     def rank(self) -> int:
         return 0
@@ -37,13 +36,6 @@ class LocalGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return "pccl_aio.local"
-
-    @property
-    def group_name(self) -> str:  # type: ignore[override]
-        return self._name
-
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
 
     def __repr__(self) -> str:
         return "pccl_aio.torch.LocalGroup()"

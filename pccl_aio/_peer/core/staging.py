@@ -17,7 +17,7 @@ from typing import Any
 
 from ..._errors import InvalidUsageError
 
-__all__ = ["DEVICES", "HostPool", "Staged", "Stages", "needs", "stage", "twin"]
+__all__ = ["DEVICES", "HostPool", "Staged", "Stages", "needs", "pinnable", "stage", "twin"]
 
 #: Device types staged through host memory (a test adds "cpu" to run the path without a GPU).
 DEVICES = frozenset({"cuda"})
@@ -42,7 +42,7 @@ def twin(x: Any) -> Any:
     by its owner (a shared state's entry) across calls."""
     import torch
 
-    return torch.empty(x.shape, dtype=x.dtype, pin_memory=_pinnable(x))
+    return torch.empty(x.shape, dtype=x.dtype, pin_memory=pinnable(x))
 
 
 class HostPool:
@@ -74,7 +74,7 @@ class Staged:
         import torch
 
         self.device, self._pool = x, pool
-        pinned = _pinnable(x)
+        pinned = pinnable(x)
         nbytes = x.numel() * x.element_size()
         self._raw = pool.take(nbytes, pinned)
         self.host = self._raw.view(x.dtype).view(x.shape) if nbytes else torch.empty(
@@ -107,7 +107,8 @@ def stage(x: Any, pool: HostPool, load: bool) -> Staged | None:
     return Staged(x, pool, load) if needs(x) else None
 
 
-def _pinnable(x: Any) -> bool:
+def pinnable(x: Any) -> bool:
+    """Can ``x``'s device use pinned host memory (page-locked copies)?"""
     return bool(x.device.type == "cuda")
 
 

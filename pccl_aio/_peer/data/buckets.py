@@ -51,7 +51,7 @@ class Buckets:
         open_by_dtype: dict[Any, int] = {}
         for i, t in enumerate(tensors):
             if self.torch:
-                if staging.needs(t) and t.device.type == "cuda":  # (another: refused)
+                if staging.needs(t) and staging.pinnable(t):  # (another device: refused)
                     self.pinned = True  # the flat buffers stage them: pinned host memory
                 n, size = t.numel(), t.element_size()
             else:
