@@ -225,6 +225,16 @@ def diloco_parser(doc: str, inner: str, sent: str = "pseudo-gradient",
     return ap
 
 
+def ddp_parser(doc: str) -> argparse.ArgumentParser:
+    """``parser`` and the options of the data-parallel examples: AdamW's ``--lr`` and
+    ``--weight-decay``; validation every 50 steps."""
+    ap = parser(doc, eval_every=50)
+    ap.add_argument("--lr", type=float, default=3e-3,
+                    help="AdamW peak learning rate (warmup, then cosine decay over the run)")
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    return ap
+
+
 def setup(args: argparse.Namespace) -> tuple[Config, torch.Tensor, torch.Tensor]:
     """Threads, the configuration and the corpus (train, validation)."""
     torch.set_num_threads(args.threads)
@@ -340,11 +350,11 @@ class Peer(Lines):
         """After ``vote`` (and a drain): admit the peers waiting if ``joining``, then sync
         ``state`` (``sync`` without a second vote, which would answer no until the master's
         next admission batch); alone, it waits for company."""
-        self._update_topology(joining)
+        self.admit_pending(joining)
         self.first = True  # the vote is taken
         self.sync(state)
 
-    def _update_topology(self, joining: bool) -> None:
+    def admit_pending(self, joining: bool) -> None:
         """Admit the peers waiting (the vote said ``joining``), with an ``admitted`` line."""
         if joining:
             before = self.comm.peer_group_world_size
@@ -357,7 +367,7 @@ class Peer(Lines):
         while True:
             joining = not self.first and self.comm.are_peers_pending()
             self.first = False
-            self._update_topology(joining)
+            self.admit_pending(joining)
             if self.comm.peer_group_world_size < 2:
                 self.wait_for_peers(2)
             try:
@@ -372,3 +382,20 @@ class Peer(Lines):
             self.log("left", world=f"{self.world}->{self.comm.peer_group_world_size}")
         self.world = self.comm.peer_group_world_size
 
+
+def average(peer: Peer, flat: torch.Tensor, k: int, pseudo_gradient: Callable[[], None],
+            quantization: pccl.Quantization | None = None) -> int:
+    """Average ``flat`` (the pseudo-gradient ``pseudo_gradient()`` writes) over the group;
+    the world size it took. A lost peer aborts the attempt for everyone: the survivors
+    recompute theirs and retry together. Alone (nothing was sent): our own, world 1."""
+    while True:
+        pseudo_gradient()
+        try:
+            info = peer.comm.all_reduce(flat, op=pccl.ReduceOp.AVG, quantization=quantization,
+                                        restore_on_abort=False)
+        except pccl.TooFewPeersError:
+            return 1
+        except pccl.PeerLostError:
+            peer.lost(k, peer.comm.peer_group_world_size)
+            continue
+        return peer.reduced([info], k)

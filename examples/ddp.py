@@ -66,11 +66,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = charlm.parser(__doc__, eval_every=50)
-    ap.add_argument("--lr", type=float, default=3e-3,
-                    help="AdamW peak learning rate (warmup, then cosine decay over the run)")
-    ap.add_argument("--weight-decay", type=float, default=0.01)
-    return ap.parse_args(argv)
+    return charlm.ddp_parser(__doc__).parse_args(argv)
 
 
 if __name__ == "__main__":

@@ -108,19 +108,9 @@ class DiLoCo:
 
 
 def average(peer: charlm.Peer, run: DiLoCo, k: int) -> int:
-    """Average the pseudo-gradient over the group; the world size it took. A lost peer
-    aborts the attempt for everyone: the survivors recompute theirs and retry together."""
-    while True:
-        run.pseudo_gradient()
-        try:
-            info = peer.comm.all_reduce(run.flat, op=pccl.ReduceOp.AVG, quantization=run.quant,
-                                        restore_on_abort=False)
-        except pccl.TooFewPeersError:  # alone now (nothing was sent): our own
-            return 1
-        except pccl.PeerLostError:
-            peer.lost(k, peer.comm.peer_group_world_size)
-            continue
-        return peer.reduced([info], k)
+    """Average the pseudo-gradient over the group; the world size it took (``charlm.average``:
+    the survivors of a lost peer recompute theirs and retry together)."""
+    return charlm.average(peer, run.flat, k, run.pseudo_gradient, run.quant)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -55,7 +55,7 @@ def sync(peer: charlm.Peer, state: pccl.SharedState) -> None:
     while True:
         pending = not peer.first and peer.comm.are_peers_pending()
         peer.first = False
-        peer._update_topology(agree(pending))
+        peer.admit_pending(agree(pending))
         if peer.comm.peer_group_world_size < 2:
             peer.wait_for_peers(2)  # alone: both shards wait for a joining replica
         try:
@@ -127,20 +127,16 @@ def main(args: argparse.Namespace) -> int:
 
 def average(peer: charlm.Peer, part: torch.nn.ParameterList, local: list[torch.Tensor],
             flat: torch.Tensor, k: int) -> int:
-    """Average this part's pseudo-gradient over its group; the world size it took. A lost
-    replica aborts the attempt in the group: the survivors retry together."""
-    while True:
-        with torch.no_grad():
-            for p, t in zip(part, local):
-                torch.sub(p, t, out=p.grad)
-        try:
-            info = peer.comm.all_reduce(flat, op=pccl.ReduceOp.AVG, restore_on_abort=False)
-        except pccl.TooFewPeersError:  # alone now (nothing was sent): our own
-            return 1
-        except pccl.PeerLostError:
-            peer.lost(k, peer.comm.peer_group_world_size)
-            continue
-        return peer.reduced([info], k)
+    """Average this part's pseudo-gradient (``part - local``, into ``flat``: the part's
+    ``.grad``) over its group; the world size it took (``charlm.average``: a lost replica
+    aborts the attempt in the group, the survivors retry together)."""
+
+    @torch.no_grad()
+    def pseudo_gradient() -> None:
+        for p, t in zip(part, local):
+            torch.sub(p, t, out=p.grad)
+
+    return charlm.average(peer, flat, k, pseudo_gradient)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio import blocking
 from pccl_aio._peer.testing import crash, record_sends
 
-__all__ = ["FAST", "admit", "closed", "crash", "join_peers", "master", "peers", "raw_master",
-           "record_sends", "reduce_ok", "rss"]
+__all__ = ["FAST", "admit", "blocking_pair", "closed", "crash", "join_peers", "master", "peers",
+           "raw_master", "record_sends", "reduce_ok", "rss"]
 
 FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
 #: Run secrets for tests: strong enough for ``auth.check_secret`` (made once with
@@ -116,3 +118,17 @@ def rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) << 10
     raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def blocking_pair(address: str) -> list[blocking.Communicator]:
+    """Two blocking communicators of one group at ``address`` (FAST heartbeats), in rank
+    order: the first connects, then admits the second while it connects from a thread."""
+    comms = [blocking.Communicator(address, **FAST) for _ in range(2)]
+    comms[0].connect()
+    with ThreadPoolExecutor(1) as pool:
+        joining = pool.submit(comms[1].connect)
+        while not comms[0].are_peers_pending():
+            pass
+        comms[0].update_topology()
+        joining.result()
+    return sorted(comms, key=lambda c: c.rank)

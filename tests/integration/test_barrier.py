@@ -6,6 +6,7 @@ rejected on both, naming each; the master's deadlock detection and kicks cover i
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 import pccl_aio as pccl
 from pccl_aio import blocking
 from pccl_aio._peer import testing
+from tests.helpers import blocking_pair
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,16 +73,8 @@ async def test_a_peer_killed_before_it_arrives_fails_the_barrier_on_every_surviv
 def test_the_blocking_facade_has_barrier():
     with blocking.Master("127.0.0.1", 0, admission_interval=0.0, heartbeat_interval=0.2,
                          heartbeat_timeout=2.0) as m:
-        comms = [blocking.Communicator(m.address, heartbeat_interval=0.2,
-                                       heartbeat_timeout=2.0) for _ in range(2)]
-        comms[0].connect()
-        from concurrent.futures import ThreadPoolExecutor
+        comms = blocking_pair(m.address)
         with ThreadPoolExecutor(2) as pool:
-            joining = pool.submit(comms[1].connect)
-            while not comms[0].are_peers_pending():
-                pass
-            comms[0].update_topology()
-            joining.result()
             list(pool.map(lambda c: c.barrier(tag=1, timeout=10), comms))
             handles = [c.barrier_async(tag=2) for c in comms]  # launched from one thread
             for h in handles:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
-from tests.helpers import FAST, join_peers
+from tests.helpers import FAST, blocking_pair, join_peers
 from tests.integration.test_allreduce import FLOAT_DTYPES, INT_DTYPES, _expected, _inputs
 
 pytestmark = pytest.mark.timeout(120)
@@ -182,16 +182,8 @@ def test_the_blocking_facade_runs_every_kind():
 
     with blocking.Master("127.0.0.1", 0, admission_interval=0.0, heartbeat_interval=0.2,
                          heartbeat_timeout=2.0) as m:
-        comms = [blocking.Communicator(m.address, heartbeat_interval=0.2,
-                                       heartbeat_timeout=2.0) for _ in range(2)]
-        comms[0].connect()
+        comms = blocking_pair(m.address)
         with ThreadPoolExecutor(2) as pool:
-            joining = pool.submit(comms[1].connect)
-            while not comms[0].are_peers_pending():
-                pass
-            comms[0].update_topology()
-            joining.result()
-            comms.sort(key=lambda c: c.rank)
 
             def run(c: blocking.Communicator) -> tuple[np.ndarray, ...]:
                 r = c.rank
