@@ -63,7 +63,10 @@ def replica(backend: str, addr: str, world: int, rank: int, steps: int, warmup: 
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     data = torch.Generator().manual_seed(dist.get_rank())
     times = []
+    cpu0 = 0.0
     for i in range(warmup + steps):
+        if i == warmup:
+            cpu0 = time.process_time()
         x = torch.randn(32, 256, generator=data)
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -76,7 +79,8 @@ def replica(backend: str, addr: str, world: int, rank: int, steps: int, warmup: 
             times.append(dt)
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
                                      for p in model.parameters())).hexdigest()[:16]
-    print(json.dumps({"times": times, "digest": digest}), flush=True)
+    cpu = (time.process_time() - cpu0) / steps  # every thread of the replica, per step
+    print(json.dumps({"times": times, "cpu": cpu, "digest": digest}), flush=True)
     dist.destroy_process_group()
     if group is not None:
         group.comm.close()
@@ -128,6 +132,7 @@ async def main() -> None:
     rows = []
     for world in a.peers:
         steps: dict[str, list[float]] = {"gloo": [], "pccl_aio": []}
+        cpu: dict[str, list[float]] = {"gloo": [], "pccl_aio": []}
         for r in range(a.rounds):
             order = ["gloo", "pccl_aio"] if (r + world) % 2 == 0 else ["pccl_aio", "gloo"]
             for backend in order:
@@ -136,11 +141,15 @@ async def main() -> None:
                     raise SystemExit(f"{backend}: the replicas' parameters differ")
                 per_step = zip(*(x["times"] for x in res))  # type: ignore[misc]
                 steps[backend] += [max(t) for t in per_step]
+                cpu[backend] += [float(x["cpu"]) for x in res]  # type: ignore[arg-type]
         g, p = median(steps["gloo"]), median(steps["pccl_aio"])
         rows.append({"P": world, "steps": len(steps["gloo"]), "gloo_ms": g * 1e3,
-                     "pccl_aio_ms": p * 1e3, "pccl_vs_gloo": p / g})
+                     "pccl_aio_ms": p * 1e3, "pccl_vs_gloo": p / g,
+                     "gloo_cpu_ms": median(cpu["gloo"]) * 1e3,
+                     "pccl_aio_cpu_ms": median(cpu["pccl_aio"]) * 1e3})
     print(f"# DDP step time, MLP width {a.width}, hook={a.hook}")
-    print_table(rows, ["P", "steps", "gloo_ms", "pccl_aio_ms", "pccl_vs_gloo"])
+    print_table(rows, ["P", "steps", "gloo_ms", "pccl_aio_ms", "pccl_vs_gloo", "gloo_cpu_ms",
+                       "pccl_aio_cpu_ms"])
     print("target: pccl_vs_gloo <= 1.1: " + ", ".join(
         f"P={r['P']} {'ok' if r['pccl_vs_gloo'] <= 1.1 else 'MISS'}" for r in rows))
     emit_json("torch_backend", rows, width=a.width, hook=a.hook)
@@ -152,4 +161,6 @@ if __name__ == "__main__":
         replica(b, addr, int(world), int(rank), int(steps), int(warmup), int(width),
                 hook == "1")
     else:
-        asyncio.run(main())
+        import pccl_aio
+
+        pccl_aio.run(main())  # the master on uvloop, as ``python -m pccl_aio.master`` runs it

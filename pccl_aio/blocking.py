@@ -17,11 +17,14 @@ stop the thread.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
+from ._errors import InvalidUsageError
 from ._master.server import Master as _AsyncMaster
 from ._net.loopthread import LoopThread, finalize
 from ._net.loopthread import owned as _owned
@@ -42,8 +45,19 @@ class AllReduceHandle:
     ``wait()`` blocks for its ``ReduceInfo`` or raises; ``cancel()`` aborts it for the whole
     group."""
 
-    def __init__(self, runner: LoopThread, handle: _AsyncHandle) -> None:
-        self._runner, self._handle = runner, handle
+    def __init__(self, runner: LoopThread,
+                 handle: _AsyncHandle | concurrent.futures.Future[_AsyncHandle]) -> None:
+        self._runner = runner
+        if isinstance(handle, concurrent.futures.Future):
+            self._launched = handle  # (a posted launch: it runs on the loop thread soon)
+        else:
+            self._launched = concurrent.futures.Future()
+            self._launched.set_result(handle)
+
+    @property
+    def _handle(self) -> _AsyncHandle:
+        """The async handle; blocks until a posted launch ran, raises what it raised."""
+        return self._launched.result()
 
     @property
     def tag(self) -> int:
@@ -52,7 +66,9 @@ class AllReduceHandle:
 
     def done(self) -> bool:
         """The collective ended (completed, aborted or rejected): ``wait()`` will not block."""
-        return self._handle.done()
+        if not self._launched.done():
+            return False
+        return self._launched.exception() is not None or self._handle.done()
 
     def started(self) -> bool:
         """Block until the master started the collective (data is flowing); False if it
@@ -64,8 +80,33 @@ class AllReduceHandle:
         aborted for the group), ``PeerLostError`` if it was aborted, as the async handle."""
         return self._runner.call(self._handle.wait(timeout))
 
+    def add_done_callback(self, fn: Callable[[AllReduceHandle], None]) -> None:
+        """Call ``fn(handle)`` once the collective ended, on the communicator's loop thread
+        (keep it short, it holds the loop; hand work to another thread); ``result()`` then
+        gives the outcome. Does not block: the callback is registered from the loop thread."""
+
+        def register() -> None:
+            if self._launched.exception() is not None:
+                fn(self)  # (the launch raised: that is the outcome)
+            else:
+                self._handle.add_done_callback(lambda _: fn(self))
+
+        self._runner.loop.call_soon_threadsafe(register)
+
+    def result(self) -> ReduceInfo:
+        """The outcome of a collective that ended (``done()``): its ``ReduceInfo`` or its
+        error; ``InvalidUsageError`` if it is still running. Never blocks."""
+        if not self._launched.done():
+            raise InvalidUsageError("the collective is still being launched (wait() for it)")
+        try:
+            return self._handle.result()
+        except asyncio.CancelledError as exc:  # (as wait() raises it)
+            raise concurrent.futures.CancelledError(*exc.args) from exc
+
     def cancel(self) -> None:
         """Abort the all-reduce for the whole group (the others get ``PeerLostError``)."""
+        if self._launched.exception() is not None:
+            return  # (never launched)
 
         async def cancel() -> None:
             self._handle.cancel()
@@ -190,6 +231,26 @@ class Communicator:
             return make()
 
         return AllReduceHandle(self._runner, self._runner.call(launch()))
+
+    def _post(self, make: Callable[[_AsyncCommunicator], _AsyncHandle]) -> AllReduceHandle:
+        """``make(async_comm)`` (an ``*_async`` launch) queued on the loop thread without
+        waiting for it, for callers that must not block (torch's autograd threads): the
+        handle's ``wait()``, ``result()`` and ``done()`` report what the launch raised.
+        Launches posted and made from one thread keep their order (the loop runs them
+        first in, first out)."""
+        launched: concurrent.futures.Future[_AsyncHandle] = concurrent.futures.Future()
+        comm = self._comm
+
+        def launch() -> None:
+            try:
+                launched.set_result(make(comm))
+            except BaseException as exc:  # (reported through the handle)
+                launched.set_exception(exc)
+
+        if self.closed:
+            raise InvalidUsageError("the communicator is closed")
+        self._runner.loop.call_soon_threadsafe(launch)
+        return AllReduceHandle(self._runner, launched)
 
     def broadcast(self, tensor: Any, *, root: int, tag: int = 0,
                   restore_on_abort: bool = False, timeout: float | None = None) -> ReduceInfo:

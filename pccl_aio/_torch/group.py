@@ -3,8 +3,10 @@
 Every method DDP, FSDP2, DTensor and the functional collectives call is a Python override that
 launches the matching pccl_aio collective (``all_reduce``, ``broadcast``, ``all_gather``,
 ``reduce_scatter``, ``barrier``) through the blocking facade and returns a ``Work``
-(``work.py``). Launches return at once (the vote goes out on the communicator's loop thread);
-``Work.wait()`` blocks. Rank and size are the peer group's as they are now (they change with
+(``work.py``). Launches return at once: ``allreduce`` (the call DDP's reducer makes from its
+autograd thread, once per bucket) is posted to the communicator's loop without waiting for it
+(``post``; a launch error surfaces at ``Work.wait()``), the others wait for the vote to go
+out; ``Work.wait()`` blocks. Rank and size are the peer group's as they are now (they change with
 the membership, and a collective launched before a change raises ``PeerLostError``). Tags
 cycle through ``TAGS`` values, the same on every peer because torch makes every rank call
 the group's collectives in the same order; a tag that comes round again starts early on its
@@ -23,6 +25,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _register_process_group
 
 from .._errors import InvalidUsageError
+from .._peer.communicator import AllReduceHandle as AsyncHandle
+from .._peer.communicator import Communicator as AsyncCommunicator
 from .._peer.core import staging
 from .._types import ReduceOp
 from ..blocking import AllReduceHandle, Communicator
@@ -94,8 +98,17 @@ class ProcessGroup(Named):
         self.completions.close()
 
     # ---- collectives -------------------------------------------------------------------------
-    def _work(self, handles: list[AllReduceHandle], finish: Callable[[], Any]) -> Work:
-        return Work(handles, finish, self.completions)
+    def _work(self, handles: list[AllReduceHandle], finish: Callable[[], Any],
+              inline: bool = True) -> Work:
+        """The work of ``handles``; ``inline=False`` where ``finish`` copies (it then runs on
+        the completion thread, not the communicator's loop)."""
+        return Work(handles, finish, self.completions, inline)
+
+    def post(self, make: Callable[[AsyncCommunicator], AsyncHandle]) -> AllReduceHandle:
+        """Launch ``make(async_comm)`` on the communicator's loop without waiting for it
+        (DDP's buckets are launched from its autograd thread, which must go on computing);
+        a launch error surfaces in the work, at ``wait()``."""
+        return self.comm._post(make)
 
     def next_tag(self) -> int:
         """The tag of the next collective (the same sequence on every rank)."""
@@ -104,7 +117,7 @@ class ProcessGroup(Named):
     def allreduce(  # type: ignore[override]
             self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = reduce_op(opts if opts is not None else dist.ReduceOp.SUM)
-        hs = [self.comm.all_reduce_async(_cpu(t), op=op, tag=next(self._tags)) for t in tensors]
+        hs = [self.post(_all_reduce(_cpu(t), op, next(self._tags))) for t in tensors]
         return self._work(hs, lambda: tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -139,7 +152,7 @@ class ProcessGroup(Named):
                     o.copy_(part.view(o.shape))
             return outputs
 
-        return self._work(hs, finish)
+        return self._work(hs, finish, inline=False)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
@@ -187,17 +200,18 @@ class ProcessGroup(Named):
         """Rank ``root``'s ``inputs[0]`` (one tensor per rank), rank r's to ``outputs[0]``
         on rank r: a broadcast of them all, each rank keeping its own."""
         root, out, world = opts.rootRank if opts is not None else 0, outputs[0], self.size()
-        if self.rank() == root:
+        rank = self.rank()  # (at the launch: the rank is live)
+        if rank == root:
             flat = torch.cat([_cpu(t).reshape(-1) for t in inputs[0]])
         else:
             flat = torch.empty(world * out.numel(), dtype=out.dtype)
         h = self.comm.broadcast_async(flat, root=root, tag=next(self._tags))
 
         def finish() -> list[torch.Tensor]:
-            out.copy_(flat.chunk(world)[self.rank()].view(out.shape))
+            out.copy_(flat.chunk(world)[rank].view(out.shape))
             return outputs
 
-        return self._work([h], finish)
+        return self._work([h], finish, inline=False)
 
     def gather(  # type: ignore[override]
             self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
@@ -210,6 +224,11 @@ class ProcessGroup(Named):
         flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
         h = self.comm.all_gather_async(_cpu(t), flat, tag=next(self._tags))
         return self._work([h], lambda: outputs)
+
+
+def _all_reduce(t: torch.Tensor, op: ReduceOp, tag: int
+                ) -> Callable[[AsyncCommunicator], AsyncHandle]:
+    return lambda c: c.all_reduce_async(t, op=op, tag=tag)
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:

@@ -60,21 +60,19 @@ def ddp_comm_hook(state: HookState, bucket: GradBucket
     group = state.group
     # a bucket's tag is the same every step (DDP waits for all of a step's buckets), so from
     # the second step on each starts at once on the ticket its previous run handed out
-    try:
-        handle = group.comm.all_reduce_async(buf, op=ReduceOp.AVG,
-                                             tag=HOOK_TAGS + bucket.index(),
-                                             quantization=state.quantization)
-    except TooFewPeersError:  # alone in the group: its own gradient
-        return done(buf).get_future()
-    except PcclError as exc:  # (the session is over: the step is void)
+    tag, quant = HOOK_TAGS + bucket.index(), state.quantization
+    try:  # (posted: the autograd thread goes on at once; a launch error comes in settle)
+        handle = group.post(lambda c: c.all_reduce_async(buf, op=ReduceOp.AVG, tag=tag,
+                                                         quantization=quant))
+    except PcclError as exc:  # (the communicator is closed: the step is void)
         state._lost(exc)
         return done(buf).get_future()
-    fut = Work([handle], lambda: buf, group.completions).get_future()
+    fut = Work([handle], lambda: buf, group.completions, inline=True).get_future()
 
     def settle(f: torch.futures.Future[Any]) -> torch.Tensor:
         try:
             f.wait()
-        except TooFewPeersError:  # left alone meanwhile: its own gradient (restored)
+        except TooFewPeersError:  # alone (at the launch or since): its own gradient
             pass
         except PcclError as exc:  # aborted on every survivor alike: the step is void
             state._lost(exc)

@@ -2,9 +2,12 @@
 
 ``Work.wait()`` blocks the calling thread until the collective ended and raises pccl_aio's
 typed errors (``PeerLostError``...) as they are; ``get_future()`` is a ``torch.futures.Future``
-completed when it ends (DDP's reducer chains on it). One ``Completions`` thread per process
-group waits on the collectives in launch order and completes their futures, so a future
-completes even if nobody calls ``wait()``. Cancelling is not offered (torch has no cancel).
+completed when it ends (DDP's reducer chains on it), even if nobody calls ``wait()``. Each
+collective's end is signalled on the communicator's loop thread (``add_done_callback``): a
+work whose ``finish`` is trivial (``inline``: an all-reduce hands back its tensors) completes
+its future there, one thread hop from the loop to the waiting caller as with gloo; the others
+are handed to the group's ``Completions`` thread, which runs ``finish`` (copies outputs back)
+off the loop. Cancelling is not offered (torch has no cancel).
 """
 
 from __future__ import annotations
@@ -28,13 +31,22 @@ class Work(_C10dWork):
     """One collective launched on the group (or several, ``wait`` waits for all)."""
 
     def __init__(self, handles: list[AllReduceHandle], finish: Finish,
-                 completions: Completions | None) -> None:
+                 completions: Completions | None, inline: bool = False) -> None:
         super().__init__()
         self._future: torch.futures.Future[Any] = torch.futures.Future()
         if completions is None or not handles:
             _complete(handles, finish, self._future)  # (nothing in flight: done now)
-        else:
-            completions.add(handles, finish, self._future)
+            return
+        item = (handles, finish, self._future)
+        left = [len(handles)]  # (decremented on the loop thread only)
+
+        def ended(_: AllReduceHandle) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                _complete(*item) if inline else completions.add(*item)
+
+        for h in handles:
+            h.add_done_callback(ended)
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until it ended; raises its typed error (``PeerLostError``, ...)."""
@@ -70,7 +82,7 @@ def done(value: Any) -> Work:
 
 
 class Completions:
-    """A daemon thread completing the futures of the collectives, in launch order."""
+    """A daemon thread completing the futures of ended collectives (``finish`` off the loop)."""
 
     def __init__(self, name: str = "pccl_aio torch completions") -> None:
         self._queue: queue.SimpleQueue[tuple[list[AllReduceHandle], Finish,
@@ -93,9 +105,11 @@ class Completions:
 
 def _complete(handles: list[AllReduceHandle], finish: Finish,
               future: torch.futures.Future[Any]) -> None:
+    """Complete ``future`` with ``finish()``, or with the first handle's error (every handle
+    has ended: ``result()`` does not block)."""
     try:
         for h in handles:
-            h.wait()
+            h.result()
         value = finish()
     except BaseException as exc:  # (the caller's wait() raises it)
         future.set_exception(exc)

@@ -120,6 +120,46 @@ def test_handles_wait_done_and_cancel(master: blocking.Master) -> None:
             c.close()
 
 
+def test_done_callbacks_run_on_the_loop_thread_and_result_never_blocks(
+        master: blocking.Master) -> None:
+    a, _ = comms = _join(master, 2)
+    try:
+        ended: list[tuple[str, Any]] = []
+        got = threading.Event()
+
+        def on_end(h: blocking.AllReduceHandle) -> None:
+            try:
+                ended.append((threading.current_thread().name, h.result().world_size))
+            except BaseException as exc:  # (the cancelled one: CancelledError, as wait())
+                ended.append((threading.current_thread().name, exc))
+            if len(ended) == 3:
+                got.set()
+
+        xs = [np.ones(1 << 16, np.float32) for _ in comms]
+        hs = [c.all_reduce_async(x, tag=9) for c, x in zip(comms, xs)]
+        with pytest.raises(pccl.InvalidUsageError, match="still running"):
+            hs[0].result()  # (b's launch may not be there yet: it cannot have ended)
+        for h in hs:
+            h.add_done_callback(on_end)
+        assert [h.wait(timeout=10).world_size for h in hs] == [2, 2]
+        lone = a.all_reduce_async(np.ones(8, np.float32), tag=10)  # b never joins it
+        lone.add_done_callback(on_end)
+        lone.cancel()
+        assert got.wait(10)
+        names = {n for n, _ in ended}
+        assert names <= {"pccl_aio blocking communicator"} and len(ended) == 3
+        assert sorted(str(v) for _, v in ended[:2]) == ["2", "2"] and (xs[0] == 2).all()
+        assert isinstance(ended[2][1], concurrent.futures.CancelledError)
+        with pytest.raises(concurrent.futures.CancelledError):
+            lone.result()  # (never blocks: it ended)
+        late = threading.Event()  # (registered after the end: called all the same)
+        hs[1].add_done_callback(lambda h: late.set() if h.result().world_size == 2 else None)
+        assert late.wait(10)
+    finally:
+        for c in comms:
+            c.close()
+
+
 def test_started_metrics_port_and_the_masters_addresses(master: blocking.Master) -> None:
     """What the async classes offer besides the calls: ``handle.started()`` (blocking),
     ``metrics_port``, ``config``, the master's ``status_address``/``metrics_address``."""

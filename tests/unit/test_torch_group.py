@@ -4,8 +4,6 @@ check, before anything is sent."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -29,30 +27,53 @@ def test_reduce_ops_map_and_the_others_are_refused():
 
 
 class _Handle:
-    """A collective in flight as ``Work`` sees one: ``wait()`` blocks, then returns or raises."""
+    """A collective in flight as ``Work`` sees one: ``end()`` (here on the test's thread, the
+    loop thread in use) runs the done callbacks; ``result()`` then returns or raises."""
 
     def __init__(self, error: BaseException | None = None) -> None:
-        self.go, self.error = threading.Event(), error
+        self.error, self.ended = error, False
+        self.callbacks: list = []
 
-    def wait(self) -> None:
-        assert self.go.wait(10)
+    def add_done_callback(self, fn) -> None:
+        self.callbacks.append(fn)
+
+    def end(self) -> None:
+        self.ended = True
+        for fn in self.callbacks:
+            fn(self)
+
+    def result(self) -> None:
+        assert self.ended, "result() before the end"
         if self.error is not None:
             raise self.error
 
 
-def test_wait_raises_the_typed_error_and_the_future_completes_unwaited():
+@pytest.mark.parametrize("inline", [False, True])
+def test_wait_raises_the_typed_error_and_the_future_completes_unwaited(inline):
     completions = Completions()
     ok, lost = _Handle(), _Handle(pccl.PeerLostError("peer 3 left the run"))
-    works = [Work([ok], lambda: "done", completions), Work([lost], lambda: None, completions)]
+    works = [Work([ok], lambda: "done", completions, inline),
+             Work([lost], lambda: None, completions, inline)]
     futures = [w.get_future() for w in works]
     assert not any(f.done() for f in futures)
-    ok.go.set()
-    lost.go.set()
+    ok.end()
+    lost.end()
     assert works[0].wait() and futures[0].wait() == "done" and works[0].is_success()
     with pytest.raises(pccl.PeerLostError, match="peer 3"):
         works[1].wait()
     assert futures[1].done() and not works[1].is_success()
     assert isinstance(works[1].exception(), pccl.PeerLostError)
+    completions.close()
+
+
+def test_a_work_of_several_collectives_completes_when_the_last_ended():
+    completions = Completions()
+    a, b = _Handle(), _Handle()
+    fut = Work([a, b], lambda: "both", completions, True).get_future()
+    a.end()
+    assert not fut.done()
+    b.end()
+    assert fut.done() and fut.wait() == "both"
     completions.close()
 
 

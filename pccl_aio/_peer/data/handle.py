@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
-from ..._errors import PcclError, PcclTimeoutError, PeerLostError
+from ..._errors import InvalidUsageError, PcclError, PcclTimeoutError, PeerLostError
 from ..._types import ReduceInfo
 from .. import deadline
 from .collective import Collective
@@ -61,6 +61,31 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
         ``PcclTimeoutError`` (or returns the result, if it completed meanwhile).
         """
         return await self._wait(deadline.check(timeout))
+
+    def add_done_callback(self, fn: Callable[[AllReduceHandle], None]) -> None:
+        """Call ``fn(handle)`` on the owning event loop once the collective ended (soon, if it
+        already has); ``result()`` then gives its outcome without waiting. Like ``wait()``, it
+        tells the master the caller waits on the collective (deadlock detection counts it).
+        """
+        self._check()
+        self._awaiting(self._coll)
+        self._coll.future.add_done_callback(lambda _: fn(self))
+
+    def result(self) -> ReduceInfo:
+        """The ``ReduceInfo`` of a collective that ended, or its error (``PeerLostError``,
+        ...; ``asyncio.CancelledError`` if ``cancel()`` aborted it); ``InvalidUsageError`` if
+        it is still running. Never blocks; callable from any thread once ``done()``."""
+        fut = self._coll.future
+        if not fut.done():
+            raise InvalidUsageError(f"{self._coll.kind.label} tag {self._coll.tag} is still "
+                                    "running (wait() for it)")
+        exc = fut.exception()
+        if exc is None:
+            return fut.result()
+        if self._cancelled and isinstance(exc, PeerLostError):
+            raise asyncio.CancelledError(f"{self._coll.kind.label} tag {self._coll.tag} "
+                                         "cancelled") from exc
+        raise exc
 
     def cancel(self) -> bool:
         """Abort the collective for the group; False if it already ended.
