@@ -15,11 +15,13 @@ Nesterov step on that part. Each process prints the line protocol of ``charlm.py
 digest of its part of the global model: at every outer step it is the same on every replica.
 
 Replicas are lost and join as a whole. A lost replica aborts the averaging in both groups: the
-survivors retry on their own. A joining replica's shards are admitted in both groups at the
-same outer step (each replica's two processes agree on it over gloo: the joint votes of the two
-groups give the same answer on every replica, so every replica decides alike) and receive
-their part of the global model, the outer momentum and the step in their group's shared-state
-sync. A process whose partner in the replica died sees gloo fail and exits.
+survivors retry on their own; a replica left alone trains on by itself until one joins. A
+joining replica's shards are admitted in both groups at the same outer step (each replica's
+two processes agree on it over gloo: the joint votes of the two groups give the same answer on
+every replica, so every replica decides alike) and receive their part of the global model, the
+outer momentum and the step in their group's shared-state sync. A process whose partner in the
+replica died sees gloo fail and exits. ``python -m pccl_aio.launch examples/fsdp_diloco.py
+--peers 2 --replica-procs 2 --churn 2 -- --tiny`` runs it with replicas killed whole.
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ def sync(peer: charlm.Peer, state: pccl.SharedState) -> None:
         pending = not peer.first and peer.comm.are_peers_pending()
         peer.first = False
         peer.admit_pending(agree(pending))
-        if peer.comm.peer_group_world_size < 2:
-            peer.wait_for_peers(2)  # alone: both shards wait for a joining replica
+        # (alone, a replica trains on by itself: waiting for company in wait_for_peers would
+        # need both shards' votes while one of them, still seeing the lost replica, may be
+        # waiting for the other over gloo; joiners are admitted here at the next outer step)
         try:
             info = peer.comm.sync_shared_state(state)
             ok = True

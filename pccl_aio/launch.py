@@ -1,10 +1,13 @@
 """Launch a training example on this machine: ``python -m pccl_aio.launch``.
 
     python -m pccl_aio.launch EXAMPLE.py --peers N [--churn SECONDS] [--out DIR] [--seed S]
-                              [--timeout SECONDS] [-- ARGUMENTS FOR EVERY PEER]
+                              [--timeout SECONDS] [--replica-procs K]
+                              [-- ARGUMENTS FOR EVERY PEER]
 
     python -m pccl_aio.launch examples/diloco.py --peers 4 --churn 20 -- --inner-steps 2000
     python -m pccl_aio.launch examples/ddp.py --peers 2 --out /tmp/ddp -- --tiny
+    python -m pccl_aio.launch examples/fsdp_diloco.py --peers 3 --replica-procs 2 --churn 10 \
+        -- --tiny --inner-steps 600
 
 Starts ``python -m pccl_aio.master`` on a free port of 127.0.0.1 with a fresh run secret, then
 N peers ``python EXAMPLE --master HOST:PORT --seed i --min-peers N ARGUMENTS`` (seeds S, S+1,
@@ -30,6 +33,13 @@ outer step had one digest across the peers; 1 otherwise (a peer failed, digests 
 whenever the launcher ends, even by SIGKILL (Linux). Needs ``pip install 'pccl_aio[launch]'``
 (matplotlib, tqdm). An example is any script that takes those options and prints the line
 protocol of ``examples/charlm.py`` (``joined``, ``step``, ``done``, ... lines on stdout).
+
+With ``--replica-procs K`` each of the N peers is a replica of K processes (a model sharded
+over K processes, as in ``examples/fsdp_diloco.py``): ``EXAMPLE ... --seed i --shard j
+--replica-store 127.0.0.1:PORT`` for j = 0 .. K-1, meeting at a store on a free port (shard 0
+listens there). Churn SIGKILLs a replica whole (all K processes) and starts a replacement
+replica; digests are compared per shard (shard j of every replica holds the same part of the
+model); the CSV's ``shard`` column names the process within its replica.
 """
 
 from __future__ import annotations
@@ -68,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="first peer seed; also picks the victims")
     p.add_argument("--timeout", type=_positive, metavar="SECONDS",
                    help="fail if the run has not finished after SECONDS")
+    p.add_argument("--replica-procs", type=int, default=1, metavar="K",
+                   help="processes per replica, each given --shard j and --replica-store "
+                        "(default 1: a peer is one process)")
     return p
 
 
@@ -81,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no such example: {args.example}")
     if args.peers < (2 if args.churn else 1):
         p.error("--peers must be at least 2 with --churn (at least 1 without)")
+    if args.replica_procs < 1:
+        p.error("--replica-procs must be at least 1")
     try:
         import matplotlib  # noqa: F401 - the plot at the end
         import tqdm
@@ -93,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.example.stem
     out: Path = args.out or Path("runs") / stem
     cfg = Config(args.example, args.peers, args.churn, out, args.seed, args.timeout,
-                 argv[cut + 1:])
+                 argv[cut + 1:], args.replica_procs)
     record = Record(out / f"{stem}.csv")
     tqdm.tqdm.monitor_interval = 0  # no monitor thread: children are forked
     bar = tqdm.tqdm(desc=stem, unit="outer", file=sys.stderr, dynamic_ncols=True)
@@ -108,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = {kind: out / f"{stem}.{kind}" for kind in ("csv", "png", "json")}
     drawn = plot(record, paths["png"],
                  title(stem, args.peers, args.churn, launcher.kills, launcher.joins))
-    info = summary(record, example=str(args.example), peers=args.peers, churn=args.churn,
+    info = summary(record, example=str(args.example), peers=args.peers,
+                   replica_procs=args.replica_procs, churn=args.churn,
                    seed=args.seed, kills=launcher.kills, joins=launcher.joins,
                    late_replacements=launcher.late)
     info.update(wall_seconds=round(wall, 2), ok=failure is None, failure=failure)

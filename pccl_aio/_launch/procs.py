@@ -36,6 +36,7 @@ class Child:
     killed: bool = False  # SIGKILLed by churn
     stopped: bool = False  # stopped by the launcher (a replacement that came too late)
     code: int | None = None  # exit status once its exit was handled
+    shard: int | None = None  # its shard within its replica (``--replica-procs``)
 
     def signal(self, sig: int) -> None:
         if self.proc.returncode is None:

@@ -17,8 +17,8 @@ from typing import IO
 
 KINDS = frozenset({"joined", "step", "waiting", "admitted", "lost", "left", "failed", "fetch",
                    "done"})
-COLUMNS = ("time", "kind", "seed", "peer", "outer", "inner", "world", "loss", "val", "sent",
-           "digest", "detail")
+COLUMNS = ("time", "kind", "seed", "shard", "peer", "outer", "inner", "world", "loss", "val",
+           "sent", "digest", "detail")
 _STEP_KEYS = ("peer", "outer", "inner", "world", "loss", "val", "sent", "digest")
 
 
@@ -41,10 +41,12 @@ def parse(text: str) -> tuple[str, dict[str, str]] | None:
 
 @dataclass(frozen=True)
 class Step:
-    """One ``step`` line: peer process ``seed`` finished outer step ``outer``."""
+    """One ``step`` line: peer process ``seed`` (of shard ``shard`` when a replica has
+    several processes) finished outer step ``outer``."""
 
     time: float  # seconds since the launcher started
     seed: int
+    shard: int | None
     peer: str
     outer: int
     inner: int
@@ -55,9 +57,9 @@ class Step:
     digest: str
 
 
-def _step(time: float, seed: int, f: dict[str, str]) -> Step:
+def _step(time: float, seed: int, shard: int | None, f: dict[str, str]) -> Step:
     """A Step from the fields of a step line; ValueError or KeyError if one is missing or bad."""
-    return Step(time, seed, f["peer"], int(f["outer"]), int(f["inner"]), int(f["world"]),
+    return Step(time, seed, shard, f["peer"], int(f["outer"]), int(f["inner"]), int(f["world"]),
                 float(f["loss"]), float(f["val"]), int(f["sent"]), f["digest"])
 
 
@@ -67,8 +69,12 @@ class Record:
 
     csv_path: Path
     steps: list[Step] = field(default_factory=list)
-    digests: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
-    done: dict[int, dict[str, str]] = field(default_factory=dict)  # seed -> fields of ``done``
+    # (outer step, shard) -> the digests reported: every replica's process of a shard holds
+    # the same part of the model (shard None: a replica is one process)
+    digests: dict[tuple[int, int | None], set[str]] = field(
+        default_factory=lambda: defaultdict(set))
+    # seed (or (seed, shard)) -> the fields of its ``done`` line
+    done: dict[int | tuple[int, int], dict[str, str]] = field(default_factory=dict)
     marks: list[tuple[str, int]] = field(default_factory=list)  # (kill|join, inner step)
     malformed: list[str] = field(default_factory=list)
 
@@ -79,43 +85,46 @@ class Record:
         self._csv.writerow(COLUMNS)
 
     def row(self, time: float, kind: str, seed: int | None, fields: dict[str, str],
-            detail: str = "") -> None:
+            detail: str = "", shard: int | None = None) -> None:
         """One CSV row; ``fields`` fills the columns it names, the rest goes to ``detail`` (so
         does a ``world`` that is not a number, such as ``2->3`` of an ``admitted`` line)."""
         own = {k: v for k, v in fields.items()
                if k in COLUMNS and k not in ("time", "kind", "seed", "detail")
-               and (k != "world" or v.isdigit())}
+               and k != "shard" and (k != "world" or v.isdigit())}
         extra = ([f"{k}={v}" for k, v in fields.items() if k not in own]
                  + ([detail] if detail else []))
         cells = {"time": f"{time:.3f}", "kind": kind, "seed": "" if seed is None else str(seed),
-                 **own, "detail": " ".join(extra)}
+                 "shard": "" if shard is None else str(shard), **own, "detail": " ".join(extra)}
         self._csv.writerow([cells.get(c, "") for c in COLUMNS])
         self._file.flush()
 
-    def line(self, time: float, seed: int, kind: str, fields: dict[str, str]) -> Step | None:
-        """Record one protocol line of process ``seed``; the Step if it is a valid step line.
-        Of a ``fetch`` (progress of a shared-state fetch), only the last line is a row."""
+    def line(self, time: float, seed: int, kind: str, fields: dict[str, str],
+             shard: int | None = None) -> Step | None:
+        """Record one protocol line of process ``seed`` (its ``shard``); the Step if it is a
+        valid step line. Of a ``fetch`` (progress of a shared-state fetch), only the last
+        line is a row."""
         if kind == "fetch" and fields.get("done") != fields.get("total"):
             return None
         if kind in ("step", "done"):
             try:
                 if kind == "done":
-                    self.digests[int(fields["outer"])].add(fields["digest"])
-                    self.done[seed] = fields
+                    self.digests[int(fields["outer"]), shard].add(fields["digest"])
+                    self.done[seed if shard is None else (seed, shard)] = fields
                 else:
-                    s = _step(time, seed, fields)
+                    s = _step(time, seed, shard, fields)
                     self.steps.append(s)
-                    self.digests[s.outer].add(s.digest)
+                    self.digests[s.outer, shard].add(s.digest)
             except (KeyError, ValueError):
                 self.malformed.append(f"seed {seed}: {kind} {fields}")
-                self.row(time, "malformed", seed, {}, f"{kind} {fields}")
+                self.row(time, "malformed", seed, {}, f"{kind} {fields}", shard)
                 return None
-        self.row(time, kind, seed, fields)
+        self.row(time, kind, seed, fields, shard=shard)
         return self.steps[-1] if kind == "step" else None
 
     def disagreeing(self) -> list[int]:
-        """The outer steps whose digest is not the same on every peer that reported it."""
-        return sorted(k for k, d in self.digests.items() if len(d) > 1)
+        """The outer steps whose digest (of a shard) is not the same on every process that
+        reported it."""
+        return sorted({k for (k, _), d in self.digests.items() if len(d) > 1})
 
     def series(self) -> list[tuple[int, int, float, float, float]]:
         """Per outer step reported: (outer, inner, mean train loss, mean val loss or nan,
@@ -125,11 +134,12 @@ class Record:
         step line (since 0 for its first: a joiner's counter starts when it starts), averaged
         over the peers reporting step k; the cumulative sum of those averages is the x axis of
         "validation loss against bytes sent per peer"."""
-        last: dict[int, int] = {}
+        last: dict[tuple[int, int], int] = {}
         by_outer: dict[int, list[tuple[Step, int]]] = defaultdict(list)
-        for s in sorted(self.steps, key=lambda s: (s.seed, s.outer)):
-            by_outer[s.outer].append((s, s.sent - last.get(s.seed, 0)))
-            last[s.seed] = s.sent
+        for s in sorted(self.steps, key=lambda s: (s.seed, s.shard or 0, s.outer)):
+            who = (s.seed, s.shard or 0)
+            by_outer[s.outer].append((s, s.sent - last.get(who, 0)))
+            last[who] = s.sent
         out: list[tuple[int, int, float, float, float]] = []
         total = 0.0
         for k in sorted(by_outer):

@@ -1,5 +1,5 @@
-"""A launched run: its master, the peers, churn, progress and the verdict (each process is a
-``procs.Child``)."""
+"""A launched run: its master, the replicas, churn, progress and the verdict (each process is
+a ``procs.Child``, started by ``start.Starter``)."""
 
 from __future__ import annotations
 
@@ -8,38 +8,24 @@ import asyncio
 import math
 import os
 import random
-import re
 import secrets
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from .._net.credentials import SECRET_ENV, SECRET_FILE_ENV
 from .._peer.state.progress import ProgressFn, progress_bar
 from .procs import Child as Child
-from .procs import die_with_parent, open_log
+from .procs import die_with_parent
 from .record import Record, parse
 from .report import group_event
+from .start import Config as Config
+from .start import Starter
 
-_LISTENING = re.compile(r"listening on \S+:(\d+)")
 _END_OF_CHURN = 0.75  # no kill after this fraction of the run's outer steps (when known)
 _GRACE = 5.0  # s a stopped process has between SIGTERM and SIGKILL
-
-
-@dataclass
-class Config:
-    """The launcher's command line."""
-
-    example: Path
-    peers: int
-    churn: float | None
-    out: Path
-    seed: int
-    timeout: float | None
-    peer_args: list[str]
 
 
 def _inner_steps(peer_args: list[str]) -> int | None:
@@ -53,9 +39,9 @@ def _inner_steps(peer_args: list[str]) -> int | None:
     return value
 
 
-class Launcher:
-    """Runs the example's peers against a fresh master until they finish; ``run()`` returns
-    the failure (None: success). Every child is killed when it returns or raises."""
+class Launcher(Starter):
+    """Runs the example's replicas against a fresh master until they finish; ``run()``
+    returns the failure (None: success). Every child is killed when it returns or raises."""
 
     def __init__(self, cfg: Config, record: Record, bar: Any) -> None:
         self.cfg, self.record, self.bar = cfg, record, bar
@@ -76,7 +62,7 @@ class Launcher:
         self.ending = False  # a peer printed done: no more kills, late replacements stop
         self.interrupted: int | None = None  # the signal that ended the run
         self.said: tuple[str, str, int] = ("", "", 0)  # the last group event shown
-        self.victim: Child | None = None  # the last peer killed, until its replacement joined
+        self.victims: list[Child] = []  # the last replica killed, until its replacement joined
         self.fetching: dict[Child, ProgressFn] = {}  # a bar per joiner fetching the state
         self.preexec = die_with_parent()
         root = str(Path(__file__).resolve().parents[2])  # the pccl_aio the launcher runs
@@ -96,73 +82,6 @@ class Launcher:
         self.bar.set_postfix_str(f"world={self.world} val={val} kills={self.kills} "
                                  f"joins={self.joins} digests={digests}")
 
-    # --- processes -------------------------------------------------------------------------
-
-    async def _spawn(self, *args: str, stdout: int, stderr: int | IO[str]
-                     ) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, *args, stdin=asyncio.subprocess.DEVNULL, stdout=stdout,
-            stderr=stderr, env=self.env, start_new_session=True, preexec_fn=self.preexec)
-
-    async def start_master(self) -> None:
-        """``python -m pccl_aio.master`` on a port the OS picks; its log says which."""
-        log_path = self.cfg.out / "logs" / "master.log"
-        proc = await self._spawn("-m", "pccl_aio.master", "--host", "127.0.0.1", "--port", "0",
-                                 "--log-level", "INFO", stdout=asyncio.subprocess.DEVNULL,
-                                 stderr=asyncio.subprocess.PIPE)
-        self.master = Child("master", None, proc, err_path=log_path)
-        self.record.row(self.now(), "start", None, {}, f"master pid={proc.pid}")
-        log = open_log(log_path)  # closed by its pump
-        assert proc.stderr is not None
-        while not self.address:
-            try:
-                raw = await asyncio.wait_for(proc.stderr.readline(), 30)
-            except TimeoutError:
-                raw = b""
-            if not raw:
-                log.close()
-                raise RuntimeError(f"the master did not start (its log: {log_path}):\n"
-                                   f"{self.master.stderr_tail()}")
-            log.write(raw.decode(errors="replace"))
-            log.flush()
-            if m := _LISTENING.search(raw.decode(errors="replace")):
-                self.address = f"127.0.0.1:{m.group(1)}"
-        self.tasks.append(asyncio.ensure_future(self._pump(self.master, proc.stderr, log)))
-
-    async def start_peer(self, replacement: bool) -> Child:
-        """A peer with the next seed; replacements need only one other peer to start."""
-        seed, self.next_seed = self.next_seed, self.next_seed + 1
-        logs = self.cfg.out / "logs"
-        err_path = logs / f"seed{seed}.err"
-        with open_log(err_path) as err:
-            proc = await self._spawn(
-                str(self.cfg.example), "--master", self.address, "--seed", str(seed),
-                "--min-peers", str(2 if replacement else self.cfg.peers), *self.cfg.peer_args,
-                stdout=asyncio.subprocess.PIPE, stderr=err)
-        out = open_log(logs / f"seed{seed}.out")  # closed by its pump
-        child = Child(f"seed {seed}", seed, proc, out, err_path, replacement)
-        self.children.append(child)
-        self.record.row(self.now(), "start", seed, {"outer": str(self.outer),
-                                                    "inner": str(self.inner)},
-                        f"pid={proc.pid}" + (" replacement" if replacement else ""))
-        assert proc.stdout is not None
-        self.tasks.append(asyncio.ensure_future(self._pump(child, proc.stdout, out)))
-        return child
-
-    async def _pump(self, child: Child, stream: asyncio.StreamReader, copy: IO[str]) -> None:
-        """Forward ``child``'s lines to the queue, then its exit (after its last line)."""
-        try:
-            async for raw in stream:
-                text = raw.decode(errors="replace")
-                copy.write(text)
-                copy.flush()
-                if child.seed is not None:
-                    await self.queue.put((child, "line", text))
-        finally:
-            copy.close()
-        await child.proc.wait()
-        await self.queue.put((child, "exit", None))
-
     # --- the run ---------------------------------------------------------------------------
 
     async def run(self) -> str | None:
@@ -179,7 +98,7 @@ class Launcher:
             self.say(f"master on {self.address}; starting {self.cfg.peers} peers of "
                      f"{self.cfg.example}")
             for _ in range(self.cfg.peers):
-                await self.start_peer(replacement=False)
+                await self.start_replica(replacement=False)
             return await self._follow()
         finally:
             await self.close()  # a signal meanwhile is queued and ignored
@@ -229,7 +148,7 @@ class Launcher:
             return None
         kind, fields = parsed
         assert child.seed is not None
-        step = self.record.line(self.now(), child.seed, kind, fields)
+        step = self.record.line(self.now(), child.seed, kind, fields, child.shard)
         if kind == "joined":
             child.peer = fields.get("peer", "?")
         elif kind == "done":
@@ -241,9 +160,9 @@ class Launcher:
         elif kind == "step" and step is None:
             self.say(f"{child.name}: malformed {kind} line: {(text or '').strip()}")
         elif step is not None:
-            if child.replacement and not child.stepped:
+            if child.replacement and not any(c.stepped for c in self.replica(child.seed)):
                 self.joins += 1
-                self.victim = None  # the group is whole again
+                self.victims = []  # the group is whole again
                 self.record.marks.append(("join", step.inner))
                 self.say(f"{child.name} (peer {child.peer}) joined the run at outer step "
                          f"{step.outer}")
@@ -258,7 +177,7 @@ class Launcher:
         return None
 
     def _group_event(self, child: Child, kind: str, fields: dict[str, str]) -> str:
-        v = self.victim
+        v = next((x for x in self.victims if x.shard == child.shard), None)  # (its group's)
         return group_event(kind, fields, f"peer {child.peer or fields.get('peer', '?')} "
                            f"({child.name})", None if v is None else f"peer {v.peer} ({v.name})")
 
@@ -277,7 +196,7 @@ class Launcher:
         assert child.seed is not None and code is not None
         self.record.row(self.now(), "exit", child.seed, {"peer": child.peer},
                         f"status={code}" + (" killed" if child.killed else "")
-                        + (" stopped" if child.stopped else ""))
+                        + (" stopped" if child.stopped else ""), child.shard)
         if child.killed or child.stopped or (code == 0 and child.done):
             return None
         if self.ending and not child.stepped:
@@ -288,31 +207,39 @@ class Launcher:
         return (f"{child.name} exited {why} before the end of the run (stderr: "
                 f"{child.err_path}); its last lines:\n{child.stderr_tail()}")
 
-    def _active(self) -> list[Child]:
-        """Peers that hold the run's state and are still training."""
-        return [c for c in self.children
-                if c.code is None and c.stepped and not (c.done or c.killed or c.stopped)]
+    def replica(self, seed: int | None) -> list[Child]:
+        """The processes of replica ``seed``."""
+        return [c for c in self.children if c.seed == seed]
+
+    def _active(self) -> list[int]:
+        """The replicas (seeds) whose every process holds the run's state and trains."""
+        seeds = dict.fromkeys(c.seed for c in self.children if c.seed is not None)
+        return [s for s in seeds if all(c.code is None and c.stepped and not (
+            c.done or c.killed or c.stopped) for c in self.replica(s))]
 
     def _may_kill(self) -> bool:
-        """One peer down at a time (every replacement took part before the next kill), never
-        after a peer finished, nor in the last quarter of the run's outer steps."""
+        """One replica down at a time (every replacement took part before the next kill),
+        never after a peer finished, nor in the last quarter of the run's outer steps."""
         late = self.total is not None and self.outer >= _END_OF_CHURN * self.total
         return not self.ending and not late and len(self._active()) >= self.cfg.peers
 
     async def _kill_one(self) -> None:
-        victim = self.rng.choice(self._active())
-        victim.killed = True
-        self.victim = victim
-        victim.signal(signal.SIGKILL)
+        """SIGKILL a random replica whole (each of its processes) and start a replacement."""
+        victims = self.replica(self.rng.choice(self._active()))
+        for v in victims:
+            v.killed = True
+            v.signal(signal.SIGKILL)
+        self.victims = victims
         self.kills += 1
         self.record.marks.append(("kill", self.inner))
-        assert victim.seed is not None
-        self.record.row(self.now(), "kill", victim.seed,
-                        {"peer": victim.peer, "outer": str(self.outer), "inner": str(self.inner)},
-                        "SIGKILL")
-        child = await self.start_peer(replacement=True)
-        self.say(f"SIGKILLed {victim.name} (peer {victim.peer}) after outer step {self.outer}; "
-                 f"started {child.name}")
+        for v in victims:
+            self.record.row(self.now(), "kill", v.seed, {"peer": v.peer, "outer": str(self.outer),
+                                                         "inner": str(self.inner)},
+                            "SIGKILL", v.shard)
+        started = await self.start_replica(replacement=True)
+        what = ", ".join(f"{v.name} (peer {v.peer})" for v in victims)
+        self.say(f"SIGKILLed {what} after outer step {self.outer}; started "
+                 f"{', '.join(c.name for c in started)}")
         self.progress()
 
     def _stop_latecomers(self) -> None:
@@ -356,7 +283,7 @@ class Launcher:
             if c.code is None:  # its exit was not handled: killed here
                 c.code = c.proc.returncode
                 self.record.row(self.now(), "exit", c.seed, {"peer": c.peer},
-                                f"status={c.code} killed-by-launcher")
+                                f"status={c.code} killed-by-launcher", c.shard)
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

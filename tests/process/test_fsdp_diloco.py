@@ -1,111 +1,63 @@
-"""``examples/fsdp_diloco.py`` under churn, as real processes: two replicas of two FSDP2
-shards each (gloo inside a replica, shard i of every replica in pccl_aio peer group i); a third
-replica joins the running two (admitted in both groups at the same outer step), then replica 2
-is SIGKILLed whole. At every outer step each shard's digest is the same on every replica that
-printed it, the joiner takes steps after receiving its parts, and every process not killed
-ends with the same digest as its shard's counterparts."""
+"""``examples/fsdp_diloco.py`` under churn, started by the launcher as replicas of two
+processes (``python -m pccl_aio.launch ... --replica-procs 2``): two replicas of two FSDP2
+shards each (gloo inside a replica, shard i of every replica in pccl_aio peer group i), a
+replica SIGKILLed whole (both processes) every 2 s and a replacement replica joining.
+
+From the launcher's CSV: every kill took both processes of a replica, a replacement's two
+processes joined mid-run and trained, at every outer step each shard's digest is the same on
+every replica that printed it (and differs between the shards: each holds its own part), the
+processes that finished agree per shard, and no process outlives the launcher."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import os
-import signal
-import socket
 from collections import defaultdict
 
 import pytest
 
-from tests.process.example_runs import EXAMPLES, fields, spawn_gated
-from tests.process.procs import Proc, spawn
+from tests.process.test_launch import ROOT, _launch, _rows, _running
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(180)
 
-OUTER = 60  # outer steps of the run (H = 5)
+FSDP = str(ROOT / "examples" / "fsdp_diloco.py")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+async def test_the_launcher_runs_fsdp_replicas_and_kills_them_whole(tmp_path):
+    status, out, err = await _launch(
+        FSDP, "--peers", "2", "--replica-procs", "2", "--churn", "2", "--seed", "3",
+        "--out", str(tmp_path), "--timeout", "150", "--", "--tiny", "--inner", "5",
+        "--inner-steps", "700", "--eval-every", "50", timeout=170)
+    assert status == 0, f"{out}\n{err[-4000:]}"
+    rows = _rows(tmp_path / "fsdp_diloco.csv")
+    assert not _running(rows)
+    steps = [r for r in rows if r["kind"] == "step"]
+    by_shard: dict[tuple[str, str], set[str]] = defaultdict(set)  # (outer, shard) -> digests
+    for r in steps:
+        by_shard[r["outer"], r["shard"]].add(r["digest"])
+    assert {s for _, s in by_shard} == {"0", "1"}
+    assert all(len(d) == 1 for d in by_shard.values()), by_shard
+    assert by_shard["1", "0"] != by_shard["1", "1"]  # each shard its own part of the model
 
+    kills = [r for r in rows if r["kind"] == "kill"]
+    killed: dict[str, set[str]] = defaultdict(set)
+    for r in kills:
+        killed[r["seed"]].add(r["shard"])
+    assert killed and all(s == {"0", "1"} for s in killed.values()), kills  # whole replicas
+    exits = {(r["seed"], r["shard"]): r["detail"] for r in rows if r["kind"] == "exit"}
+    assert all("status=-9" in exits[seed, s] for seed in killed for s in ("0", "1")), exits
+    starts = [r for r in rows if r["kind"] == "start" and r["seed"]]
+    replacements = {r["seed"] for r in starts if "replacement" in r["detail"]}
+    assert replacements and all(  # each replacement started as a replica of two
+        sorted(r["shard"] for r in starts if r["seed"] == seed) == ["0", "1"]
+        for seed in replacements)
+    joined = {seed: {r["shard"]: int(r["outer"]) for r in steps if r["seed"] == seed}
+              for seed in replacements}
+    took_part = {seed: first for seed, first in joined.items() if len(first) == 2}
+    assert took_part and all(min(f.values()) > 1 for f in took_part.values()), joined
 
-async def _replica(procs: list[Proc], addr: str, seed: int, gated: bool = False
-                   ) -> list[Proc]:
-    """A replica's two processes; ``gated``: imports done, each waits for ``release``."""
-    store = f"127.0.0.1:{_port()}"
-    out = []
-    for shard in (0, 1):
-        start = functools.partial(spawn_gated, preload="charlm,torch.distributed.fsdp") \
-            if gated else spawn
-        p = await start(f"r{seed}s{shard}", str(EXAMPLES / "fsdp_diloco.py"),
-                        "--master", addr, "--seed", str(seed), "--shard", str(shard),
-                        "--replica-store", store, "--min-peers", "2", "--tiny",
-                        "--inner", "5", "--inner-steps", str(5 * OUTER),
-                        "--eval-every", "1000",
-                        **({} if gated else {"env": {"OMP_NUM_THREADS": "1"}}))
-        procs.append(p)
-        out.append(p)
-    return out
-
-
-async def test_fsdp_diloco_survives_a_killed_replica_and_a_joining_one(procs, master_proc):
-    _, addr = master_proc
-    lines: dict[str, list[dict[str, str]]] = defaultdict(list)
-    queue: asyncio.Queue[tuple[Proc, dict[str, str] | None]] = asyncio.Queue()
-
-    async def pump(p: Proc) -> None:
-        while True:
-            try:
-                line = await p.line(timeout=90)
-            except AssertionError:  # stdout ended
-                await queue.put((p, None))
-                return
-            await queue.put((p, fields(line)))
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # (the gated joiner inherits it)
-    one, two = await _replica(procs, addr, 1), await _replica(procs, addr, 2)
-    joiner = await _replica(procs, addr, 3, gated=True)
-    running = {p.name: p for p in [*one, *two, *joiner]}
-    pumps = [asyncio.ensure_future(pump(p)) for p in running.values()]
-    released = killed = False
-    try:
-        while running:
-            p, f = await asyncio.wait_for(queue.get(), 120)
-            if f is None:
-                assert p.name.startswith("r2") or lines[p.name][-1]["kind"] == "done", (
-                    p.name, lines[p.name][-3:])
-                running.pop(p.name)
-                continue
-            lines[p.name].append(f)
-            if not released and p.name == "r1s0" and f["kind"] == "step":
-                released = True
-                for j in joiner:  # joins the two running replicas
-                    assert j.proc.stdin is not None
-                    j.proc.stdin.write(b"go\n")
-            if not killed and all(any(g["kind"] == "step" for g in lines[j.name])
-                                  for j in joiner):  # (both groups' step done with 3)
-                killed = True
-                for victim in two:  # the whole replica at once
-                    victim.signal(signal.SIGKILL)
-    finally:
-        for t in pumps:
-            t.cancel()
-    assert killed, "the joiner never took a step"
-    for shard in (0, 1):
-        names = [f"r{r}s{shard}" for r in (1, 2, 3)]
-        by_step: dict[str, set[str]] = defaultdict(set)
-        for n in names:
-            for f in lines[n]:
-                if f["kind"] == "step":
-                    by_step[f["outer"]].add(f["digest"])
-        assert by_step and all(len(d) == 1 for d in by_step.values()), (shard, by_step)
-        done = [next(f for f in lines[n] if f["kind"] == "done") for n in (names[0], names[2])]
-        assert done[0]["outer"] == done[1]["outer"] == str(OUTER), done
-        assert done[0]["digest"] == done[1]["digest"], done
-        steps = [int(f["outer"]) for f in lines[names[2]] if f["kind"] == "step"]
-        assert len(steps) >= 3 and steps[0] > 1, steps  # the joiner took part
-        worlds = [f["world"] for f in lines[names[0]] if f["kind"] == "step"]
-        assert "3" in worlds and worlds[-1] == "2", worlds  # joined by 3, left by 2
-    assert not any(f["kind"] == "done" for n in ("r2s0", "r2s1") for f in lines[n])
+    done = [r for r in rows if r["kind"] == "done"]
+    assert {r["shard"] for r in done} == {"0", "1"}
+    for r in done:
+        assert exits[r["seed"], r["shard"]].startswith("status=0"), exits
+        assert r["digest"] in by_shard[r["outer"], r["shard"]], r
+    assert "digests agree" in out and "replica procs" in out
