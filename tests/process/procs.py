@@ -54,13 +54,16 @@ class Proc:
                 os.kill(self.proc.pid, sig)
 
 
-async def spawn(name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+async def spawn(name: str, *args: str, env: dict[str, str] | None = None,
+                stdin: bool = False) -> Proc:
+    """``python ARGS`` with its stdout piped (``stdin``: a pipe to write to as well)."""
     root = str(HERE.parent.parent)
     path = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
     full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=full)
+        stderr=asyncio.subprocess.PIPE, env=full,
+        stdin=asyncio.subprocess.PIPE if stdin else None)
     return Proc(proc, name)
 
 
