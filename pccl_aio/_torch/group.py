@@ -6,7 +6,8 @@ launches the matching pccl_aio collective (``all_reduce``, ``broadcast``, ``all_
 (``work.py``). Launches return at once: ``allreduce`` (the call DDP's reducer makes from its
 autograd thread, once per bucket) is posted to the communicator's loop without waiting for it
 (``post``; a launch error surfaces at ``Work.wait()``), the others wait for the vote to go
-out; ``Work.wait()`` blocks. Rank and size are the peer group's as they are now (they change with
+out; ``Work.wait()`` blocks. As with gloo, an all-reduce that failed leaves its tensor holding
+unspecified bytes (no copy is saved to restore it). Rank and size are the peer group's as they are now (they change with
 the membership, and a collective launched before a change raises ``PeerLostError``). Tags
 cycle through ``TAGS`` values, the same on every peer because torch makes every rank call
 the group's collectives in the same order; a tag that comes round again starts early on its
@@ -228,7 +229,9 @@ class ProcessGroup(Named):
 
 def _all_reduce(t: torch.Tensor, op: ReduceOp, tag: int
                 ) -> Callable[[AsyncCommunicator], AsyncHandle]:
-    return lambda c: c.all_reduce_async(t, op=op, tag=tag)
+    """torch's semantics: after a failure the tensor holds unspecified bytes (no copy is
+    saved to restore it: a copy of every bucket DDP reduces)."""
+    return lambda c: c.all_reduce_async(t, op=op, tag=tag, restore_on_abort=False)
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
