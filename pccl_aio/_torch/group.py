@@ -7,8 +7,9 @@ launches the matching pccl_aio collective (``all_reduce``, ``broadcast``, ``all_
 autograd thread, once per bucket) is posted to the communicator's loop without waiting for it
 (``post``; a launch error surfaces at ``Work.wait()``), the others wait for the vote to go
 out; ``Work.wait()`` blocks. As with gloo, an all-reduce that failed leaves its tensor holding
-unspecified bytes (no copy is saved to restore it). Rank and size are the peer group's as they are now (they change with
-the membership, and a collective launched before a change raises ``PeerLostError``). Tags
+unspecified bytes (no copy is saved to restore it). Rank and size are the peer group's as
+they are now (they change with the membership, and a collective launched before a change
+raises ``PeerLostError``). Tags
 cycle through ``TAGS`` values, the same on every peer because torch makes every rank call
 the group's collectives in the same order; a tag that comes round again starts early on its
 ticket. CUDA tensors are staged through host memory by the communicator

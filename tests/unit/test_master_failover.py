@@ -77,6 +77,21 @@ def test_a_new_peer_during_the_rebuild_is_a_joiner():
     assert h.st.accepted() == sorted([*RING, j])
 
 
+def test_a_joiner_that_waited_at_an_unfinished_rebuild_does_not_demote_the_members():
+    """Master 1 (term 1) dies, master 2 starts rebuilding (term 2) and a fresh peer waits for
+    admission there; master 2 dies before its rebuild finished. At master 3 the members' last
+    Membership is of term 1, the joiner's master was of term 2: the members stay members and
+    the joiner waits (it counted, and the members were made joiners and admitted with it as
+    a fresh run, their collectives in doubt aborted: a DeadlockError in the churn test)."""
+    h = fresh()
+    rejoin(h, 6, accepted=False, ring=[], term=2, epoch=0, revision=-1)
+    rejoin(h, 4)
+    assert h.st.accepted() == []
+    acts = h.tick(5.0)  # (7 and 9 never came back)
+    assert sorted(msgs(acts, m.Membership)) == [4]
+    assert h.st.accepted() == [4] and h.st.pending() == [6] and h.st.ring(0) == [4]
+
+
 def test_a_waiting_peer_rejoins_waiting_and_a_stale_ring_makes_a_joiner():
     h = fresh()
     rejoin(h, 4)

@@ -61,8 +61,10 @@ class Recovery:
 
     @property
     def term(self) -> int:
-        """The highest term any rejoining peer followed."""
-        return max((r.term for _, r in self._rejoins.values()), default=0)
+        """The highest term a rejoining member followed (a waiting joiner's term is the
+        master it waited at, not a run it was in: after a rebuild that never finished it is
+        above every member's, and counting it made the members joiners)."""
+        return max((r.term for _, r in self._rejoins.values() if r.accepted), default=0)
 
     def add(self, conn: int, group: int, rejoin: m.Rejoin) -> None:
         self._rejoins[conn] = (group, rejoin)
