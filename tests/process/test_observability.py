@@ -162,12 +162,58 @@ def status_url(master: MasterCli) -> str:
                 for line in master.lines if "status page on http" in line["msg"])
 
 
-async def nothing(step: str, run: Run, master: MasterCli) -> None:
-    return None
+class Observed:
+    """One run of ``scenario`` that the three tests below look at from their sides: the
+    master's log, the metrics scraped at each step, the status page a browser loaded after
+    the join (when Chromium is installed)."""
+
+    def __init__(self) -> None:
+        self.run: Run | None = None
+        self.master: MasterCli | None = None
+        self.metrics: dict[str, str] = {}
+        self.pages: dict[str, str] = {}
+        self.shot: Path | None = None
 
 
-async def test_the_master_log_tells_join_kill_abort_and_sync_with_causes(procs):
-    run, master = await scenario(procs, nothing)
+async def _observe(tmp: Path) -> Observed:
+    seen = Observed()
+    seen.shot = Path(os.environ.get("PCCL_SCREENSHOT") or tmp / "status.png")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    made: list[Proc] = []
+
+    async def look(step: str, run: Run, master: MasterCli) -> None:
+        seen.metrics[step] = await http_get(metrics_url(master))
+        if step == "joined" and browser:
+            url = status_url(master)
+            await chromium(f"--user-data-dir={tmp / 'profile'}", f"--screenshot={seen.shot}",
+                           "--window-size=1280,1100", url)
+            seen.pages["dom"] = (await chromium(f"--user-data-dir={tmp / 'profile'}",
+                                                "--dump-dom", url)).decode()
+            seen.pages["json"] = await http_get(url + "status.json")
+
+    try:
+        seen.run, seen.master = await scenario(made, look)
+    finally:
+        for p in made:
+            p.signal(signal.SIGKILL)
+            try:
+                await asyncio.wait_for(p.proc.wait(), 10)
+            except TimeoutError:
+                pass
+        if seen.master is not None:
+            seen.master._task.cancel()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Observed:
+    """The run, once for the module (each run of it takes ~20 s of CI)."""
+    return asyncio.run(_observe(tmp_path_factory.mktemp("observed")))
+
+
+def test_the_master_log_tells_join_kill_abort_and_sync_with_causes(observed):
+    run, master = observed.run, observed.master
+    assert run is not None and master is not None
     ids = run.ids
     run_id = master.events("registered")[0]["run"]
     assert all(line.get("run") == run_id for line in master.lines if "event" in line)
@@ -195,13 +241,8 @@ async def test_the_master_log_tells_join_kill_abort_and_sync_with_causes(procs):
     assert [gone[ids[n]]["cause"] for n in ("p0", "p1", "p3")] == ["left"] * 3, gone
 
 
-async def test_metrics_scraped_during_the_run_move_as_it_does(procs):
-    seen: dict[str, str] = {}
-
-    async def scrape(step: str, run: Run, master: MasterCli) -> None:
-        seen[step] = await http_get(metrics_url(master))
-
-    await scenario(procs, scrape)
+def test_metrics_scraped_during_the_run_move_as_it_does(observed):
+    seen = observed.metrics
     got = {step: {
         "members": metric(t, "pccl_master_peers", state="member"),
         "completed": metric(t, "pccl_master_collectives_completed_total"),
@@ -278,22 +319,10 @@ async def chromium(*args: str) -> bytes:
     return out
 
 
-async def test_the_status_page_in_a_browser_shows_the_new_membership(procs, tmp_path):
-    chromium_exe()  # skipped (or, under CI=true, failed) before the run if there is none
-    pages: dict[str, str] = {}
-    shot = Path(os.environ.get("PCCL_SCREENSHOT") or tmp_path / "status.png")
-
-    async def browse(step: str, run: Run, master: MasterCli) -> None:
-        if step != "joined":
-            return
-        url = status_url(master)
-        await chromium(f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
-                       "--window-size=1280,1100", url)
-        pages["dom"] = (await chromium(f"--user-data-dir={tmp_path / 'profile'}",
-                                       "--dump-dom", url)).decode()
-        pages["json"] = await http_get(url + "status.json")
-
-    run, _ = await scenario(procs, browse)
+def test_the_status_page_in_a_browser_shows_the_new_membership(observed):
+    chromium_exe()  # skipped (or, under CI=true, failed) if there is none
+    run, pages, shot = observed.run, observed.pages, observed.shot
+    assert run is not None and shot is not None
     ids, dom = run.ids, pages["dom"]
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     peers = text_of(dom, "peers")

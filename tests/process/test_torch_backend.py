@@ -128,7 +128,7 @@ async def test_fsdp2_replicas_with_the_fault_tolerant_hook_admit_a_joiner_and_su
             store = f"127.0.0.1:{_free_port()}"
             for shard in range(2):
                 p = await spawn(f"r{r}s{shard}", str(HERE / "fsdp_ft_peer.py"),
-                                master.address, store, "2", str(r), str(shard), "400",
+                                master.address, store, "2", str(r), str(shard), "250",
                                 *(["join"] if r == 2 else []), env={"OMP_NUM_THREADS": "1"},
                                 stdin=r == 2)
                 procs.append(p)
@@ -153,9 +153,9 @@ async def test_fsdp2_replicas_with_the_fault_tolerant_hook_admit_a_joiner_and_su
             for e in ps[r, shard].events:
                 if e["event"] == "step":
                     digests.setdefault(e["step"], set()).add(e["digest"])
-        assert len(digests) == 400 and all(len(d) == 1 for d in digests.values()), shard
+        assert len(digests) == 250 and all(len(d) == 1 for d in digests.values()), shard
         joined = [e for e in ps[2, shard].events if e["event"] == "step"]
-        assert joined[0]["step"] > 1 and joined[-1]["step"] == 400, joined[:2]
+        assert joined[0]["step"] > 1 and joined[-1]["step"] == 250, joined[:2]
         worlds = [e["ws"] for e in ps[0, shard].events if e["event"] == "step"]
         assert 3 in worlds and worlds[-1] == 2, worlds  # joined by 3, on by 2
     first = min(e["step"] for e in ps[2, 0].events if e["event"] == "step")
