@@ -73,8 +73,8 @@ class Record:
     # the same part of the model (shard None: a replica is one process)
     digests: dict[tuple[int, int | None], set[str]] = field(
         default_factory=lambda: defaultdict(set))
-    # seed (or (seed, shard)) -> the fields of its ``done`` line
-    done: dict[int | tuple[int, int], dict[str, str]] = field(default_factory=dict)
+    # (seed, shard) -> the fields of its ``done`` line
+    done: dict[tuple[int, int | None], dict[str, str]] = field(default_factory=dict)
     marks: list[tuple[str, int]] = field(default_factory=list)  # (kill|join, inner step)
     malformed: list[str] = field(default_factory=list)
 
@@ -109,7 +109,7 @@ class Record:
             try:
                 if kind == "done":
                     self.digests[int(fields["outer"]), shard].add(fields["digest"])
-                    self.done[seed if shard is None else (seed, shard)] = fields
+                    self.done[seed, shard] = fields
                 else:
                     s = _step(time, seed, shard, fields)
                     self.steps.append(s)

@@ -38,11 +38,12 @@ class Work(_C10dWork):
             _complete(handles, finish, self._future)  # (nothing in flight: done now)
             return
         item = (handles, finish, self._future)
-        left = [len(handles)]  # (decremented on the loop thread only)
+        left = len(handles)  # (decremented on the loop thread only)
 
         def ended(_: AllReduceHandle) -> None:
-            left[0] -= 1
-            if left[0] == 0:
+            nonlocal left
+            left -= 1
+            if left == 0:
                 _complete(*item) if inline else completions.add(*item)
 
         for h in handles:

@@ -65,6 +65,10 @@ class MasterCli:
     def events(self, name: str) -> list[dict[str, Any]]:
         return [line for line in self.lines if line.get("event") == name]
 
+    def close(self) -> None:
+        """Stop reading the log (the lines read so far stay)."""
+        self._task.cancel()
+
 
 async def http_get(url: str) -> str:
     host, port, path = re.fullmatch(r"http://([^:/]+):(\d+)(/.*)", url).groups()  # type: ignore[union-attr]
@@ -201,7 +205,7 @@ async def _observe(tmp: Path) -> Observed:
             except TimeoutError:
                 pass
         if seen.master is not None:
-            seen.master._task.cancel()
+            seen.master.close()
     return seen
 
 

@@ -77,14 +77,12 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
         it is still running. Never blocks; callable from any thread once ``done()``."""
         fut = self._coll.future
         if not fut.done():
-            raise InvalidUsageError(f"{self._coll.kind.label} tag {self._coll.tag} is still "
-                                    "running (wait() for it)")
+            raise InvalidUsageError(f"{self._what} is still running (wait() for it)")
         exc = fut.exception()
         if exc is None:
             return fut.result()
         if self._cancelled and isinstance(exc, PeerLostError):
-            raise asyncio.CancelledError(f"{self._coll.kind.label} tag {self._coll.tag} "
-                                         "cancelled") from exc
+            raise asyncio.CancelledError(f"{self._what} cancelled") from exc
         raise exc
 
     def cancel(self) -> bool:
@@ -102,6 +100,11 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
         self._cancelled = True
         return True
 
+    @property
+    def _what(self) -> str:
+        """The collective, in messages: ``all-reduce tag 3``."""
+        return f"{self._coll.kind.label} tag {self._coll.tag}"
+
     def __await__(self) -> Generator[Any, None, ReduceInfo]:
         return self._wait(None).__await__()
 
@@ -109,7 +112,7 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
         self._check()
         coll = self._coll
         self._awaiting(coll)
-        what = f"{coll.kind.label} tag {coll.tag}"
+        what = self._what
         try:
             return await deadline.within(asyncio.shield(coll.future), timeout, what)
         except asyncio.CancelledError:
