@@ -15,11 +15,14 @@ Nesterov step on that part. Each process prints the line protocol of ``charlm.py
 digest of its part of the global model: at every outer step it is the same on every replica.
 
 Replicas are lost and join as a whole. A lost replica aborts the averaging in both groups: the
-survivors retry on their own; a replica left alone trains on by itself until one joins. A
-joining replica's shards are admitted in both groups at the same outer step (each replica's
-two processes agree on it over gloo: the joint votes of the two groups give the same answer on
-every replica, so every replica decides alike) and receive their part of the global model, the
-outer momentum and the step in their group's shared-state sync. A process whose partner in the
+survivors retry on their own; a replica left alone trains on by itself until one joins. The
+two processes of a replica tell the master they are one (``replica=``, ``replica_size=2``):
+they start the run together, and a joining replica is admitted once both its processes
+registered, in one round, so that no process of it waits over gloo for a partner that is not
+yet a member. Joiners are admitted at an outer step (each replica's two processes agree on it
+over gloo: the joint votes of the two groups give the same answer on every replica, so every
+replica decides alike) and receive their part of the global model, the outer momentum and the
+step in their group's shared-state sync. A process whose partner in the
 replica died sees gloo fail and exits. ``python -m pccl_aio.launch examples/fsdp_diloco.py
 --peers 2 --replica-procs 2 --churn 2 -- --tiny`` runs it with replicas killed whole.
 """
@@ -93,7 +96,8 @@ def main(args: argparse.Namespace) -> int:
     state = pccl.SharedState.from_module(part, outer, extra={"step": count})
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     last = math.ceil(args.inner_steps / args.inner)
-    comm = blocking.Communicator(args.master, peer_group=args.shard,
+    comm = blocking.Communicator(args.master, peer_group=args.shard,  # the replica's two
+                                 replica=args.replica_store, replica_size=2,  # join together
                                  secret=pccl.load_secret(args.secret_file) or b"")
     comm.connect(attempts=args.attempts)
     with charlm.Peer(args, comm) as peer:

@@ -82,6 +82,11 @@ class Communicator(CollectiveCalls):
             0: a port the OS picks (``metrics_port`` tells it). None (the default):
             ``$PCCL_AIO_METRICS_PORT`` if set, else no metrics.
         metrics_host: the interface metrics are served on (default: loopback only).
+        replica, replica_size: this process is one of the ``replica_size`` processes of the
+            replica named ``replica`` (e.g. the shards of an FSDP model, each in its own peer
+            group): the master admits a joining replica's processes in one round, once all
+            of them registered, and the processes of the run's first replica start it
+            together. None (the default): a replica of one process.
 
     Logging: one line per event on the ``pccl_aio.*`` loggers, with the run, peer and group
     ids; ``$PCCL_AIO_LOG_LEVEL`` sets their level (read when a communicator is created).
@@ -99,7 +104,8 @@ class Communicator(CollectiveCalls):
                  ssl: _ssl.SSLContext | None = None,
                  ssl_server: _ssl.SSLContext | None = None, master_timeout: float = 60.0,
                  run_id: str | None = None, metrics_port: int | None = None,
-                 metrics_host: str = "127.0.0.1") -> None:
+                 metrics_host: str = "127.0.0.1", replica: str | None = None,
+                 replica_size: int = 1) -> None:
         _log.from_env()
         metrics = check_options(metrics_port, metrics_host)
         if secret is not None and not isinstance(secret, (str, bytes)):
@@ -110,7 +116,7 @@ class Communicator(CollectiveCalls):
             heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
             data_timeout=data_timeout, master_timeout=master_timeout, run_id=run_id or "",
             key=run_key(secret),
-            ssl=ssl, ssl_server=ssl_server)
+            ssl=ssl, ssl_server=ssl_server, replica=replica or "", replica_size=replica_size)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._keys = KeyRing(bool(self.config.key))
         registry = Registry()  # seq -> collective, shared by the data and control planes
@@ -213,7 +219,8 @@ class Communicator(CollectiveCalls):
             await self._metrics.start()  # (InvalidUsageError if it cannot bind)
             hello = m.Hello(m.PROTOCOL_VERSION, cfg.peer_group, self._data.listener.port,
                             cfg.advertise_host, self._sync.server.port,
-                            cfg.ssl_server is not None)
+                            cfg.ssl_server is not None, replica=cfg.replica,
+                            replica_size=cfg.replica_size)
             await deadline.within(self._control.connect(hello, attempts, backoff), limit,
                                   "connect()")
         except BaseException:

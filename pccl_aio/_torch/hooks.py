@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import GradBucket
 
-from .._errors import PcclError, TooFewPeersError
+from .._errors import PcclError, SharedStateError, TooFewPeersError
+from .._peer.state.core.shared_state import SharedState
 from .._types import Quantization, ReduceOp
 from .group import ProcessGroup
 from .work import Work, done
@@ -90,7 +91,10 @@ class AllReduceHook(HookState):
     completes; alone in its group a replica keeps its own gradient. A replica's shards are in
     different groups, so one may fail a step another completed: after ``backward()`` ask
     ``failed_in(replica_group)`` (the flag ORed over the replica's processes, one gloo
-    all-reduce): every replica then skips the same steps. ``reset()`` before the next step."""
+    all-reduce): every replica then skips the same steps. ``reset()`` before the next step.
+    Replicas join through ``admit()``, called between steps on every process."""
+
+    _voted = False  # (admit's first call votes on nothing)
 
     def __call__(self, grad: torch.Tensor) -> None:
         try:  # (every call is made whatever happened before: the same calls on every peer)
@@ -104,8 +108,42 @@ class AllReduceHook(HookState):
     def failed_in(self, replica_group: Any = None) -> bool:
         """Did any process of this replica see the step fail? A gloo all-reduce (MAX) over
         ``replica_group`` (torch's default group if None); blocks for it."""
-        import torch.distributed as dist
+        return _any(self.failed, replica_group)
 
-        flag = torch.tensor([int(self.failed)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=replica_group)
-        return bool(flag.item())
+    def admit(self, state: SharedState, replica_group: Any = None) -> int:
+        """Between two steps, on every process of every replica: admit the replicas waiting to
+        join, and make ``state`` (this shard's parameters, optimizer state and step) identical
+        across this shard's peer group, so that a joiner receives it; returns the group's size.
+
+        Admission is a joint vote of every member of every group (``are_peers_pending``, then
+        ``update_topology``): the same answer on every process, so a joining replica's shards
+        are admitted at the same step everywhere. Make a replica's communicators with
+        ``replica=`` and ``replica_size=``: else its shards may be admitted one round apart,
+        one then waiting over gloo for a partner that cannot be admitted without its vote. The
+        first call votes on nothing (a joiner was just admitted; at the start every replica
+        makes it). A sync that failed in either of the replica's groups (a replica was lost
+        meanwhile) is run again by both (``replica_group``: the replica's processes, torch's
+        default group if None). Blocks; raises what the votes raise (``MasterLostError``...).
+        """
+        comm = self.group.comm
+        if self._voted and comm.are_peers_pending():
+            comm.update_topology()
+        self._voted = True
+        while True:
+            failed = False
+            try:
+                comm.sync_shared_state(state)
+            except SharedStateError:  # every peer of this group got it
+                failed = True
+            if not _any(failed, replica_group):
+                state.revision += 1
+                return comm.peer_group_world_size
+
+
+def _any(flag: bool, replica_group: Any) -> bool:
+    """``flag`` ORed over ``replica_group`` (a gloo all-reduce, MAX); blocks for it."""
+    import torch.distributed as dist
+
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=replica_group)
+    return bool(t.item())

@@ -80,6 +80,9 @@ MIN_MAX_ONLY_CODES: Final = frozenset(int(d) for d in MIN_MAX_ONLY)
 HostName: TypeAlias = Annotated[str, msgspec.Meta(max_length=253)]
 StateKey: TypeAlias = Annotated[str, msgspec.Meta(max_length=MAX_KEY)]
 Reason: TypeAlias = Annotated[str, msgspec.Meta(max_length=1024)]
+#: A replica's name ("" for none) and its number of processes (``Hello``).
+ReplicaName: TypeAlias = Annotated[str, msgspec.Meta(max_length=128)]
+ReplicaSize: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=1024)]
 MAX_SYNC_ENTRIES: Final = 1 << 20
 MAX_EVICTED: Final = 64
 #: A measured link (``optimize_topology``): bits/s up to 10 Tbit/s (0: unreachable), one-way

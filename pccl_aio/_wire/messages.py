@@ -54,6 +54,8 @@ from .fields import (
     QDTYPES as QDTYPES,
     MIN_MAX_ONLY_CODES as MIN_MAX_ONLY_CODES,
     HostName as HostName,
+    ReplicaName as ReplicaName,
+    ReplicaSize as ReplicaSize,
     StateKey as StateKey,
     Reason as Reason,
     MAX_SYNC_ENTRIES as MAX_SYNC_ENTRIES,
@@ -72,7 +74,9 @@ class Hello(Msg, frozen=True, tag=1):
     """First message of a session; the master refuses another protocol ``version``. ``tls``:
     this peer's listeners speak TLS (all peers of a run must agree). ``run_id``: the run this
     peer belongs to ("" for any); ``term``: the highest master term it followed; ``rejoin``:
-    who it was under its previous master (``recovery.Rejoin``), None for a new peer."""
+    who it was under its previous master (``recovery.Rejoin``), None for a new peer;
+    ``replica``, ``replica_size``: the replica this process is one of ("": none) and how many
+    processes it has (they are admitted together)."""
 
     version: U32
     peer_group: U32
@@ -83,6 +87,8 @@ class Hello(Msg, frozen=True, tag=1):
     run_id: RunId = ""
     term: U63 = 0
     rejoin: Rejoin | None = None
+    replica: ReplicaName = ""
+    replica_size: ReplicaSize = 1
 
 
 class Heartbeat(Msg, frozen=True, tag=2):
@@ -377,6 +383,9 @@ def _check(msg: msgspec.Struct, direction: str) -> None:
             bad = f"SyncPlan: {len(msg.keys)} keys but {len(msg.hashes)} hashes"
         elif any(len(h) not in (0, HASH_SIZE) for h in msg.hashes):
             bad = "SyncPlan.hashes: a hash is neither 0 nor 16 bytes long"
+    elif isinstance(msg, Hello):
+        if msg.replica_size > 1 and not msg.replica:
+            bad = f"Hello.replica_size: {msg.replica_size} without a replica name"
     elif isinstance(msg, Membership) and msg.keys and (
             len(msg.keys) != len(msg.ring) or any(len(k) != 32 for k in msg.keys)):
         bad = f"Membership.keys: {len(msg.keys)} keys for {len(msg.ring)} peers (or not 32 bytes)"
@@ -384,4 +393,4 @@ def _check(msg: msgspec.Struct, direction: str) -> None:
         raise RemoteProtocolError(f"bad {direction} message: {bad}")
 
 
-_CHECKED: Final = frozenset({CollectiveInit, VoteSync, SyncPlan, Membership})
+_CHECKED: Final = frozenset({CollectiveInit, VoteSync, SyncPlan, Membership, Hello})

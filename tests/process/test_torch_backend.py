@@ -113,36 +113,55 @@ async def test_fsdp2_with_the_all_reduce_hook_and_the_hsdp_mesh_agree_per_shard(
     assert all(o["name"].startswith("pccl_aio:") for o in out)
 
 
-async def test_fsdp2_replicas_with_the_fault_tolerant_hook_survive_a_sigkilled_replica(procs):
-    """Three replicas x two FSDP2 shards, ``AllReduceHook`` across replicas; replica 2 is
-    SIGKILLed whole mid-run: the survivors skip the same steps (their two groups may disagree
-    on a step; ``failed_in`` makes the replica agree) and each shard's parameters stay
-    bit-identical on both survivors at every step, over a world of two at the end."""
-    async with pccl.Master("127.0.0.1", 0, admission_interval=0.0, heartbeat_interval=0.2,
+async def test_fsdp2_replicas_with_the_fault_tolerant_hook_admit_a_joiner_and_survive_a_kill(
+        procs):
+    """Two replicas x two FSDP2 shards, ``AllReduceHook`` across replicas and ``hook.admit``
+    between steps; a third replica joins mid-run (its two processes, made with ``replica=`` and
+    ``replica_size=2``, are admitted in one round, at the same step in both groups, and receive
+    their shard's parameters and the step count), then replica 1 is SIGKILLed whole mid-step.
+    The survivors skip the same steps (their two groups may disagree on a step; ``failed_in``
+    makes the replica agree) and each shard's parameters are bit-identical on every replica at
+    every step, joiner included."""
+    async with pccl.Master("127.0.0.1", 0, heartbeat_interval=0.2,
                            heartbeat_timeout=2.0) as master:
         ps: dict[tuple[int, int], Any] = {}
         for r in range(3):
             store = f"127.0.0.1:{_free_port()}"
             for shard in range(2):
                 p = await spawn(f"r{r}s{shard}", str(HERE / "fsdp_ft_peer.py"),
-                                master.address, store, "3", str(r), str(shard), "20",
-                                *(["6"] if r == 2 else []), env={"OMP_NUM_THREADS": "1"})
+                                master.address, store, "2", str(r), str(shard), "250",
+                                *(["join"] if r == 2 else []), env={"OMP_NUM_THREADS": "1"},
+                                stdin=r == 2)
                 procs.append(p)
                 ps[r, shard] = p
         for shard in range(2):
-            await ps[2, shard].expect("frozen", timeout=90)
-        for shard in range(2):
-            ps[2, shard].signal(signal.SIGKILL)
-        for key in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+            await ps[2, shard].expect("ready", timeout=90)
+        await ps[0, 0].expect("step", timeout=90)
+        for shard in range(2):  # the joining replica's processes connect
+            stdin = ps[2, shard].proc.stdin
+            assert stdin is not None
+            stdin.write(b"go\n")
+        for _ in range(2):
+            for shard in range(2):
+                await ps[2, shard].expect("step", timeout=60)
+        for shard in range(2):  # (mid-step: the others may be in any collective)
+            ps[1, shard].signal(signal.SIGKILL)
+        for key in [(0, 0), (0, 1), (2, 0), (2, 1)]:
             await ps[key].expect("done", timeout=90)
     for shard in range(2):
-        steps = [[e for e in ps[r, shard].events if e["event"] == "step"] for r in (0, 1)]
-        assert [[e["digest"] for e in s] for s in steps[:1]] == [
-            [e["digest"] for e in s] for s in steps[1:]], steps  # every step, both replicas
-        worlds = [e["ws"] for e in steps[0]]  # (at the very end one may have left already)
-        assert worlds[5] == 3 and set(worlds[6:-1]) == {2}, worlds
-    failed = [[e["step"] for e in ps[key].events if e["event"] == "failed"]
-              for key in [(0, 0), (0, 1), (1, 0), (1, 1)]]
+        digests: dict[int, set[str]] = {}
+        for r in range(3):
+            for e in ps[r, shard].events:
+                if e["event"] == "step":
+                    digests.setdefault(e["step"], set()).add(e["digest"])
+        assert len(digests) == 250 and all(len(d) == 1 for d in digests.values()), shard
+        joined = [e for e in ps[2, shard].events if e["event"] == "step"]
+        assert joined[0]["step"] > 1 and joined[-1]["step"] == 250, joined[:2]
+        worlds = [e["ws"] for e in ps[0, shard].events if e["event"] == "step"]
+        assert 3 in worlds and worlds[-1] == 2, worlds  # joined by 3, on by 2
+    first = min(e["step"] for e in ps[2, 0].events if e["event"] == "step")
+    failed = [[e["step"] for e in ps[key].events if e["event"] == "failed" and e["step"] >= first]
+              for key in [(0, 0), (0, 1), (2, 0), (2, 1)]]
     assert all(f == failed[0] for f in failed), failed  # the same steps skipped everywhere
 
 

@@ -132,7 +132,7 @@ def test_master_to_peer_roundtrip(msg: m.MasterToPeer) -> None:
 
 def test_wire_layout_is_a_msgpack_array_led_by_the_tag() -> None:
     """The layout ``peek_hello_version`` and older/newer peers rely on."""
-    assert m.encode(m.Hello(PV, 2, 3, "h")) == enc([1, PV, 2, 3, "h", 0, False, "", 0, None])
+    assert m.encode(m.Hello(PV, 2, 3, "h")) == enc([1, PV, 2, 3, "h", 0, False, "", 0, None, "", 1])
     assert m.encode(m.Heartbeat()) == enc([2])
     assert m.encode(m.Membership(1, 1, 1, 1, [m.PeerAddr(4, "h", 5)])) == enc(
         [66, 1, 1, 1, 1, [[4, "h", 5, 0]], [], 0, 0, 0, b""])

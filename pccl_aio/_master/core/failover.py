@@ -136,13 +136,14 @@ class Failover:
         fresh = self._fresh_run
         return fresh is not None and self._master.now - fresh < self.grace and same
 
-    def joined(self, conn: int, group: int, msg: m.Hello,
-               out: list[Action]) -> tuple[bool, bool, bool]:
-        """A peer registered: (does it start the run, as its first member; is it a joiner,
-        neither the first nor in a rebuild; is it a member of the run being rebuilt)."""
+    def joined(self, conn: int, group: int, msg: m.Hello, out: list[Action],
+               complete: bool = True) -> tuple[bool, bool, bool]:
+        """A peer registered, the last of its replica to (``complete``): (does it start the
+        run, as its first member, with the rest of its replica; is it a joiner, neither the
+        first nor in a rebuild; is it a member of the run being rebuilt)."""
         rejoin = msg.rejoin
         rebuilding = rejoin is not None and self._rejoined(conn, group, rejoin, msg.run_id, out)
-        first = not rebuilding and not self.rebuilding and not self._master.accepted()
+        first = complete and not rebuilding and not self.rebuilding and not self._master.accepted()
         if first:  # term 1 (unless a later one), the peer's run id or a fresh one
             self.term = max(self.term, 1)
             if not self.run_id:

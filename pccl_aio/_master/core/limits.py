@@ -25,11 +25,12 @@ from it after its ``Hello`` (a ``Communicator`` heartbeats every ``heartbeat_int
 by default, so an honest joiner waits at most that long), and ``are_peers_pending()`` answers
 True at most once per ``admission_interval``: joiners are admitted in batches. A joiner that
 leaves before its batch is forgotten without any work for the group. ``update_topology()``
-itself still admits every joiner (the callers asked for it). What these rules cannot stop: a
-flood keeping ``max_pending_peers`` joiners registered refuses honest joiners (silent ones
-expire after ``heartbeat_timeout``), and a hostile client that speaks the protocol
-(heartbeats) and, once admitted, never votes stalls the group; only a run secret keeps such
-clients out.
+itself still admits every joiner (the callers asked for it), but a joiner of a replica
+(``Hello.replica``) only once all ``replica_size`` processes of it registered. What these
+rules cannot stop: a flood keeping ``max_pending_peers`` joiners registered refuses honest
+joiners (silent ones expire after ``heartbeat_timeout``; before the run starts, only a
+replica's processes can wait), and a hostile client that speaks the protocol (heartbeats)
+and, once admitted, never votes stalls the group; only a run secret keeps such clients out.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+
+from ..._wire import messages as m
 
 __all__ = ["Admission", "Limits", "advertise_error"]
 
@@ -85,10 +88,12 @@ def advertise_error(advertised: str, host: str) -> str | None:
 
 class Admission:
     """Who may join, and when: connections without ``Hello`` (since when), joiners
-    (registered, not yet accepted: heard from since their ``Hello``?) and the batches they
-    are admitted in (one per ``admission_interval``)."""
+    (registered, not yet accepted: heard from since their ``Hello``?), the batches they are
+    admitted in (one per ``admission_interval``) and the replicas they belong to: a joiner of
+    a replica is admissible once every process of it registered (``ready``), so that a
+    replica's processes join in the same round."""
 
-    __slots__ = ("_next", "_unnamed", "announced", "joiners", "limits")
+    __slots__ = ("_next", "_replica", "_sizes", "_unnamed", "announced", "joiners", "limits")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
@@ -96,13 +101,15 @@ class Admission:
         self.joiners: dict[int, bool] = {}  # conn -> heard from after its Hello
         self._next = -math.inf  # earliest time of the next batch of joiners
         self.announced = False  # what the members were last told (``PeersWaiting``)
+        self._replica: dict[int, tuple[str, int]] = {}  # conn -> (replica, its size)
+        self._sizes: dict[str, int] = {}  # replica -> its registered processes
 
     def connected(self, conn: int, now: float) -> None:
         self._unnamed[conn] = now
 
     def heard(self, conn: int) -> bool:
         """Anything from ``conn``: a joiner is now known to be alive (True: it just became
-        so, a batch may be due now)."""
+        one)."""
         if self.joiners.get(conn) is False:
             self.joiners[conn] = True
             return True
@@ -111,11 +118,15 @@ class Admission:
     def full(self) -> bool:
         return len(self.joiners) >= self.limits.max_pending_peers
 
-    def registered(self, conn: int, joiner: bool) -> None:
-        """``conn`` said ``Hello``: accepted at once, or (``joiner``) waits for admission."""
+    def registered(self, conn: int, joiner: bool, replica: str = "", size: int = 1) -> None:
+        """``conn`` said ``Hello``: accepted at once, or (``joiner``) waits for admission;
+        ``replica`` (of ``size`` processes) is the one it belongs to ("": none)."""
         self._unnamed.pop(conn, None)
         if joiner:
             self.joiners[conn] = False
+        if replica:
+            self._replica[conn] = (replica, size)
+            self._sizes[replica] = self._sizes.get(replica, 0) + 1
 
     def admitted(self, conn: int) -> None:
         self.joiners.pop(conn, None)
@@ -123,6 +134,28 @@ class Admission:
     def forget(self, conn: int) -> None:
         self._unnamed.pop(conn, None)
         self.joiners.pop(conn, None)
+        replica = self._replica.pop(conn, None)
+        if replica is not None:
+            left = self._sizes[replica[0]] - 1
+            if left:
+                self._sizes[replica[0]] = left
+            else:
+                del self._sizes[replica[0]]
+
+    def complete(self, conn: int) -> bool:
+        """Every process of ``conn``'s replica registered (True without a replica)."""
+        replica = self._replica.get(conn)
+        return replica is None or self._sizes[replica[0]] >= replica[1]
+
+    def completes(self, hello: m.Hello) -> bool:
+        """Would ``hello``'s peer, registered, complete its replica (True without one)?"""
+        return self._sizes.get(hello.replica, 0) + 1 >= hello.replica_size
+
+    def ready(self, replica: str | None = None) -> list[int]:
+        """The joiners that may be admitted now (their replicas complete; of ``replica``
+        only, if given), ascending."""
+        return sorted(c for c in self.joiners if self.complete(c)
+                      and (replica is None or self._replica[c][0] == replica))
 
     def expired(self, now: float) -> list[int]:
         """Connections without ``Hello`` for longer than ``hello_timeout``."""
@@ -131,12 +164,17 @@ class Admission:
 
     def due(self, now: float) -> bool:
         """Would an ``are_peers_pending()`` vote completed at ``now`` answer True?"""
-        return now >= self._next and any(self.joiners.values())
+        return now >= self._next and self._live()
 
     def batch_due(self, now: float) -> bool:
         """The answer to a completed ``are_peers_pending()`` vote at ``now``: True if a live
-        joiner waits and no batch was announced within ``admission_interval``."""
-        if now < self._next or not any(self.joiners.values()):
+        joiner of a complete replica waits and no batch was announced within
+        ``admission_interval``."""
+        if now < self._next or not self._live():
             return False
         self._next = now + self.limits.admission_interval
         return True
+
+    def _live(self) -> bool:
+        """A joiner heard from since its ``Hello`` waits, its replica complete."""
+        return any(live and self.complete(c) for c, live in self.joiners.items())

@@ -7,9 +7,10 @@ holds, each reaching it through a narrow Protocol; ``deadlock.py`` finds the cal
 forever, this fails them.
 Rule 2: time arrives only through ``Event.now`` (sans-IO: ``test_layering.py`` checks it).
 
-Theory of operation. A connection becomes a peer with ``Hello``. The first peer is accepted
-at once (a rebuilt run's members when the rebuild ends: ``failover.py``); later ones stay
-*pending* until every member votes ``VoteUpdateTopology`` (``joint.py``). A collective of a
+Theory of operation. A connection becomes a peer with ``Hello``. The first peer (with its
+replica's other processes, once all registered) is accepted at once (a rebuilt run's members
+when the rebuild ends: ``failover.py``); later ones stay *pending* until every member votes
+``VoteUpdateTopology`` (``joint.py``; a replica's processes together). A collective of a
 group starts when every member of the group voted for it with one descriptor; every voter
 gets one terminal message (``collectives.py``). ``VoteSync`` and ``VoteOptimize`` are votes
 of a group (``barrier.py``, ``topology.py``); ``WithdrawVote`` takes one back. After every
@@ -130,8 +131,8 @@ class MasterState:
         return [c for c, p in self._peers.items() if p.registered]
 
     def admit(self, conns: Iterable[int] | None = None) -> list[int]:
-        """Accept ``conns`` (default: every joiner) as members; returns them."""
-        conns = self.pending() if conns is None else list(conns)
+        """Accept ``conns`` (default: the joiners of complete replicas); returns them."""
+        conns = self._admission.ready() if conns is None else list(conns)
         for c in conns:
             self._peers[c].accepted = True
             self._admission.admitted(c)
@@ -193,7 +194,7 @@ class MasterState:
                 version = m.peek_hello_version(body) if body else None
                 peer = self._peers.get(conn)
                 if version not in (None, m.PROTOCOL_VERSION) and peer and not peer.registered:
-                    self._reject(conn, version_reason(version), out)
+                    self._kick(conn, version_reason(version), out, refuse=True)
                 elif conn in self._peers:
                     self._kick(conn, reason, out)
                 else:
@@ -287,7 +288,7 @@ class MasterState:
         if peer.registered:
             raise RemoteProtocolError("second Hello")
         if msg.version != m.PROTOCOL_VERSION:
-            self._reject(peer.conn, version_reason(msg.version), out)
+            self._kick(peer.conn, version_reason(msg.version), out, refuse=True)
             return
         if not (0 <= msg.peer_group < 2**32 and 0 < msg.p2p_port < 65536
                 and 0 <= msg.state_port < 65536):  # (decoding checks it: for direct callers)
@@ -295,22 +296,24 @@ class MasterState:
         host = msg.advertise_host or peer.host
         other = next((p for p in self._peers.values() if p.registered), None)
         why = registration_error(msg, peer.host, other, self.limits.allow_any_advertise_host)
-        if why is None and self.accepted() and self._admission.full():
+        if why is None and (self.accepted() or msg.replica) and self._admission.full():
             why = "too many peers waiting to join"
         why = why or self._fo.screen(msg, out)
         if why is not None:
-            self._reject(peer.conn, why, out)
+            self._kick(peer.conn, why, out, refuse=True)
             return
         peer.host, peer.port, peer.group, peer.registered = host, msg.p2p_port, msg.peer_group, True
         peer.state_port, peer.tls = msg.state_port, msg.tls
         at = len(out)  # its Welcome goes before what ``joined`` tells it (aborted doubts)
-        first, joiner, member = self._fo.joined(peer.conn, peer.group, msg, out)
+        first, joiner, member = self._fo.joined(peer.conn, peer.group, msg, out,
+                                                self._admission.completes(msg))
         peer.accepted = first
-        self._admission.registered(peer.conn, joiner=joiner)
+        self._admission.registered(peer.conn, joiner, msg.replica, msg.replica_size)
         out.insert(at, Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
                                                  run_id=self.run_id, rebuild=member)))
-        if first:
-            self.publish(out)  # (to it alone: the only member)
+        if first:  # the only member, with the rest of its replica (nobody else to admit them)
+            self.admit(self._admission.ready(msg.replica) if msg.replica else ())
+            self.publish(out)
         self._fo.check(out)
 
     # ---- consensus ----------------------------------------------------------------------------
@@ -340,13 +343,12 @@ class MasterState:
         if found is None:
             return
         reason = found.reason()
-        ops: list[tuple[int, int]] = []
+        ops: dict[tuple[int, int], None] = {}  # (in order, once each)
         for c, items in found.waits.items():
             peer = self._peers[c]
             for kind, group, tag in items:
                 if kind == "collective":
-                    if (group, tag) not in ops:
-                        ops.append((group, tag))
+                    ops[group, tag] = None
                     continue
                 if kind == "topology" or kind == "pending":
                     self._votes.withdraw(peer, kind)
@@ -359,14 +361,10 @@ class MasterState:
             self._colls.end_vote(group, tag, reason, out, deadlock=True)
 
     # ---- departures -----------------------------------------------------------------------------
-    def _kick(self, conn: int, reason: str, out: list[Action]) -> None:
-        """End a session for a protocol violation: ``Kicked``, ``Close``, departure."""
-        out.append(Send(conn, m.Kicked(reason)))
-        self._close(conn, reason, out)
-
-    def _reject(self, conn: int, reason: str, out: list[Action]) -> None:
-        """Refuse a registration: ``Rejected``, ``Close``, departure."""
-        out.append(Send(conn, m.Rejected(reason)))
+    def _kick(self, conn: int, reason: str, out: list[Action], refuse: bool = False) -> None:
+        """End a session for a protocol violation (``Kicked``) or refuse a registration
+        (``refuse``: ``Rejected``): the message, ``Close``, departure."""
+        out.append(Send(conn, m.Rejected(reason) if refuse else m.Kicked(reason)))
         self._close(conn, reason, out)
 
     def _close(self, conn: int, reason: str, out: list[Action]) -> None:
@@ -391,7 +389,7 @@ class MasterState:
         self._colls.depart(conn, peer.group, out)
         if not self.accepted() and not self._left:  # the last member vanished, no goodbye
             self._fo.await_members(conn)  # (it and the others may be about to rejoin)
-        elif not self.accepted() and self.pending():
+        elif not self.accepted() and self._admission.ready():
             self.admit()  # nobody is left to vote the waiting peers in: admit them now
             self.publish(out)
             return

@@ -27,6 +27,8 @@ class PeerConfig:
     key: bytes = b""  # the run secret's key (``auth.secret_key``); empty: no secret
     ssl: _ssl.SSLContext | None = None  # client side: the master and, with ssl_server, peers
     ssl_server: _ssl.SSLContext | None = None  # this peer's listeners; TLS between peers
+    replica: str = ""  # the replica this process is one of ("": none)
+    replica_size: int = 1  # its processes: admitted together
 
     @property
     def master_host(self) -> str:
@@ -70,6 +72,12 @@ class PeerConfig:
         r = self.run_id
         if not isinstance(r, str) or len(r) > 128 or not r.isprintable():
             raise InvalidUsageError(f"run_id must be at most 128 printable characters, not {r!r}")
+        r, k = self.replica, self.replica_size
+        if not isinstance(r, str) or len(r) > 128 or not r.isprintable():
+            raise InvalidUsageError(f"replica must be at most 128 printable characters, not {r!r}")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1024 or (k > 1 and not r):
+            raise InvalidUsageError(
+                f"replica_size must be an int in 1..1024 (above 1 with a replica), not {k!r}")
         for name in ("ssl", "ssl_server"):
             if not isinstance(getattr(self, name), (_ssl.SSLContext, type(None))):
                 raise InvalidUsageError(f"{name} must be an ssl.SSLContext or None")
