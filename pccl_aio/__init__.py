@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import (
     AuthenticationError,
@@ -45,6 +45,9 @@ from ._types import (
 )
 from ._version import __version__
 
+if TYPE_CHECKING:  # (imported on first use: it needs numpy, which ``import pccl_aio`` does not)
+    from ._peer.compress import SparseCompressor
+
 __all__ = [
     "AllReduceHandle",
     "AuthenticationError",
@@ -68,6 +71,7 @@ __all__ = [
     "RemoteProtocolError",
     "SharedState",
     "SharedStateError",
+    "SparseCompressor",
     "SyncInfo",
     "SyncStrategy",
     "TooFewPeersError",
@@ -88,3 +92,11 @@ def run(main: Coroutine[Any, Any, _T]) -> _T:
     ``asyncio.run`` does (blocks until it returns; Ctrl-C cancels it)."""
     with asyncio.Runner(loop_factory=new_loop) as runner:
         return runner.run(main)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SparseCompressor":
+        from ._peer.compress import SparseCompressor
+
+        return SparseCompressor
+    raise AttributeError(f"module 'pccl_aio' has no attribute {name!r}")

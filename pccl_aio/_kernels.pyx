@@ -4,7 +4,8 @@
 Seams, in file order: the AVX2+F16C loops of the hot paths (C, chosen at run time, in
 ``_kernels_simd.h``); 16-bit float conversions; reduce loops (integers, f32/f64,
 f16/bf16) and divide (``_kernels_reduce.pxi``); minmax, quantize and dequantize
-(``_kernels_quant.pxi``); the Python entry points.
+(``_kernels_quant.pxi``); sparse compression (``_kernels_sparse.pxi``, its own entry points,
+specified by ``_compute/sparse_reference.py``); the Python entry points.
 The portable Cython loops do everything the AVX2 loops do not (tails, other dtypes and
 ops, CPUs without AVX2, non-x86 builds). Arguments are validated by ``_compute/ops.py``; the entry
 points only keep wrong direct calls in bounds. The loops run without the GIL and never
@@ -16,7 +17,7 @@ contraction and no FMA target is enabled.
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport (int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t,
                           uint64_t)
-from libc.string cimport memcpy, memmove
+from libc.string cimport memcpy, memmove, memset
 
 cdef extern from "_kernels_simd.h" nogil:
     int pccl_simd
@@ -101,6 +102,7 @@ ctypedef fused code_t:
 include "_kernels_half.pxi"
 include "_kernels_reduce.pxi"
 include "_kernels_quant.pxi"
+include "_kernels_sparse.pxi"
 
 
 # ---- Python entry points (see reference.py for the contract) --------------------------

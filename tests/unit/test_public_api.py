@@ -18,7 +18,8 @@ EXPECTED_ALL = {
     "MasterConnectionError", "MasterLostError", "PcclError", "PcclTimeoutError", "PeerLostError",
     "ProtocolError",
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
-    "SharedState", "SharedStateError", "SyncInfo", "SyncStrategy", "TooFewPeersError",
+    "SharedState", "SharedStateError", "SparseCompressor", "SyncInfo", "SyncStrategy",
+    "TooFewPeersError",
     "TopologyInfo", "VersionMismatchError",
     "__version__", "load_secret", "progress_bar", "run", "tls_contexts",
 }

@@ -1,0 +1,111 @@
+"""Front door of the sparse compression kernels: checks, then the Cython kernels or the numpy
+specification (``sparse_reference.py``; ``PCCL_AIO_NO_EXTENSIONS`` as in ``ops.py``).
+
+``layout(n, density=, bits=, chunk=)`` fixes the shape of a vector's parts; ``compress``
+writes one part, ``accumulate`` adds or subtracts a decoded part into a float32 vector. A
+part that lists an index outside its chunk (a corrupt or forged one) raises
+``RemoteProtocolError``, leaving unspecified values in ``dst`` (never a byte outside it).
+Needs numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .._errors import InvalidUsageError, RemoteProtocolError
+from . import sparse_reference as ref
+from .ops import NO_EXTENSIONS, kernels
+from .sparse_reference import CODE_BITS, Layout
+
+__all__ = ["Layout", "accumulate", "compress", "layout", "scratch_size"]
+
+MAX_CHUNK = 1 << 16
+
+
+def layout(n: int, *, density: float, bits: int, chunk: int) -> Layout:
+    """The parts' layout of an ``n``-element vector: ``ceil(density * chunk)`` kept per chunk.
+    InvalidUsageError for a value out of range."""
+    if not isinstance(n, int) or n < 1:
+        raise InvalidUsageError(f"the vector must have at least one element, not {n!r}")
+    if not isinstance(chunk, int) or not 2 <= chunk <= MAX_CHUNK:
+        raise InvalidUsageError(f"chunk must be an int in 2..{MAX_CHUNK}, not {chunk!r}")
+    if bits not in CODE_BITS:
+        raise InvalidUsageError(f"bits must be one of {CODE_BITS}, not {bits!r}")
+    if not isinstance(density, float | int) or not 0 < density <= 1:
+        raise InvalidUsageError(f"density must be in (0, 1], not {density!r}")
+    k = min(chunk, max(1, -int(-density * chunk // 1)))
+    return Layout(n, chunk, k, bits)
+
+
+def _f32(buf: Any, name: str, n: int, writable: bool) -> NDArray[np.float32]:
+    a = np.asarray(buf)
+    if a.dtype != np.float32 or a.size != n or not a.flags.c_contiguous or (
+            writable and not a.flags.writeable):
+        raise InvalidUsageError(f"{name} must be a C-contiguous{' writable' if writable else ''} "
+                                f"float32 array of {n} elements, not {a.dtype} x {a.size}")
+    return a.reshape(-1)
+
+
+def _part(buf: Any, lay: Layout, name: str, writable: bool) -> NDArray[np.uint8]:
+    a = np.asarray(buf)
+    if a.dtype != np.uint8 or a.size != lay.nbytes or not a.flags.c_contiguous or (
+            writable and not a.flags.writeable):
+        raise InvalidUsageError(f"{name} must be a C-contiguous uint8 array of {lay.nbytes} "
+                                f"bytes, not {a.dtype} x {a.size}")
+    return a.reshape(-1)
+
+
+def compress(dst: Any, src: Any, lay: Layout, scratch: NDArray[np.uint32] | None = None
+             ) -> None:
+    """Write the part of ``src`` (float32, ``lay.n``) into ``dst`` (uint8, ``lay.nbytes``).
+    ``scratch``: ``scratch_size(lay)`` uint32s to reuse. InvalidUsageError if a kept value
+    (a chunk's largest magnitude) is not finite."""
+    x, d = _f32(src, "src", lay.n, False), _part(dst, lay, "dst", True)
+    a, b, _ = lay.sections
+    try:
+        if NO_EXTENSIONS:
+            d[:] = ref.compress(x, lay)
+            return
+        if scratch is None or scratch.size < scratch_size(lay):
+            scratch = np.empty(scratch_size(lay), np.uint32)
+        d[:] = 0
+        kernels().sparse_compress(d, x.view(np.uint8), lay.chunk, lay.k, lay.index_bits,
+                                  lay.bits, a, a + b, scratch.view(np.uint8))
+    except ValueError as exc:
+        raise InvalidUsageError(f"cannot compress: {exc} (NaN or infinity in the input)") \
+            from None
+
+
+def scratch_size(lay: Layout) -> int:
+    """uint32s of scratch ``compress`` works in."""
+    return 3 * lay.chunk + 2
+
+
+def accumulate(dst: Any, part: Any, lay: Layout, sign: int = 1) -> None:
+    """Add (``sign`` 1) or subtract (-1) the decoded ``part`` into ``dst`` (float32,
+    ``lay.n``), in the part's order. RemoteProtocolError for a part that lists an index
+    outside its chunk."""
+    d, p = _f32(dst, "dst", lay.n, True), _part(part, lay, "part", False)
+    a, b, _ = lay.sections
+    if NO_EXTENSIONS:
+        idx = ref.unpack(p[a:a + b], lay.kept, lay.index_bits)
+        if _outside(idx, lay):
+            raise RemoteProtocolError("a sparse part lists an index outside its chunk")
+        ref.accumulate(d, p, lay, sign)
+        return
+    try:
+        kernels().sparse_accumulate(d.view(np.uint8), p, lay.chunk, lay.k, lay.index_bits,
+                                    lay.bits, a, a + b, 1 if sign > 0 else -1)
+    except ValueError as exc:
+        raise RemoteProtocolError(f"a corrupt sparse part: {exc}") from None
+
+
+def _outside(idx: NDArray[np.int64], lay: Layout) -> bool:
+    """Does any index of a part lie outside its chunk (only the last chunk is shorter)?"""
+    tail = lay.n - (lay.chunks - 1) * lay.chunk
+    limit = np.full(lay.kept, lay.chunk)
+    limit[lay.kept - min(lay.k, tail):] = tail
+    return bool((idx >= limit).any())

@@ -1,0 +1,259 @@
+# Sparse compression: chunked top-k, 2/4/8-bit codes, bit-packed indices
+# (``_compute/sparse_reference.py`` is the specification; included by ``_kernels.pyx``).
+#
+# The k largest magnitudes of a chunk: one pass keeps the keys (the bits of |x|) at or above
+# an estimate from a sample, in index order (``_candidates``); the k-th largest of those is
+# the threshold T (quickselect, or a radix select on the bits when many: digits of 11, 11
+# and 9 bits from bit 30 down, bit 31 of |x| being 0); keys above T are kept, and keys equal
+# to T in index order until k are (ties: the lower indices).
+
+
+cdef struct BitWriter:
+    unsigned char* p
+    uint64_t acc
+    int n
+
+
+cdef struct BitReader:
+    const unsigned char* p
+    uint64_t acc
+    int n
+
+
+cdef inline void _put(BitWriter* w, uint64_t v, int bits) noexcept nogil:
+    w.acc |= v << w.n
+    w.n += bits
+    while w.n >= 8:
+        w.p[0] = <unsigned char>(w.acc & 0xFF)
+        w.p += 1
+        w.acc >>= 8
+        w.n -= 8
+
+
+cdef inline void _flush(BitWriter* w) noexcept nogil:
+    if w.n > 0:
+        w.p[0] = <unsigned char>(w.acc & 0xFF)
+
+
+cdef inline uint64_t _get(BitReader* r, int bits) noexcept nogil:
+    cdef uint64_t v
+    while r.n < bits:
+        r.acc |= (<uint64_t>r.p[0]) << r.n
+        r.p += 1
+        r.n += 8
+    v = r.acc & (((<uint64_t>1) << bits) - 1)
+    r.acc >>= bits
+    r.n -= bits
+    return v
+
+
+cdef Py_ssize_t _threshold(const uint32_t* keys, Py_ssize_t m, Py_ssize_t k,
+                           int64_t* t_out) noexcept nogil:
+    """The k-th largest of ``keys[:m]`` as ``t_out`` and how many keys equal to it are taken;
+    or, when a whole digit bucket completes the k, ``t_out`` one below its lowest key and 0."""
+    cdef uint32_t hist[2048]
+    cdef uint32_t prefix = 0, mask = 0, key, dmask
+    cdef Py_ssize_t remaining = k, i
+    cdef int level, shift, b
+    for level in range(3):
+        shift = 20 if level == 0 else 9 if level == 1 else 0
+        dmask = 0x7FF if level < 2 else 0x1FF
+        memset(hist, 0, (dmask + 1) * sizeof(uint32_t))
+        for i in range(m):
+            key = keys[i]
+            if (key & mask) == prefix:
+                hist[(key >> shift) & dmask] += 1
+        b = <int>dmask
+        while hist[b] < remaining:
+            remaining -= hist[b]
+            b -= 1
+        prefix |= (<uint32_t>b) << shift
+        mask |= dmask << shift
+        if hist[b] == remaining:  # the whole bucket: every key >= prefix
+            t_out[0] = <int64_t>prefix - 1
+            return 0
+    t_out[0] = prefix
+    return remaining
+
+
+cdef uint32_t _kth_largest(uint32_t* a, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
+    """The k-th largest of ``a[:n]`` (1 <= k <= n; quickselect, reorders ``a``)."""
+    cdef Py_ssize_t lo = 0, hi = n - 1, i, j, target = k - 1
+    cdef uint32_t p, x, y, z, tmp
+    while lo < hi:
+        x, y, z = a[lo], a[(lo + hi) // 2], a[hi]  # the median of three as the pivot
+        p = y if (x >= y) == (y >= z) else x if (y >= x) == (x >= z) else z
+        i, j = lo, hi
+        while i <= j:
+            while a[i] > p:
+                i += 1
+            while a[j] < p:
+                j -= 1
+            if i <= j:
+                tmp = a[i]
+                a[i] = a[j]
+                a[j] = tmp
+                i += 1
+                j -= 1
+        if target <= j:
+            hi = j
+        elif target >= i:
+            lo = i
+        else:
+            break
+    return a[target]
+
+
+cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uint32_t* ck,
+                            uint32_t* ci, uint32_t* tmp, uint32_t* top) noexcept nogil:
+    """The keys (``ck``) and indices (``ci``) of the chunk ``raw[:m]`` at or above an
+    estimate of its k-th largest magnitude (from 256 evenly spaced samples, set three times
+    lower than the k of them expected), in index order; their count, and the largest key as
+    ``top``. The estimate may be too high: fewer than k candidates (the caller then takes
+    every key). Small chunks and high densities take every key at once."""
+    cdef Py_ssize_t c = 0, i, ks, stride
+    cdef uint32_t key, est = 0, hi = 0
+    if m >= 1024 and 8 * k <= m:
+        stride = m // 256
+        for i in range(256):
+            tmp[i] = raw[i * stride] & 0x7FFFFFFF
+        ks = 2 + (3 * k * 256 + m - 1) // m
+        est = _kth_largest(tmp, 256, ks if ks < 256 else 256)
+    for i in range(m):  # (branchless: written always, kept by the count)
+        key = raw[i] & 0x7FFFFFFF
+        ck[c] = key
+        ci[c] = <uint32_t>i
+        c += key >= est
+        hi = key if key > hi else hi
+    top[0] = hi
+    return c
+
+
+cdef Py_ssize_t _compress(unsigned char* dst, const float* x, Py_ssize_t n, Py_ssize_t chunk,
+                          Py_ssize_t k, int index_bits, int bits, uint32_t* scratch,
+                          Py_ssize_t index_at, Py_ssize_t code_at) noexcept nogil:
+    """The part of ``x``; returns -1, or the first chunk whose largest magnitude is not
+    finite (then ``dst`` holds unspecified bytes). ``scratch``: 3 * chunk + 2 uint32s."""
+    cdef const uint32_t* raw = <const uint32_t*>x
+    cdef uint32_t* ck = scratch
+    cdef uint32_t* ci = scratch + chunk + 1
+    cdef uint32_t* tmp = scratch + 2 * chunk + 2
+    cdef BitWriter wi, wc
+    cdef Py_ssize_t j, i, base, m, kk, c, take_eq, g
+    cdef uint32_t key, top, kth
+    cdef int64_t t
+    cdef float s
+    cdef double sd, half = ((1 << bits) - 1) / 2.0, levels = (1 << bits) - 1, q
+    wi.p, wi.acc, wi.n = dst + index_at, 0, 0
+    wc.p, wc.acc, wc.n = dst + code_at, 0, 0
+    for j in range((n + chunk - 1) // chunk):
+        base = j * chunk
+        m = n - base if n - base < chunk else chunk
+        kk = k if k < m else m
+        c = _candidates(raw + base, m, kk, ck, ci, tmp, &top)
+        if top >= 0x7F800000:
+            return j
+        if c < kk:  # the estimate was too high: every key is a candidate
+            for i in range(m):
+                ck[i] = raw[base + i] & 0x7FFFFFFF
+                ci[i] = <uint32_t>i
+            c = m
+        if 4 * c > m:  # many candidates: the radix select's cost is bounded
+            take_eq = _threshold(ck, c, kk, &t)
+        else:
+            memcpy(tmp, ck, c * sizeof(uint32_t))
+            kth = _kth_largest(tmp, c, kk)
+            g = 0
+            for i in range(c):
+                g += ck[i] > kth
+            t, take_eq = kth, kk - g
+        memcpy(&s, &top, 4)
+        memcpy(dst + 4 * j, &s, 4)
+        sd = s
+        for i in range(c):
+            key = ck[i]
+            if <int64_t>key < t or (<int64_t>key == t and take_eq == 0):
+                continue
+            if <int64_t>key == t:
+                take_eq -= 1
+            _put(&wi, <uint64_t>ci[i], index_bits)
+            if sd == 0.0:
+                _put(&wc, 0, bits)
+                continue
+            q = (<double>x[base + ci[i]] / sd + 1.0) * half
+            q = (q + RINT_MAGIC) - RINT_MAGIC
+            if q < 0.0:
+                q = 0.0
+            elif q > levels:
+                q = levels
+            _put(&wc, <uint64_t>q, bits)
+    _flush(&wi)
+    _flush(&wc)
+    return -1
+
+
+def sparse_compress(unsigned char[::1] dst, const unsigned char[::1] src, Py_ssize_t chunk,
+                    Py_ssize_t k, int index_bits, int bits, Py_ssize_t index_at,
+                    Py_ssize_t code_at, unsigned char[::1] scratch):
+    """Write the part of ``src`` (float32) into ``dst`` (zeroed, ``Layout.nbytes``);
+    ``scratch`` holds 3 * ``chunk`` + 2 uint32s. ValueError if a chunk's largest magnitude is
+    not finite."""
+    cdef Py_ssize_t n = src.shape[0] // 4, bad
+    if n == 0 or chunk < 2 or k < 1 or scratch.shape[0] < 4 * (3 * chunk + 2) \
+            or not 1 <= bits <= 16 or not 1 <= index_bits <= 16 or code_at > dst.shape[0] \
+            or index_at > code_at:
+        raise ValueError("sparse_compress: bad arguments")
+    with nogil:
+        bad = _compress(&dst[0], <const float*>&src[0], n, chunk, k, index_bits, bits,
+                        <uint32_t*>&scratch[0], index_at, code_at)
+    if bad >= 0:
+        raise ValueError(f"a kept value of chunk {bad} is not finite")
+
+
+cdef Py_ssize_t _accumulate(float* d, const unsigned char* part, Py_ssize_t n, Py_ssize_t chunk,
+                            Py_ssize_t k, int index_bits, int bits, Py_ssize_t index_at,
+                            Py_ssize_t code_at, int sign) noexcept nogil:
+    """Add (``sign`` > 0) or subtract the decoded part into ``d``; returns -1, or the first
+    chunk that lists an index outside itself (then ``d`` is partly updated)."""
+    cdef float table[256]
+    cdef BitReader ri, rc
+    cdef Py_ssize_t j, t, base, m, kk, i
+    cdef int levels = (1 << bits) - 1, c
+    cdef double step = 2.0 / levels, sd
+    cdef float s
+    ri.p, ri.acc, ri.n = part + index_at, 0, 0
+    rc.p, rc.acc, rc.n = part + code_at, 0, 0
+    for j in range((n + chunk - 1) // chunk):
+        base = j * chunk
+        m = n - base if n - base < chunk else chunk
+        kk = k if k < m else m
+        memcpy(&s, part + 4 * j, 4)
+        sd = s
+        for c in range(levels + 1):
+            table[c] = <float>(sd * (<double>c * step - 1.0))
+        for t in range(kk):
+            i = <Py_ssize_t>_get(&ri, index_bits)
+            c = <int>_get(&rc, bits)
+            if i >= m:
+                return j
+            if sign > 0:
+                d[base + i] = d[base + i] + table[c]
+            else:
+                d[base + i] = d[base + i] - table[c]
+    return -1
+
+
+def sparse_accumulate(unsigned char[::1] dst, const unsigned char[::1] part, Py_ssize_t chunk,
+                      Py_ssize_t k, int index_bits, int bits, Py_ssize_t index_at,
+                      Py_ssize_t code_at, int sign):
+    """Add (``sign`` 1) or subtract (-1) the decoded ``part`` into ``dst`` (float32).
+    ValueError if the part lists an index outside its chunk."""
+    cdef Py_ssize_t n = dst.shape[0] // 4, bad
+    if n == 0 or chunk < 1 or k < 1 or not 1 <= bits <= 8 or not 1 <= index_bits <= 16 \
+            or code_at > part.shape[0] or index_at > code_at or index_at < 4 * ((n + chunk - 1) // chunk):
+        raise ValueError("sparse_accumulate: bad arguments")
+    with nogil:
+        bad = _accumulate(<float*>&dst[0], &part[0], n, chunk, k, index_bits, bits, index_at,
+                          code_at, sign)
+    if bad >= 0:
+        raise ValueError(f"chunk {bad} of the part lists an index outside the chunk")

@@ -1,0 +1,150 @@
+"""Error-feedback sparse compression of one float32 vector, averaged over a peer group with
+an all-gather of the compressed parts (``pccl_aio.SparseCompressor``; needs numpy)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .._compute import sparse
+from .._errors import InvalidUsageError
+from .._types import ReduceInfo
+
+__all__ = ["SparseCompressor"]
+
+
+class _Async(Protocol):
+    @property
+    def peer_group_world_size(self) -> int: ...
+    async def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
+                         timeout: float | None = None) -> ReduceInfo: ...
+
+
+class _Blocking(Protocol):
+    @property
+    def peer_group_world_size(self) -> int: ...
+    def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
+                   timeout: float | None = None) -> ReduceInfo: ...
+
+
+class SparseCompressor:
+    """Error feedback with chunked top-k and 2-, 4- or 8-bit codes, for one float32 vector of
+    ``numel`` elements (SparseLoCo's and DisTrO's shape of compression).
+
+    ``average(comm, x, out)`` adds ``x`` to the error buffer (``error = decay * error + x``),
+    keeps of each chunk of ``chunk`` elements the ``ceil(density * chunk)`` of largest
+    magnitude, codes them on ``bits`` bits against the chunk's largest magnitude, and
+    all-gathers every peer's part (``nbytes`` bytes, the same on every peer); every peer
+    decodes the parts and sums them in rank order, so ``out`` (the mean) is bit-identical on
+    every peer. Only then the error buffer keeps what this peer did not send (``error -=
+    decoded own part``). When the all-gather raises (a peer lost, the group changed, alone:
+    ``TooFewPeersError``), the error buffer is unchanged and ``out`` holds unspecified values:
+    call again. ``x`` is only read.
+
+    The error buffer is this peer's own (what it has not sent yet): it is not shared state,
+    and a joiner starts with zeros (another peer's residual is no substitute; what the joiner
+    has not sent is nothing). ``error`` reads it; ``reset()`` zeroes it. Parts from other peers
+    are checked (an index outside its chunk raises ``RemoteProtocolError`` on every peer).
+
+    Bytes per element sent: ``nbytes / numel`` against 4 uncompressed (``ratio``).
+    """
+
+    def __init__(self, numel: int, *, density: float = 0.01, bits: int = 2, chunk: int = 4096,
+                 decay: float = 1.0) -> None:
+        if not isinstance(decay, float | int) or not 0 <= decay <= 1:
+            raise InvalidUsageError(f"decay must be in [0, 1], not {decay!r}")
+        self.layout = sparse.layout(numel, density=density, bits=bits, chunk=chunk)
+        self.decay = float(decay)
+        self._error = np.zeros(numel, np.float32)
+        self._pending = np.empty(numel, np.float32)
+        self._part = np.zeros(self.layout.nbytes, np.uint8)
+        self._scratch = np.empty(sparse.scratch_size(self.layout), np.uint32)
+        self._gathered = np.empty(0, np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one peer's part."""
+        return self.layout.nbytes
+
+    @property
+    def ratio(self) -> float:
+        """Uncompressed bytes (float32) over the part's bytes."""
+        return 4 * self.layout.n / self.layout.nbytes
+
+    @property
+    def error(self) -> NDArray[np.float32]:
+        """The error buffer (a read-only view)."""
+        view = self._error.view()
+        view.flags.writeable = False
+        return view
+
+    def reset(self) -> None:
+        """Zero the error buffer."""
+        self._error[:] = 0
+
+    def compress(self, x: Any) -> NDArray[np.uint8]:
+        """This peer's part for ``x`` (the error buffer added in, not yet changed; the part is
+        reused by the next call). Pure computation."""
+        src = np.asarray(x)
+        if src.dtype != np.float32 or src.size != self.layout.n:
+            raise InvalidUsageError(f"x must be float32 with {self.layout.n} elements, "
+                                    f"not {src.dtype} x {src.size}")
+        if self.decay == 1.0:
+            np.add(self._error, src.reshape(-1), out=self._pending)
+        else:
+            np.multiply(self._error, np.float32(self.decay), out=self._pending)
+            self._pending += src.reshape(-1)
+        sparse.compress(self._part, self._pending, self.layout, self._scratch)
+        return self._part
+
+    def decompress(self, gathered: Any, out: Any) -> None:
+        """``out`` = the mean of the decoded parts in ``gathered`` (world x ``nbytes``, rank
+        order), summed in that order."""
+        parts = np.asarray(gathered).reshape(-1)
+        world, left = divmod(parts.size, self.nbytes)
+        dst = np.asarray(out)
+        if world < 1 or left or parts.dtype != np.uint8:
+            raise InvalidUsageError(f"gathered must be uint8, a whole number of {self.nbytes}-"
+                                    f"byte parts, not {parts.dtype} x {parts.size}")
+        flat = dst.reshape(-1)
+        if dst.dtype != np.float32 or flat.size != self.layout.n:
+            raise InvalidUsageError(f"out must be float32 with {self.layout.n} elements")
+        flat[:] = 0
+        for r in range(world):
+            sparse.accumulate(flat, parts[r * self.nbytes:(r + 1) * self.nbytes], self.layout)
+        if world > 1:
+            np.divide(flat, np.float32(world), out=flat)
+
+    def commit(self) -> None:
+        """Keep in the error buffer what the last ``compress`` did not send."""
+        sparse.accumulate(self._pending, self._part, self.layout, -1)
+        self._error, self._pending = self._pending, self._error
+
+    def _buffers(self, world: int) -> NDArray[np.uint8]:
+        if self._gathered.size != world * self.nbytes:
+            self._gathered = np.empty(world * self.nbytes, np.uint8)
+        return self._gathered
+
+    async def average(self, comm: _Async, x: Any, out: Any, *, tag: int = 0,
+                      timeout: float | None = None) -> ReduceInfo:
+        """Average ``x`` over ``comm``'s peer group into ``out`` (see the class). Blocks until
+        the all-gather ended; raises what it raises, the error buffer then unchanged.
+        Cancelling it cancels the all-gather (the error buffer unchanged)."""
+        part = self.compress(x)
+        gathered = self._buffers(comm.peer_group_world_size)
+        info = await comm.all_gather(part, gathered, tag=tag, timeout=timeout)
+        self.decompress(gathered, out)
+        self.commit()
+        return info
+
+    def average_blocking(self, comm: _Blocking, x: Any, out: Any, *, tag: int = 0,
+                         timeout: float | None = None) -> ReduceInfo:
+        """``average`` on a ``pccl_aio.blocking.Communicator``; blocks the calling thread."""
+        part = self.compress(x)
+        gathered = self._buffers(comm.peer_group_world_size)
+        info = comm.all_gather(part, gathered, tag=tag, timeout=timeout)
+        self.decompress(gathered, out)
+        self.commit()
+        return info

@@ -1,0 +1,185 @@
+"""The sparse compressor (``_compute/sparse.py``, ``pccl_aio.SparseCompressor``): the Cython
+kernels write the bytes of the numpy specification, the codes stay within half a step,
+error feedback keeps exactly what was not sent, and corrupt parts are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pccl_aio as pccl
+from pccl_aio._compute import sparse
+from pccl_aio._compute import sparse_reference as ref
+
+pytestmark = pytest.mark.timeout(60)
+
+CASES = [  # (n, chunk, density, bits): the sampled path, short chunks, odd sizes, all kept
+    (70_000, 4096, 0.01, 2), (70_000, 4096, 0.03, 4), (12_345, 1000, 0.01, 4),
+    (10_000, 256, 0.05, 2), (5, 4, 1.0, 8), (9_000, 3000, 0.2, 8), (1, 2, 0.5, 2),
+]
+
+
+def vectors(n: int, chunk: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Gaussian; with zeros and ties; a chunk of one repeated value; a zero chunk; a chunk
+    whose samples (every chunk // 256-th element) are all it holds of note (the estimate
+    is too high and every key is taken)."""
+    x = rng.standard_normal(n).astype(np.float32)
+    ties = x.copy()
+    ties[: n // 3] = 0
+    ties[n // 3: n // 2] = np.float32(1.5)
+    flat = np.full(n, np.float32(-0.25))
+    zero = x.copy()
+    zero[:chunk] = 0
+    sampled = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    stride = max(1, chunk // 256)
+    sampled[: min(n, chunk): stride][:12] = 100.0
+    return {"gauss": x, "ties": ties, "flat": flat, "zero": zero, "sampled": sampled}
+
+
+@pytest.fixture(params=["cython", "numpy"])
+def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(sparse, "NO_EXTENSIONS", request.param == "numpy")
+    return str(request.param)
+
+
+@pytest.mark.parametrize(("n", "chunk", "density", "bits"), CASES)
+def test_the_kernels_write_the_bytes_of_the_specification(impl, n, chunk, density, bits):
+    rng = np.random.default_rng(n + bits)
+    lay = sparse.layout(n, density=density, bits=bits, chunk=chunk)
+    for name, x in vectors(n, chunk, rng).items():
+        want = ref.compress(x, lay)
+        got = np.zeros(lay.nbytes, np.uint8)
+        sparse.compress(got, x, lay)
+        assert np.array_equal(got, want), name
+        base = rng.standard_normal(n).astype(np.float32)
+        for sign in (1, -1):
+            a, b = base.copy(), base.copy()
+            ref.accumulate(a, want, lay, sign)
+            sparse.accumulate(b, got, lay, sign)
+            assert a.view(np.uint32).tolist() == b.view(np.uint32).tolist(), (name, sign)
+
+
+def test_the_layout_and_what_is_kept():
+    lay = sparse.layout(10_000, density=0.01, bits=2, chunk=4096)
+    assert (lay.k, lay.chunks, lay.index_bits, lay.kept) == (41, 3, 12, 41 * 3)
+    assert lay.sections == (12, (123 * 12 + 7) // 8, (123 * 2 + 7) // 8)
+    lay = sparse.layout(10_000, density=1 / 4096, bits=2, chunk=4096)  # one per chunk
+    assert (lay.k, lay.kept, lay.sections) == (1, 3, (12, 5, 1))
+    x = np.zeros(10_000, np.float32)
+    x[[5, 4000, 4096 + 17, 9999]] = [3.0, -2.0, 1.0, -7.0]
+    part = np.zeros(lay.nbytes, np.uint8)
+    sparse.compress(part, x, lay)
+    out = np.zeros_like(x)
+    sparse.accumulate(out, part, lay)
+    assert np.flatnonzero(out).tolist() == [5, 4096 + 17, 9999]  # 4000: not the largest
+    assert out[[5, 4096 + 17, 9999]].tolist() == [3.0, 1.0, -7.0]  # a chunk's top: exact
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_kept_values_decode_within_half_a_step_and_the_rest_to_zero(impl, bits):
+    rng = np.random.default_rng(bits)
+    n, chunk = 50_000, 2048
+    lay = sparse.layout(n, density=0.02, bits=bits, chunk=chunk)
+    x = rng.standard_normal(n).astype(np.float32)
+    part = np.zeros(lay.nbytes, np.uint8)
+    sparse.compress(part, x, lay)
+    out = np.zeros(n, np.float32)
+    sparse.accumulate(out, part, lay)
+    for j in range(lay.chunks):
+        xs, os_ = x[j * chunk:(j + 1) * chunk], out[j * chunk:(j + 1) * chunk]
+        kept = np.flatnonzero(os_)  # (no code decodes to 0: the levels are symmetric)
+        assert len(kept) == min(lay.k, len(xs))
+        assert np.abs(xs[kept]).min() >= np.sort(np.abs(xs))[-len(kept)]  # the largest
+        half_step = np.abs(xs).max() / ((1 << bits) - 1) * (1 + 1e-6)
+        assert np.all(np.abs(os_[kept] - xs[kept]) <= half_step)
+
+
+def test_error_feedback_keeps_exactly_what_was_not_sent():
+    rng = np.random.default_rng(7)
+    n = 30_000
+    c = pccl.SparseCompressor(n, density=0.01, bits=2, chunk=1024)
+    for _ in range(3):
+        before = c.error.copy()
+        x = rng.standard_normal(n).astype(np.float32)
+        part = c.compress(x)
+        assert np.array_equal(c.error, before)  # not yet: only once the exchange succeeded
+        sent = np.zeros(n, np.float32)
+        sparse.accumulate(sent, part, c.layout)
+        c.commit()
+        fed = before + x
+        kept = sent != 0
+        assert np.array_equal(c.error[~kept].view(np.uint32), fed[~kept].view(np.uint32))
+        assert np.array_equal(c.error[kept], fed[kept] - sent[kept])
+        out = np.empty(n, np.float32)
+        c.decompress(part, out)  # alone: the mean of one part is the part
+        assert np.array_equal(out, sent)
+    c.reset()
+    assert not c.error.any() and not c.error.flags.writeable
+
+
+def test_decay_scales_the_error_before_adding():
+    c = pccl.SparseCompressor(4096, density=0.01, bits=4, chunk=4096, decay=0.5)
+    x = np.linspace(-1, 1, 4096, dtype=np.float32)
+    c.compress(x)
+    c.commit()
+    e = c.error.copy()
+    part = c.compress(x)
+    sent = np.zeros(4096, np.float32)
+    sparse.accumulate(sent, part, c.layout)
+    c.commit()
+    fed = e * np.float32(0.5) + x
+    assert np.array_equal(c.error[sent == 0], fed[sent == 0])
+    assert np.array_equal(c.error[sent != 0], fed[sent != 0] - sent[sent != 0])
+
+
+def test_the_mean_of_parts_is_the_same_bytes_in_rank_order_on_every_peer():
+    rng = np.random.default_rng(3)
+    n, world = 20_000, 5
+    peers = [pccl.SparseCompressor(n, density=0.02, bits=4, chunk=2048) for _ in range(world)]
+    parts = [p.compress(rng.standard_normal(n).astype(np.float32)).copy() for p in peers]
+    gathered = np.concatenate(parts)
+    outs = []
+    for p in peers:
+        out = np.empty(n, np.float32)
+        p.decompress(gathered, out)
+        outs.append(out.view(np.uint32).tolist())
+    assert all(o == outs[0] for o in outs)
+    want = np.zeros(n, np.float32)
+    for part in parts:
+        ref.accumulate(want, part, peers[0].layout)
+    assert np.array_equal(np.asarray(outs[0], np.uint32).view(np.float32), want / np.float32(5))
+
+
+def test_a_part_with_an_index_outside_its_chunk_is_refused(impl):
+    lay = sparse.layout(3000, density=0.01, bits=2, chunk=1000)  # 10 bits: up to 1023
+    part = np.zeros(lay.nbytes, np.uint8)
+    sparse.compress(part, np.ones(3000, np.float32), lay)
+    a, _, _ = lay.sections
+    bad = part.copy()
+    bad[a] |= 0xFF  # the first index: 1023 and above the chunk
+    bad[a + 1] |= 0x03
+    with pytest.raises(pccl.RemoteProtocolError, match="outside"):
+        sparse.accumulate(np.zeros(3000, np.float32), bad, lay)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_input_is_an_invalid_usage_error(impl, value):
+    lay = sparse.layout(5000, density=0.01, bits=2, chunk=1024)
+    x = np.ones(5000, np.float32)
+    x[4321] = value
+    with pytest.raises(pccl.InvalidUsageError, match="not finite"):
+        sparse.compress(np.zeros(lay.nbytes, np.uint8), x, lay)
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"density": 0}, "density"), ({"density": 1.5}, "density"), ({"bits": 3}, "bits"),
+    ({"chunk": 1}, "chunk"), ({"chunk": 1 << 17}, "chunk"), ({"decay": 2.0}, "decay"),
+])
+def test_bad_arguments_are_invalid_usage_errors(kw, match):
+    with pytest.raises(pccl.InvalidUsageError, match=match):
+        pccl.SparseCompressor(100, **kw)
+    c = pccl.SparseCompressor(100)
+    with pytest.raises(pccl.InvalidUsageError, match="float32"):
+        c.compress(np.zeros(100, np.float64))
+    with pytest.raises(pccl.InvalidUsageError, match="parts"):
+        c.decompress(np.zeros(c.nbytes + 1, np.uint8), np.zeros(100, np.float32))
