@@ -126,3 +126,20 @@ async def test_a_reset_data_socket_fails_the_collective_everywhere_within_a_seco
     assert len({r["hash"] for r in retried}) == 1
     first, last = _expected([0, 1, 2])
     assert retried[0]["first"] == first and retried[0]["last"] == last
+
+
+async def test_sigkill_mid_sparse_exchange_leaves_the_error_buffers_unchanged(procs, master_proc):
+    """``SparseCompressor``: a peer SIGKILLed while the parts are all-gathered; every survivor
+    raises, its error buffer as it was, and the next ``average`` over the survivors gives the
+    same bytes on both."""
+    _, addr = master_proc
+    peers = await start_peers(procs, addr, 3, "sparse", str(1 << 22))
+    for p in peers:
+        await p.expect("started")
+    peers[1].signal(signal.SIGKILL)
+    survivors = [peers[0], peers[2]]
+    for ev in [await p.expect("lost", timeout=10) for p in survivors]:
+        assert ev["unchanged"] is True and ev["ws"] == 2, ev
+    retried = [await p.expect("retried", timeout=30) for p in survivors]
+    assert retried[0]["hash"] == retried[1]["hash"] and retried[0]["ws"] == 2
+    assert all(r["changed"] for r in retried)  # (8-bit codes: a residual is left)

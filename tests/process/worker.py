@@ -8,6 +8,10 @@ Modes:
              data flows, and on PeerLostError retry with the same tag; report hashes.
   multi   -- all_reduce_multiple_with_retry over TENSORS tensors of COUNT float32 (10 x 16K,
              8 in flight by default).
+  sparse  -- as reduce, with a ``SparseCompressor`` (all kept, 8-bit codes: a large part):
+             compress, all-gather the parts ("started" once data flows), decompress and
+             commit; on PeerLostError report whether the error buffer is unchanged, then
+             ``average`` again over the survivors.
   vote    -- join, wait for the world, then call update_topology() and report the world size.
   idle    -- join and wait for the world, then loop on are_peers_pending() (master-loss test).
 
@@ -84,6 +88,28 @@ def arm_cut_on_sigusr1(comm: pccl.Communicator) -> None:
                                                   lambda: armed.__setitem__(0, True))
 
 
+async def sparse(comm: pccl.Communicator, index: int, count: int) -> None:
+    comp = pccl.SparseCompressor(count, density=1.0, bits=8)
+    x = np.arange(count, dtype=np.float32) * (index + 1)
+    out = np.empty(count, np.float32)
+    before = comp.error.copy()
+    gathered = np.empty(comm.peer_group_world_size * comp.nbytes, np.uint8)
+    h = comm.all_gather_async(comp.compress(x), gathered)  # (what ``average`` does)
+    await h.started()
+    emit(event="started")
+    try:
+        await h
+        comp.decompress(gathered, out)
+        comp.commit()
+        emit(event="done", hash=digest(out))
+    except pccl.PeerLostError as exc:
+        emit(event="lost", error=str(exc), ws=comm.peer_group_world_size,
+             unchanged=bool(np.array_equal(comp.error, before)))
+        info = await comp.average(comm, x, out)
+        emit(event="retried", ws=info.world_size, hash=digest(out),
+             changed=bool(comp.error.any()))
+
+
 async def main() -> None:
     addr, index, world, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     count = int(sys.argv[5]) if len(sys.argv) > 5 else 1 << 20
@@ -124,6 +150,8 @@ async def main() -> None:
             infos = await task
             emit(event="done", ws=[i.world_size for i in infos],
                  hash=digest(np.concatenate(ts)), firsts=[float(t[0]) for t in ts])
+        elif mode == "sparse":
+            await sparse(comm, index, count)
         elif mode == "vote":
             emit(event="started")
             while True:
