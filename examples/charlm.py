@@ -384,15 +384,21 @@ class Peer(Lines):
 
 
 def average(peer: Peer, flat: torch.Tensor, k: int, pseudo_gradient: Callable[[], None],
-            quantization: pccl.Quantization | None = None) -> int:
+            quantization: pccl.Quantization | None = None,
+            sparse: pccl.SparseCompressor | None = None) -> int:
     """Average ``flat`` (the pseudo-gradient ``pseudo_gradient()`` writes) over the group;
     the world size it took. A lost peer aborts the attempt for everyone: the survivors
-    recompute theirs and retry together. Alone (nothing was sent): our own, world 1."""
+    recompute theirs and retry together. Alone (nothing was sent): our own, world 1. With
+    ``sparse``: its error-feedback average (the error buffer kept across retries)."""
     while True:
         pseudo_gradient()
         try:
-            info = peer.comm.all_reduce(flat, op=pccl.ReduceOp.AVG, quantization=quantization,
-                                        restore_on_abort=False)
+            if sparse is not None:  # (in place: flat is read before the exchange)
+                x = flat.numpy()
+                info = sparse.average_blocking(peer.comm, x, x)
+            else:
+                info = peer.comm.all_reduce(flat, op=pccl.ReduceOp.AVG,
+                                            quantization=quantization, restore_on_abort=False)
         except pccl.TooFewPeersError:
             return 1
         except pccl.PeerLostError:

@@ -8,7 +8,8 @@
 One outer step: ``--inner`` (H) AdamW steps of a local copy of the global model on this
 peer's batches (``--seed``), the pseudo-gradient ``global - local`` averaged over the group
 (one flat buffer, ``restore_on_abort=False``: after a lost peer it is recomputed and the
-survivors retry; ``--quant uint8`` sends it quantized), then an outer SGD step with Nesterov
+survivors retry; ``--quant uint8`` sends it quantized, ``--sparse 0.01`` sparse with error
+feedback: ``pccl_aio.SparseCompressor``, parts all-gathered), then an outer SGD step with Nesterov
 momentum (lr 0.7, momentum 0.9, as in the DiLoCo paper) on the global model, whose ``.grad``
 is the averaged pseudo-gradient. The run makes ``--inner-steps / H`` outer steps.
 
@@ -60,6 +61,9 @@ class DiLoCo:
                                                   extra={"step": self.count})
         self.quant = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype=args.quant) \
             if args.quant != "none" else None
+        self.sparse = pccl.SparseCompressor(
+            self.flat.numel(), density=args.sparse, bits=args.sparse_bits,
+            chunk=args.sparse_chunk) if args.sparse else None
         self.last = math.ceil(args.inner_steps / args.inner)  # outer steps of the run
         self.val_loss = math.nan
 
@@ -110,7 +114,7 @@ class DiLoCo:
 def average(peer: charlm.Peer, run: DiLoCo, k: int) -> int:
     """Average the pseudo-gradient over the group; the world size it took (``charlm.average``:
     the survivors of a lost peer recompute theirs and retry together)."""
-    return charlm.average(peer, run.flat, k, run.pseudo_gradient, run.quant)
+    return charlm.average(peer, run.flat, k, run.pseudo_gradient, run.quant, run.sparse)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -129,7 +133,17 @@ def main(args: argparse.Namespace) -> int:
 
 
 def parse(argv: list[str] | None = None, doc: str = __doc__) -> argparse.Namespace:
-    return charlm.diloco_parser(doc, "inner steps per outer step (H)").parse_args(argv)
+    ap = charlm.diloco_parser(doc, "inner steps per outer step (H)")
+    ap.add_argument("--sparse", type=float, default=0.0, metavar="DENSITY",
+                    help="send the pseudo-gradient sparse: error feedback, the top DENSITY of "
+                    "each chunk (pccl_aio.SparseCompressor; 0: off)")
+    ap.add_argument("--sparse-bits", type=int, choices=(2, 4, 8), default=2,
+                    help="bits per kept value with --sparse")
+    ap.add_argument("--sparse-chunk", type=int, default=4096, help="chunk size with --sparse")
+    args = ap.parse_args(argv)
+    if args.sparse and args.quant != "none":
+        ap.error("--sparse and --quant are exclusive")
+    return args
 
 
 if __name__ == "__main__":

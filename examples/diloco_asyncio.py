@@ -74,8 +74,12 @@ async def average(peer: Peer, run: diloco.DiLoCo, k: int) -> int:
     while True:
         run.pseudo_gradient()
         try:
-            info = await peer.comm.all_reduce(run.flat, op=pccl.ReduceOp.AVG,
-                                              quantization=run.quant, restore_on_abort=False)
+            if run.sparse is not None:  # (in place: flat is read before the exchange)
+                x = run.flat.numpy()
+                info = await run.sparse.average(peer.comm, x, x)
+            else:
+                info = await peer.comm.all_reduce(run.flat, op=pccl.ReduceOp.AVG,
+                                                  quantization=run.quant, restore_on_abort=False)
         except pccl.TooFewPeersError:
             return 1
         except pccl.PeerLostError:

@@ -1,8 +1,8 @@
-"""The torch examples (examples/ddp.py, ddp_torch_distributed.py, diloco.py,
-diloco_asyncio.py) as real processes on the tiny model: three peers, the third SIGKILLed
-mid-run, then a joiner; the digests of the shared model agree step by step and the run ends
-with one model on every peer (``tests/process/example_runs.py`` runs them and checks the
-line protocol)."""
+"""The torch examples (examples/ddp.py, ddp_torch_distributed.py, diloco.py (also with
+``--quant uint8`` and with the sparse error-feedback compressor), diloco_asyncio.py) as real
+processes on the tiny model: three peers, the third SIGKILLed mid-run, then a joiner; the
+digests of the shared model agree step by step and the run ends with one model on every peer
+(``tests/process/example_runs.py`` runs them and checks the line protocol)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ async def test_ddp_survives_a_sigkill_and_a_joiner(procs, master_proc, script):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("script", "extra"), [
-    ("diloco.py", ()), ("diloco.py", ("--quant", "uint8")), ("diloco_asyncio.py", ())],
-    ids=["diloco", "diloco-uint8", "diloco-asyncio"])
+    ("diloco.py", ()), ("diloco.py", ("--quant", "uint8")),
+    ("diloco.py", ("--sparse", "0.05", "--sparse-bits", "4")), ("diloco_asyncio.py", ())],
+    ids=["diloco", "diloco-uint8", "diloco-sparse", "diloco-asyncio"])
 async def test_diloco_survives_a_sigkill_and_a_joiner(procs, master_proc, script, extra):
     _, addr = master_proc
     peers = await run_example(procs, addr, script, *DILOCO, "--eval-every", "20", *extra,
