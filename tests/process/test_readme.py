@@ -176,6 +176,11 @@ async def test_each_python_block_runs(block: Block, tmp_path: Path):
         for rank, weights, got, shard in said:
             assert (weights, got) == ("[0.0, 0.0, 0.0, 0.0]", rows), said
             assert shard == str([3.0 * 2 * int(rank), 3.0 * (2 * int(rank) + 1)]), said
+    if block.section.startswith("Compressed averaging"):  # the same mean on both peers
+        said = [re.findall(r"^step (\d): sent (\d+) B \(216x fewer\), mean checksum (\d+)$",
+                           out, re.M) for _, out, _ in results]
+        assert len(said[0]) == 3 and [[(s, c) for s, _, c in x] for x in said] == [
+            [(s, c) for s, _, c in said[0]]] * 2, results
     if block.section == "Use with torch.distributed":  # both replicas, the same weights
         said = re.findall(r"^rank (\d) of 2: weights (\S+)$",
                           "".join(out for _, out, _ in results), re.M)
