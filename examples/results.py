@@ -29,9 +29,14 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "diloco uint8": ("diloco.py", ["--inner", "50", "--quant", "uint8"]),
     "async diloco": ("async_diloco.py", ["--inner", "50"]),
     "streaming": ("streaming_diloco.py", ["--inner", "50", "--fragments", "3"]),
+    "streaming uint4": ("streaming_diloco.py", ["--inner", "50", "--fragments", "3",
+                                                "--quant", "uint4"]),
+    "diloco sparse 1% 2-bit": ("diloco.py", ["--inner", "50", "--sparse", "0.01"]),
+    "diloco sparse 5% 4-bit": ("diloco.py", ["--inner", "50", "--sparse", "0.05",
+                                             "--sparse-bits", "4"]),
 }
 #: outer steps between evaluations, so that every run is evaluated every 50 inner steps
-EVAL_EVERY = {"ddp": 50, "streaming": 3}
+EVAL_EVERY = {"ddp": 50, "streaming": 3, "streaming uint4": 3}
 
 
 def run(name: str, churn: float | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -136,6 +141,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--no-churn-runs", action="store_true", help="only the runs without churn")
+    ap.add_argument("--churn-runs", nargs="+", choices=list(CONFIGS), metavar="NAME",
+                    help="the runs also made with churn (default: all)")
     ap.add_argument("--only", nargs="+", choices=list(CONFIGS), help="a subset of the runs")
     ap.add_argument("--out", type=Path, default=Path("runs/results"))
     ap.add_argument("--reuse", action="store_true",
@@ -143,7 +150,8 @@ def main() -> int:
     args = ap.parse_args()
     names = args.only or list(CONFIGS)
     churns: list[float | None] = [None] if args.no_churn_runs else [None, args.churn]
-    results = [run(n, c, args) for c in churns for n in names]
+    again = set(args.churn_runs or names)
+    results = [run(n, c, args) for c in churns for n in names if c is None or n in again]
     figures = plots(results, HERE / "results")
     write(results, args, figures)
     print(table(results))

@@ -110,8 +110,9 @@ cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uin
     estimate of its k-th largest magnitude (from 256 evenly spaced samples, set three times
     lower than the k of them expected), in index order; their count, and the largest key as
     ``top``. The estimate may be too high: fewer than k candidates (the caller then takes
-    every key). Small chunks and high densities take every key at once."""
-    cdef Py_ssize_t c = 0, i, ks, stride
+    every key). Small chunks and high densities take every key at once. A counting pass
+    (vectorized) first, then a gathering pass whose branch is rarely taken."""
+    cdef Py_ssize_t c = 0, n = 0, i, ks, stride
     cdef uint32_t key, est = 0, hi = 0
     if m >= 1024 and 8 * k <= m:
         stride = m // 256
@@ -119,21 +120,40 @@ cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uin
             tmp[i] = raw[i * stride] & 0x7FFFFFFF
         ks = 2 + (3 * k * 256 + m - 1) // m
         est = _kth_largest(tmp, 256, ks if ks < 256 else 256)
-    for i in range(m):  # (branchless: written always, kept by the count)
+    for i in range(m):
         key = raw[i] & 0x7FFFFFFF
-        ck[c] = key
-        ci[c] = <uint32_t>i
-        c += key >= est
+        n += key >= est
         hi = key if key > hi else hi
     top[0] = hi
+    if n < k or hi >= 0x7F800000:
+        return n
+    for i in range(m):
+        key = raw[i] & 0x7FFFFFFF
+        if key >= est:
+            ck[c] = key
+            ci[c] = <uint32_t>i
+            c += 1
     return c
 
 
-cdef Py_ssize_t _compress(unsigned char* dst, const float* x, Py_ssize_t n, Py_ssize_t chunk,
+cdef void _feed(float* pending, const float* x, const float* err, float decay,
+                Py_ssize_t n) noexcept nogil:
+    """``pending = err * decay + x`` (float32, each product rounded: numpy's order)."""
+    cdef Py_ssize_t i
+    cdef float t
+    for i in range(n):
+        t = err[i] * decay
+        pending[i] = t + x[i]
+
+
+cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t chunk,
                           Py_ssize_t k, int index_bits, int bits, uint32_t* scratch,
-                          Py_ssize_t index_at, Py_ssize_t code_at) noexcept nogil:
+                          Py_ssize_t index_at, Py_ssize_t code_at, const float* src,
+                          const float* err, float decay) noexcept nogil:
     """The part of ``x``; returns -1, or the first chunk whose largest magnitude is not
-    finite (then ``dst`` holds unspecified bytes). ``scratch``: 3 * chunk + 2 uint32s."""
+    finite (then ``dst`` holds unspecified bytes). ``scratch``: 3 * chunk + 2 uint32s. With
+    ``src`` (not NULL), each chunk of ``x`` is first made ``err * decay + src`` (``_feed``:
+    one pass over memory for the error feedback and the selection)."""
     cdef const uint32_t* raw = <const uint32_t*>x
     cdef uint32_t* ck = scratch
     cdef uint32_t* ci = scratch + chunk + 1
@@ -150,6 +170,8 @@ cdef Py_ssize_t _compress(unsigned char* dst, const float* x, Py_ssize_t n, Py_s
         base = j * chunk
         m = n - base if n - base < chunk else chunk
         kk = k if k < m else m
+        if src != NULL:
+            _feed(x + base, src + base, err + base, decay, m)
         c = _candidates(raw + base, m, kk, ck, ci, tmp, &top)
         if top >= 0x7F800000:
             return j
@@ -192,20 +214,30 @@ cdef Py_ssize_t _compress(unsigned char* dst, const float* x, Py_ssize_t n, Py_s
     return -1
 
 
-def sparse_compress(unsigned char[::1] dst, const unsigned char[::1] src, Py_ssize_t chunk,
+def sparse_compress(unsigned char[::1] dst, const unsigned char[::1] pending, Py_ssize_t chunk,
                     Py_ssize_t k, int index_bits, int bits, Py_ssize_t index_at,
-                    Py_ssize_t code_at, unsigned char[::1] scratch):
-    """Write the part of ``src`` (float32) into ``dst`` (zeroed, ``Layout.nbytes``);
+                    Py_ssize_t code_at, unsigned char[::1] scratch,
+                    const unsigned char[::1] src=None, const unsigned char[::1] err=None,
+                    float decay=1.0):
+    """Write the part of ``pending`` (float32) into ``dst`` (zeroed, ``Layout.nbytes``);
+    with ``src`` and ``err`` (float32, as long), first ``pending = err * decay + src``
+    (``pending`` must then be writable: the front passes its own buffer).
     ``scratch`` holds 3 * ``chunk`` + 2 uint32s. ValueError if a chunk's largest magnitude is
     not finite."""
-    cdef Py_ssize_t n = src.shape[0] // 4, bad
+    cdef Py_ssize_t n = pending.shape[0] // 4, bad
+    cdef const float* s = NULL
+    cdef const float* e = NULL
     if n == 0 or chunk < 2 or k < 1 or scratch.shape[0] < 4 * (3 * chunk + 2) \
             or not 1 <= bits <= 16 or not 1 <= index_bits <= 16 or code_at > dst.shape[0] \
-            or index_at > code_at:
+            or index_at > code_at or (src is None) != (err is None):
         raise ValueError("sparse_compress: bad arguments")
+    if src is not None:
+        if src.shape[0] != pending.shape[0] or err.shape[0] != pending.shape[0]:
+            raise ValueError("sparse_compress: bad arguments")
+        s, e = <const float*>&src[0], <const float*>&err[0]
     with nogil:
-        bad = _compress(&dst[0], <const float*>&src[0], n, chunk, k, index_bits, bits,
-                        <uint32_t*>&scratch[0], index_at, code_at)
+        bad = _compress(&dst[0], <float*>&pending[0], n, chunk, k, index_bits, bits,
+                        <uint32_t*>&scratch[0], index_at, code_at, s, e, decay)
     if bad >= 0:
         raise ValueError(f"a kept value of chunk {bad} is not finite")
 

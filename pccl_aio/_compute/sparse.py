@@ -58,22 +58,36 @@ def _part(buf: Any, lay: Layout, name: str, writable: bool) -> NDArray[np.uint8]
     return a.reshape(-1)
 
 
-def compress(dst: Any, src: Any, lay: Layout, scratch: NDArray[np.uint32] | None = None
-             ) -> None:
+def compress(dst: Any, src: Any, lay: Layout, scratch: NDArray[np.uint32] | None = None, *,
+             error: NDArray[np.float32] | None = None,
+             pending: NDArray[np.float32] | None = None, decay: float = 1.0) -> None:
     """Write the part of ``src`` (float32, ``lay.n``) into ``dst`` (uint8, ``lay.nbytes``).
-    ``scratch``: ``scratch_size(lay)`` uint32s to reuse. InvalidUsageError if a kept value
-    (a chunk's largest magnitude) is not finite."""
+    With ``error`` and ``pending`` (float32, ``lay.n``): the part of ``pending = error * decay
+    + src`` (float32, in that order), written there in the same pass. ``scratch``:
+    ``scratch_size(lay)`` uint32s to reuse. InvalidUsageError if a kept value (a chunk's
+    largest magnitude) is not finite."""
     x, d = _f32(src, "src", lay.n, False), _part(dst, lay, "dst", True)
+    fed = error is not None and pending is not None
+    if fed:
+        e, p = _f32(error, "error", lay.n, False), _f32(pending, "pending", lay.n, True)
     a, b, _ = lay.sections
     try:
         if NO_EXTENSIONS:
+            if fed:
+                np.multiply(e, np.float32(decay), out=p)
+                np.add(p, x, out=p)
+                x = p
             d[:] = ref.compress(x, lay)
             return
         if scratch is None or scratch.size < scratch_size(lay):
             scratch = np.empty(scratch_size(lay), np.uint32)
         d[:] = 0
-        kernels().sparse_compress(d, x.view(np.uint8), lay.chunk, lay.k, lay.index_bits,
-                                  lay.bits, a, a + b, scratch.view(np.uint8))
+        args = (lay.chunk, lay.k, lay.index_bits, lay.bits, a, a + b, scratch.view(np.uint8))
+        if fed:
+            kernels().sparse_compress(d, p.view(np.uint8), *args, x.view(np.uint8),
+                                      e.view(np.uint8), decay)
+        else:
+            kernels().sparse_compress(d, x.view(np.uint8), *args)
     except ValueError as exc:
         raise InvalidUsageError(f"cannot compress: {exc} (NaN or infinity in the input)") \
             from None

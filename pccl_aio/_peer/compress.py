@@ -91,12 +91,8 @@ class SparseCompressor:
         if src.dtype != np.float32 or src.size != self.layout.n:
             raise InvalidUsageError(f"x must be float32 with {self.layout.n} elements, "
                                     f"not {src.dtype} x {src.size}")
-        if self.decay == 1.0:
-            np.add(self._error, src.reshape(-1), out=self._pending)
-        else:
-            np.multiply(self._error, np.float32(self.decay), out=self._pending)
-            self._pending += src.reshape(-1)
-        sparse.compress(self._part, self._pending, self.layout, self._scratch)
+        sparse.compress(self._part, src.reshape(-1), self.layout, self._scratch,
+                        error=self._error, pending=self._pending, decay=self.decay)
         return self._part
 
     def decompress(self, gathered: Any, out: Any) -> None:

@@ -183,3 +183,17 @@ def test_bad_arguments_are_invalid_usage_errors(kw, match):
         c.compress(np.zeros(100, np.float64))
     with pytest.raises(pccl.InvalidUsageError, match="parts"):
         c.decompress(np.zeros(c.nbytes + 1, np.uint8), np.zeros(100, np.float32))
+
+
+@pytest.mark.parametrize("decay", [1.0, 0.9])
+def test_the_fed_pass_writes_the_error_feedback_as_numpy_does(impl, decay):
+    rng = np.random.default_rng(9)
+    n = 40_000
+    lay = sparse.layout(n, density=0.02, bits=4, chunk=4096)
+    x, err = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    pending = np.full(n, np.nan, np.float32)
+    part = np.zeros(lay.nbytes, np.uint8)
+    sparse.compress(part, x, lay, error=err, pending=pending, decay=decay)
+    want = err * np.float32(decay) + x
+    assert pending.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert np.array_equal(part, ref.compress(want, lay))
