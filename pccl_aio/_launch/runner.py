@@ -182,9 +182,11 @@ class Launcher(Starter):
                            f"({child.name})", None if v is None else f"peer {v.peer} ({v.name})")
 
     def _advance(self, outer: int, inner: int, world: int, val: float) -> None:
-        if self.total is None and self.inner_budget and outer and inner:
-            self.total = math.ceil(self.inner_budget / (inner / outer))
-            self.bar.reset(total=self.total)
+        if self.inner_budget and outer and inner:  # from the latest step: the first ones of
+            total = math.ceil(self.inner_budget / (inner / outer))  # streaming and async
+            if total != self.total:  # DiLoCo say too little of the run's pace
+                self.total = self.bar.total = total
+                self.bar.refresh()
         if outer > self.outer:
             self.bar.update(outer - self.outer)
             self.outer, self.inner, self.world = outer, inner, world
