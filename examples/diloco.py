@@ -61,9 +61,9 @@ class DiLoCo:
                                                   extra={"step": self.count})
         self.quant = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype=args.quant) \
             if args.quant != "none" else None
-        self.sparse = pccl.SparseCompressor(
+        self.sparse = pccl.SparseCompressor(  # (--sparse: this example's, not its subclasses')
             self.flat.numel(), density=args.sparse, bits=args.sparse_bits,
-            chunk=args.sparse_chunk) if args.sparse else None
+            chunk=args.sparse_chunk) if getattr(args, "sparse", 0.0) else None
         self.last = math.ceil(args.inner_steps / args.inner)  # outer steps of the run
         self.val_loss = math.nan
 
