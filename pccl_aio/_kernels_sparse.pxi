@@ -112,28 +112,62 @@ cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uin
     ``top``. The estimate may be too high: fewer than k candidates (the caller then takes
     every key). Small chunks and high densities take every key at once. A counting pass
     (vectorized) first, then a gathering pass whose branch is rarely taken."""
-    cdef Py_ssize_t c = 0, n = 0, i, ks, stride
-    cdef uint32_t key, est = 0, hi = 0
-    if m >= 1024 and 8 * k <= m:
-        stride = m // 256
-        for i in range(256):
-            tmp[i] = raw[i * stride] & 0x7FFFFFFF
-        ks = 2 + (3 * k * 256 + m - 1) // m
-        est = _kth_largest(tmp, 256, ks if ks < 256 else 256)
-    for i in range(m):
+    cdef Py_ssize_t c = 0, n = 0, i, j, ks, stride, blocks = m - m % 8
+    cdef uint32_t key, est = 0, hi = 0, hit
+    for i in range(m):  # (sequential first: the samples below then come from the cache)
         key = raw[i] & 0x7FFFFFFF
-        n += key >= est
         hi = key if key > hi else hi
     top[0] = hi
-    if n < k or hi >= 0x7F800000:
-        return n
+    if hi >= 0x7F800000:
+        return 0
+    if m >= 1024 and 8 * k <= m:
+        stride = m // 256
+        ks = 2 + (3 * k * 256 + m - 1) // m
+        est = _kth_of_sample(raw, stride, ks if ks < 64 else 64, tmp)
     for i in range(m):
+        n += (raw[i] & 0x7FFFFFFF) >= est
+    if n < k:
+        return n
+    for i in range(0, blocks, 8):  # eight keys at a time: most blocks hold no candidate
+        hit = 0
+        for j in range(8):
+            hit |= (raw[i + j] & 0x7FFFFFFF) >= est
+        if hit:
+            for j in range(i, i + 8):
+                key = raw[j] & 0x7FFFFFFF
+                if key >= est:
+                    ck[c] = key
+                    ci[c] = <uint32_t>j
+                    c += 1
+    for i in range(blocks, m):
         key = raw[i] & 0x7FFFFFFF
         if key >= est:
             ck[c] = key
             ci[c] = <uint32_t>i
             c += 1
     return c
+
+
+cdef uint32_t _kth_of_sample(const uint32_t* raw, Py_ssize_t stride, Py_ssize_t ks,
+                             uint32_t* best) noexcept nogil:
+    """The ks-th largest (ks <= 64) of the 256 keys ``raw[i * stride] & 0x7FFFFFFF``: the
+    ks largest kept sorted (descending) in ``best``, each sample compared with the least."""
+    cdef Py_ssize_t i, j, have = 0
+    cdef uint32_t key
+    for i in range(256):
+        key = raw[i * stride] & 0x7FFFFFFF
+        if have == ks:
+            if key <= best[ks - 1]:
+                continue
+            j = ks - 1
+        else:
+            j = have
+            have += 1
+        while j > 0 and best[j - 1] < key:
+            best[j] = best[j - 1]
+            j -= 1
+        best[j] = key
+    return best[ks - 1]
 
 
 cdef void _feed(float* pending, const float* x, const float* err, float decay,
