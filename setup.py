@@ -23,7 +23,8 @@ def ext_modules() -> list[Extension]:
                     include_dirs=["pccl_aio"],
                     depends=["pccl_aio/_kernels_simd.h", "pccl_aio/_kernels_half.pxi",
                              "pccl_aio/_kernels_quant.pxi",
-                             "pccl_aio/_kernels_reduce.pxi", "pccl_aio/_kernels_sparse.pxi"])
+                             "pccl_aio/_kernels_reduce.pxi", "pccl_aio/_kernels_sparse.pxi",
+                             "pccl_aio/_kernels_sparse.h"])
     directives = {
         "language_level": 3,
         "boundscheck": DEBUG,

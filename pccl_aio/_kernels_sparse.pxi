@@ -1,5 +1,9 @@
 # Sparse compression: chunked top-k, 2/4/8-bit codes, bit-packed indices
 # (``_compute/sparse_reference.py`` is the specification; included by ``_kernels.pyx``).
+
+cdef extern from "_kernels_sparse.h" nogil:
+    Py_ssize_t pccl_simd_gather(const uint32_t* raw, Py_ssize_t m, uint32_t est, uint32_t* ck,
+                                uint32_t* ci, Py_ssize_t* count)
 #
 # The k largest magnitudes of a chunk: one pass keeps the keys (the bits of |x|) at or above
 # an estimate from a sample, in index order (``_candidates``); the k-th largest of those is
@@ -112,7 +116,7 @@ cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uin
     ``top``. The estimate may be too high: fewer than k candidates (the caller then takes
     every key). Small chunks and high densities take every key at once. A counting pass
     (vectorized) first, then a gathering pass whose branch is rarely taken."""
-    cdef Py_ssize_t c = 0, n = 0, i, j, ks, stride, blocks = m - m % 8
+    cdef Py_ssize_t c = 0, n = 0, i, j, ks, stride, blocks, done
     cdef uint32_t key, est = 0, hi = 0, hit
     for i in range(m):  # (sequential first: the samples below then come from the cache)
         key = raw[i] & 0x7FFFFFFF
@@ -128,7 +132,9 @@ cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uin
         n += (raw[i] & 0x7FFFFFFF) >= est
     if n < k:
         return n
-    for i in range(0, blocks, 8):  # eight keys at a time: most blocks hold no candidate
+    done = pccl_simd_gather(raw, m, est, ck, ci, &c)  # (AVX2: eight keys per compare)
+    blocks = done + (m - done) - (m - done) % 8
+    for i in range(done, blocks, 8):  # eight keys at a time: most blocks hold no candidate
         hit = 0
         for j in range(8):
             hit |= (raw[i + j] & 0x7FFFFFFF) >= est

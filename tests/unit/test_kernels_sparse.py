@@ -1,8 +1,11 @@
 """The sparse compressor (``_compute/sparse.py``, ``pccl_aio.SparseCompressor``): the Cython
-kernels write the bytes of the numpy specification, the codes stay within half a step,
-error feedback keeps exactly what was not sent, and corrupt parts are refused."""
+kernels (AVX2 loops on and off) write the bytes of the numpy specification, the codes stay
+within half a step, error feedback keeps exactly what was not sent, and corrupt parts are
+refused."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ import pytest
 import pccl_aio as pccl
 from pccl_aio._compute import sparse
 from pccl_aio._compute import sparse_reference as ref
+from tests.unit.kernel_harness import CY_IMPLS, kernels
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,10 +40,12 @@ def vectors(n: int, chunk: int, rng: np.random.Generator) -> dict[str, np.ndarra
     return {"gauss": x, "ties": ties, "flat": flat, "zero": zero, "sampled": sampled}
 
 
-@pytest.fixture(params=["cython", "numpy"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+@pytest.fixture(params=["numpy", *(pytest.param(n, marks=pytest.mark.cython) for n in CY_IMPLS)])
+def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The implementation under test (``kernel_harness``: AVX2 loops on or off)."""
     monkeypatch.setattr(sparse, "NO_EXTENSIONS", request.param == "numpy")
-    return str(request.param)
+    with kernels(request.param):
+        yield str(request.param)
 
 
 @pytest.mark.parametrize(("n", "chunk", "density", "bits"), CASES)
