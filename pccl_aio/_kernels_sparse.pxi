@@ -114,9 +114,10 @@ cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uin
     estimate of its k-th largest magnitude (from 256 evenly spaced samples, set three times
     lower than the k of them expected), in index order; their count, and the largest key as
     ``top``. The estimate may be too high: fewer than k candidates (the caller then takes
-    every key). Small chunks and high densities take every key at once. A counting pass
-    (vectorized) first, then a gathering pass whose branch is rarely taken."""
-    cdef Py_ssize_t c = 0, n = 0, i, j, ks, stride, blocks, done
+    every key). Small chunks and high densities take every key at once. A sequential pass
+    for the largest key first (it brings the chunk into the cache for the samples), then
+    the gathering pass (AVX2, or eight keys per branch)."""
+    cdef Py_ssize_t c = 0, i, j, ks, stride, blocks, done
     cdef uint32_t key, est = 0, hi = 0, hit
     for i in range(m):  # (sequential first: the samples below then come from the cache)
         key = raw[i] & 0x7FFFFFFF
@@ -128,10 +129,6 @@ cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uin
         stride = m // 256
         ks = 2 + (3 * k * 256 + m - 1) // m
         est = _kth_of_sample(raw, stride, ks if ks < 64 else 64, tmp)
-    for i in range(m):
-        n += (raw[i] & 0x7FFFFFFF) >= est
-    if n < k:
-        return n
     done = pccl_simd_gather(raw, m, est, ck, ci, &c)  # (AVX2: eight keys per compare)
     blocks = done + (m - done) - (m - done) % 8
     for i in range(done, blocks, 8):  # eight keys at a time: most blocks hold no candidate
