@@ -117,15 +117,17 @@ def main(args: argparse.Namespace) -> int:
     with charlm.Peer(args) as peer:
         peer.connect()
         flight: InFlight | None = None
+
+        def drain() -> None:  # land the step in flight: every peer syncs the same model
+            nonlocal flight
+            if flight is not None:
+                run.land(peer, flight, flight.k)
+                flight = None
+
         while int(run.count) + (flight is not None) < run.last:
-            joining = not peer.first and peer.vote()
-            if peer.first or joining or peer.comm.peer_group_world_size < 2:
-                if flight is not None:  # drain: every peer syncs the same global model
-                    run.land(peer, flight, flight.k)
-                    flight = None
-                peer.admit(run.state, joining)  # a joiner receives the model and step here
-                if int(run.count) >= run.last:
-                    break
+            # a joiner receives the model and step at a join point
+            if peer.join_point(run.state, drain) and int(run.count) >= run.last:
+                break
             k = int(run.count) + (flight is not None) + 1  # the phase this one trains
             loss = run.inner_phase(k)  # while step k - 1's all-reduce runs
             world = run.wait(peer, flight) if flight is not None else 0

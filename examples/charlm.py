@@ -354,6 +354,18 @@ class Peer(Lines):
         self.first = True  # the vote is taken
         self.sync(state)
 
+    def join_point(self, state: pccl.SharedState, drain: Callable[[], None]) -> bool:
+        """Where joiners may come in (the examples that do not sync every step): the joint
+        vote (skipped at the first call), and if peers wait, or this one is alone, or it is
+        the first call: ``drain()`` (end what is in flight, so that every peer syncs the same
+        state), admit them and sync ``state`` (a joiner receives it here). True if it synced."""
+        joining = not self.first and self.vote()
+        if not (self.first or joining or self.comm.peer_group_world_size < 2):
+            return False
+        drain()
+        self.admit(state, joining)
+        return True
+
     def admit_pending(self, joining: bool) -> None:
         """Admit the peers waiting (the vote said ``joining``), with an ``admitted`` line."""
         if joining:

@@ -48,7 +48,7 @@ class DiLoCo:
         self.params, self.local_params = list(self.model.parameters()), list(
             self.local.parameters())
         self.outer = torch.optim.SGD(self.params, lr=args.outer_lr, momentum=args.momentum,
-                                     nesterov=True)
+                                     nesterov=args.momentum > 0)  # (0: plain SGD)
         self.inner = torch.optim.AdamW(self.local_params, lr=args.lr,
                                        weight_decay=args.weight_decay)
         # the global model's .grad are views of one flat buffer: one all-reduce per step

@@ -29,7 +29,7 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "diloco uint8": ("diloco.py", ["--inner", "50", "--quant", "uint8"]),
     "async diloco": ("async_diloco.py", ["--inner", "50"]),
     "streaming": ("streaming_diloco.py", ["--inner", "50", "--fragments", "3"]),
-    "streaming uint4": ("streaming_diloco.py", ["--inner", "50", "--fragments", "3",
+    "streaming uint4": ("streaming_diloco.py", ["--inner", "56", "--fragments", "3",
                                                 "--quant", "uint4"]),
     "diloco sparse 1% 2-bit": ("diloco.py", ["--inner", "50", "--sparse", "0.01"]),
     "diloco sparse 5% 4-bit": ("diloco.py", ["--inner", "50", "--sparse", "0.05",
@@ -78,7 +78,7 @@ def table(results: list[dict[str, Any]]) -> str:
                          f"{(r.get('failure') or 'status ' + str(r['status'])).splitlines()[0]}"
                          " | | | | | | |")
             continue
-        ref = base.get(r["churned"])
+        ref = base.get(r["churned"]) or base.get(False)  # (no DDP run with churn: without)
         loss, sent = r["final_val_loss"], r["bytes_sent_per_peer"]
         gap = f"{100 * (loss / ref['final_val_loss'] - 1):+.1f} %" if ref else "-"
         fewer = f"{ref['bytes_sent_per_peer'] / sent:.0f}x" if ref and sent else "-"

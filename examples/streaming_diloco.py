@@ -224,7 +224,7 @@ def main(args: argparse.Namespace) -> int:
     run = Streaming(args)
     with charlm.Peer(args) as peer:
         peer.connect()
-        peer.admit(run.state, False)  # a joiner receives the model and counters here
+        peer.join_point(run.state, lambda: None)  # a joiner receives the model and counters
         run.restart_local()
         while True:  # at a send point (or the start)
             if run.t >= run.end:  # the last step: complete what is in flight, send it all
@@ -237,10 +237,8 @@ def main(args: argparse.Namespace) -> int:
             for _ in range(run.next_send() - run.t):  # train on while exchanges run
                 run.train_step()
                 run.complete_due(peer)
-            joining = peer.vote()
-            if joining or peer.comm.peer_group_world_size < 2:
-                run.complete_due(peer, everything=True)  # every peer syncs the same state
-                peer.admit(run.state, joining)
+            # every peer syncs the same state: what is in flight is completed first
+            peer.join_point(run.state, lambda: run.complete_due(peer, everything=True))
         run.finish(peer)
     return 0
 
