@@ -63,7 +63,8 @@ class DiLoCo:
             if args.quant != "none" else None
         self.sparse = pccl.SparseCompressor(  # (--sparse: this example's, not its subclasses')
             self.flat.numel(), density=args.sparse, bits=args.sparse_bits,
-            chunk=args.sparse_chunk) if getattr(args, "sparse", 0.0) else None
+            chunk=args.sparse_chunk, decay=args.sparse_decay) if getattr(args, "sparse", 0.0) \
+            else None
         self.last = math.ceil(args.inner_steps / args.inner)  # outer steps of the run
         self.val_loss = math.nan
 
@@ -140,6 +141,8 @@ def parse(argv: list[str] | None = None, doc: str = __doc__) -> argparse.Namespa
     ap.add_argument("--sparse-bits", type=int, choices=(2, 4, 8), default=2,
                     help="bits per kept value with --sparse")
     ap.add_argument("--sparse-chunk", type=int, default=4096, help="chunk size with --sparse")
+    ap.add_argument("--sparse-decay", type=float, default=1.0,
+                    help="with --sparse: the error buffer's decay before each outer step")
     args = ap.parse_args(argv)
     if args.sparse and args.quant != "none":
         ap.error("--sparse and --quant are exclusive")
