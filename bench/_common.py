@@ -118,6 +118,19 @@ def emit_json_lines(name: str, rows: list[dict[str, Any]], path: str | None = No
             f.write("\n".join(lines) + "\n")
 
 
+def abba(base: Any, fn: Any, r: int) -> tuple[float, float]:
+    """One paired run of ``fn`` and its baseline ``base``, alternating which goes first
+    (ABBA: even ``r`` the baseline first), so neither gains from the memory state the other
+    leaves; (baseline seconds, ``fn`` seconds)."""
+    first, second = (base, fn) if r % 2 == 0 else (fn, base)
+    t0 = time.perf_counter()
+    first()
+    t1 = time.perf_counter()
+    second()
+    t2 = time.perf_counter()
+    return (t1 - t0, t2 - t1) if r % 2 == 0 else (t2 - t1, t1 - t0)
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import emit_json, print_table
+from _common import abba, emit_json, print_table
 
 import pccl_aio as pccl
 from pccl_aio._compute import ops as _ops
@@ -62,13 +62,7 @@ def kernels(mib: int, repeat: int, density: float, bits: int) -> list[dict[str, 
     for name, fn in work.items():
         ratios, times = [], []
         for r in range(repeat):
-            first, second = (base, fn) if r % 2 == 0 else (fn, base)
-            t0 = time.perf_counter()
-            first()
-            t1 = time.perf_counter()
-            second()
-            t2 = time.perf_counter()
-            tb, tc = (t1 - t0, t2 - t1) if r % 2 == 0 else (t2 - t1, t1 - t0)
+            tb, tc = abba(base, fn, r)
             ratios.append(tb / tc)
             times.append(tc)
         ratio = statistics.median(ratios)

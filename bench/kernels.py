@@ -21,13 +21,14 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import abba
 
 from pccl_aio._compute import ops as _ops
 from pccl_aio._types import DataType, QuantAlgo, ReduceOp
@@ -97,15 +98,7 @@ def main() -> None:
     pair: dict[str, list[float]] = {name: [] for name in work}
     for r in range(args.repeat):
         for name, fn in work.items():
-            # each case paired with its own numpy-add baseline run, alternating which goes
-            # first (ABBA), so neither side gains from the memory state the other leaves
-            first, second = (base, fn) if r % 2 == 0 else (fn, base)
-            t0 = time.perf_counter()
-            first()
-            t1 = time.perf_counter()
-            second()
-            t2 = time.perf_counter()
-            tb, tc = (t1 - t0, t2 - t1) if r % 2 == 0 else (t2 - t1, t1 - t0)
+            tb, tc = abba(base, fn, r)  # each case paired with its own numpy-add run
             times[name].append(tc)
             pair[name].append(tb / tc)
 
