@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +35,13 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "diloco sparse 1% 2-bit": ("diloco.py", ["--inner", "50", "--sparse", "0.01"]),
     "diloco sparse 5% 4-bit": ("diloco.py", ["--inner", "50", "--sparse", "0.05",
                                              "--sparse-bits", "4"]),
+    # error feedback in place of the outer momentum (SparseLoCo's choice), more outer steps
+    "diloco sparse EF H=10": ("diloco.py", ["--inner", "10", "--sparse", "0.03",
+                                            "--sparse-bits", "4", "--momentum", "0",
+                                            "--outer-lr", "1.0", "--sparse-decay", "0.95"]),
 }
 #: outer steps between evaluations, so that every run is evaluated every 50 inner steps
-EVAL_EVERY = {"ddp": 50, "streaming": 3, "streaming uint4": 3}
+EVAL_EVERY = {"ddp": 50, "streaming": 3, "streaming uint4": 3, "diloco sparse EF H=10": 5}
 
 
 def run(name: str, churn: float | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -124,7 +129,7 @@ def write(results: list[dict[str, Any]], args: argparse.Namespace, figures: list
     text = md.read_text() if md.exists() else "# Results\n\n<!-- results -->\n<!-- /results -->\n"
     head, rest = text.split("<!-- results -->", 1)
     tail = rest.split("<!-- /results -->", 1)[1]
-    cmd = "python examples/results.py " + " ".join(sys.argv[1:])
+    cmd = "python examples/results.py " + shlex.join(sys.argv[1:])
     body = (f"\n`{cmd.strip()}`: {args.peers} peers, {args.inner_steps} inner steps each"
             f"{', tiny model' if args.tiny else ''}; churn: a random peer SIGKILLed every "
             f"{args.churn:g} s and a replacement started (launcher `--churn`).\n\n"
