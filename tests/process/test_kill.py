@@ -133,7 +133,7 @@ async def test_sigkill_mid_sparse_exchange_leaves_the_error_buffers_unchanged(pr
     raises, its error buffer as it was, and the next ``average`` over the survivors gives the
     same bytes on both."""
     _, addr = master_proc
-    peers = await start_peers(procs, addr, 3, "sparse", str(1 << 22))
+    peers = await start_peers(procs, addr, 3, "sparse", str(1 << 23))
     for p in peers:
         await p.expect("started")
     peers[1].signal(signal.SIGKILL)
