@@ -56,14 +56,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -340,24 +339,6 @@ async def _wan_peer(addr: str, host: str, conns: int | None, nbytes: int, iters:
         await _time_plan(comm, 2, warmup, [("all_gather", nbytes, iters)])
 
 
-@contextlib.contextmanager
-def _wan_link(wan: Any, delay_ms: int, rate_mbit: int) -> Iterator[bool]:
-    """The link of ``bench/wan.py`` up (unless it is already: yields False then, and leaves it
-    up), slow start after idle off in both namespaces."""
-    brought_up = subprocess.run(["ip", "netns", "exec", wan.NS_A, "true"],
-                                capture_output=True).returncode != 0
-    if brought_up:
-        subprocess.run(["bash", str(wan.WAN), "up", str(delay_ms), str(rate_mbit)], check=True)
-    try:
-        for ns in (wan.NS_A, wan.NS_B):
-            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                            "net.ipv4.tcp_slow_start_after_idle=0"], check=True)
-        yield brought_up
-    finally:
-        if brought_up:
-            subprocess.run(["bash", str(wan.WAN), "down"], check=False)
-
-
 def _ns_peer(ns: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, __file__, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -387,7 +368,7 @@ def _wan(args: argparse.Namespace) -> None:
         raise SystemExit("--wan needs root (network namespaces)")
     nbytes = int(args.mib[0] * 2**20) // 4 * 4
     nan = float("nan")
-    with _wan_link(wan, args.delay_ms, args.rate_mbit) as brought_up:
+    with wan.link(args.delay_ms, args.rate_mbit) as brought_up:
         if not brought_up:
             print("wan-link was already up: measuring over it as it is", flush=True)
         tcp1, tcp8 = (nan, nan) if args.no_tcp else (wan.tcp_rate(1, 6.0), wan.tcp_rate(8, 6.0))

@@ -21,14 +21,13 @@ Prints a table and one JSON line.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -98,20 +97,16 @@ async def peer(addr: str, host: str, mode: str, mib: int, density: float, bits: 
         print(json.dumps({"s": times[-1], "tx": tx}), flush=True)
 
 
-def exchange(wan: object, mode: str, a: argparse.Namespace, port: int) -> tuple[float, int]:
-    ns_a, ns_b, ip_a, ip_b = wan.NS_A, wan.NS_B, wan.IP_A, wan.IP_B  # type: ignore[attr-defined]
-
-    def run(ns: str, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, __file__, *args],
-                                stdout=subprocess.PIPE, text=True)
-
-    m = run(ns_a, "--master", ip_a, str(port))
-    assert m.stdout is not None
+def exchange(wan: Any, mode: str, a: argparse.Namespace, port: int) -> tuple[float, int]:
+    """One mode's exchange between a peer in each namespace (``bench/wan.py``'s master in A):
+    the slower peer's seconds, and the bytes a peer sent."""
+    m = wan.ns_python(wan.NS_A, "--master", str(port))
     m.stdout.readline()
     try:
         opts = (mode, str(a.wan_mib), str(a.density), str(a.bits))
-        ps = [run(ns_a, "--peer", f"{ip_a}:{port}", ip_a, *opts),
-              run(ns_b, "--peer", f"{ip_a}:{port}", ip_b, *opts)]
+        addr = f"{wan.IP_A}:{port}"
+        ps = [wan.ns_python(ns, "--peer", addr, ip, *opts, script=__file__)
+              for ns, ip in ((wan.NS_A, wan.IP_A), (wan.NS_B, wan.IP_B))]
         outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in ps]
     finally:
         m.terminate()
@@ -119,24 +114,10 @@ def exchange(wan: object, mode: str, a: argparse.Namespace, port: int) -> tuple[
     return max(o["s"] for o in outs), int(outs[0]["tx"])
 
 
-async def master(host: str, port: int) -> None:
-    async with pccl.Master(host, port):
-        print("up", flush=True)
-        await asyncio.Event().wait()
-
-
 def over_wan(a: argparse.Namespace) -> list[dict[str, object]]:
     import wan
 
-    up = subprocess.run(["ip", "netns", "exec", wan.NS_A, "true"],
-                        capture_output=True).returncode == 0
-    if not up:
-        subprocess.run(["bash", str(wan.WAN), "up", str(a.delay_ms), str(a.rate_mbit)],
-                       check=True)
-    for ns in (wan.NS_A, wan.NS_B):
-        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                        "net.ipv4.tcp_slow_start_after_idle=0"], check=True)
-    try:
+    with wan.link(a.delay_ms, a.rate_mbit):
         rows = []
         for i, mode in enumerate(("unquantized", "uint4", "sparse")):
             s, tx = exchange(wan, mode, a, 48600 + i)
@@ -144,9 +125,6 @@ def over_wan(a: argparse.Namespace) -> list[dict[str, object]]:
         for r in rows:
             r["x_unquantized"] = float(rows[0]["seconds"]) / float(r["seconds"])  # type: ignore[arg-type]
         rows[-1]["target"], rows[-1]["met"] = 20.0, rows[-1]["x_unquantized"] >= 20.0
-    finally:
-        if not up:
-            subprocess.run(["bash", str(wan.WAN), "down"], check=False)
     print(f"# {a.wan_mib} MiB float32 between 2 peers over {2 * a.delay_ms} ms RTT, "
           f"{a.rate_mbit} Mbit/s; sparse: density {a.density}, {a.bits}-bit codes")
     return rows
@@ -163,13 +141,10 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=int, default=50)
     ap.add_argument("--rate-mbit", type=int, default=100)
     ap.add_argument("--peer", nargs=6, help=argparse.SUPPRESS)
-    ap.add_argument("--master", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.peer:
         p = a.peer
         return pccl.run(peer(p[0], p[1], p[2], int(p[3]), float(p[4]), int(p[5])))
-    if a.master:
-        return pccl.run(master(a.master[0], int(a.master[1])))
     if a.wan:
         rows = over_wan(a)
         print_table(rows, ["case", "seconds", "tx_MB", "x_unquantized", "target", "met"])

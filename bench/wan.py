@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -88,10 +90,31 @@ def tcp_source(port: int, seconds: float) -> None:
     s.close()
 
 
-def ns_python(ns: str, *args: str) -> subprocess.Popen[str]:
+def ns_python(ns: str, *args: str, script: str = __file__) -> subprocess.Popen[str]:
+    """``python script args`` in namespace ``ns`` (this file by default), stdout piped."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, __file__, *args],
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, script, *args],
                             stdout=subprocess.PIPE, text=True, env=env)
+
+
+@contextlib.contextmanager
+def link(delay_ms: int, rate_mbit: int, slow_start_after_idle: bool = False) -> Iterator[bool]:
+    """The emulated link up (unless it already is: yields False then, and leaves it up),
+    ``net.ipv4.tcp_slow_start_after_idle`` set in both namespaces (off by default, the usual
+    tuning for long-fat links)."""
+    brought_up = subprocess.run(["ip", "netns", "exec", NS_A, "true"],
+                                capture_output=True).returncode != 0
+    if brought_up:
+        subprocess.run(["bash", str(WAN), "up", str(delay_ms), str(rate_mbit)], check=True)
+    try:
+        for ns in (NS_A, NS_B):
+            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
+                            f"net.ipv4.tcp_slow_start_after_idle={int(slow_start_after_idle)}"],
+                           check=True)
+        yield brought_up
+    finally:
+        if brought_up:
+            subprocess.run(["bash", str(WAN), "down"], check=False)
 
 
 def tcp_rate(streams: int, seconds: float, port: int = 47000) -> float:
@@ -221,22 +244,15 @@ def main() -> None:
         import pccl_aio
 
         pccl_aio.Quantization(algo=pccl_aio.QuantAlgo.MIN_MAX, dtype=a.quant)
-    brought_up = subprocess.run(["ip", "netns", "exec", NS_A, "true"],
-                                capture_output=True).returncode != 0
-    if brought_up:
-        subprocess.run(["bash", str(WAN), "up", str(a.delay_ms), str(a.rate_mbit)], check=True)
     idle = "1" if a.slow_start_after_idle else "0"
-    for ns in (NS_A, NS_B):
-        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                        f"net.ipv4.tcp_slow_start_after_idle={idle}"], check=True)
-    try:
-        link = a.rate_mbit * 1e6 / 8
+    with link(a.delay_ms, a.rate_mbit, a.slow_start_after_idle):
+        nominal = a.rate_mbit * 1e6 / 8
         tcp1 = tcp8 = nan = float("nan")
         iperf: float | None = None
         if not a.no_tcp:
             tcp1, tcp8 = tcp_rate(1, 6.0), tcp_rate(8, 6.0)
             iperf = iperf3_rate(8, 6)
-        print(f"link {link / 1e6:.0f} MB/s nominal; TCP 1 stream {tcp1 / 1e6:.1f} MB/s, "
+        print(f"link {nominal / 1e6:.0f} MB/s nominal; TCP 1 stream {tcp1 / 1e6:.1f} MB/s, "
               f"8 streams {tcp8 / 1e6:.1f} MB/s; iperf3 -P 8 "
               f"{'-' if iperf is None else f'{iperf / 1e6:.1f} MB/s'}; "
               f"tcp_slow_start_after_idle={idle}", flush=True)
@@ -249,7 +265,7 @@ def main() -> None:
             t, tx, used = allreduce(k, quant, a.mib, a.iters, a.warmup, 48200 + i)
             rate = nbytes / t  # bytes each way per second, for P = 2 (= busbw)
             rows.append({"K": k, "K_used": used, "quant": quant, "median_s": t,
-                         "tx_MB": tx / 1e6, "MBps_each_way": rate / 1e6, "vs_link": rate / link,
+                         "tx_MB": tx / 1e6, "MBps_each_way": rate / 1e6, "vs_link": rate / nominal,
                          "vs_tcp8": rate / tcp8,
                          "vs_iperf3": rate / iperf if iperf else nan})
             print(rows[-1], flush=True)
@@ -266,12 +282,9 @@ def main() -> None:
         if "auto" in plain:
             print(f"K=auto unquantized reaches {plain['auto']['vs_link']:.3f} of the link "
                   f"(target >= 0.9)")
-        emit_json("wan", rows, link_MBps=link / 1e6, tcp1_MBps=tcp1 / 1e6, tcp8_MBps=tcp8 / 1e6,
+        emit_json("wan", rows, link_MBps=nominal / 1e6, tcp1_MBps=tcp1 / 1e6, tcp8_MBps=tcp8 / 1e6,
                   iperf3_8_MBps=iperf / 1e6 if iperf else nan, slow_start_after_idle=int(idle),
                   delay_ms=a.delay_ms, rate_mbit=a.rate_mbit, mib=a.mib, **extra)
-    finally:
-        if brought_up:
-            subprocess.run(["bash", str(WAN), "down"], check=False)
 
 
 if __name__ == "__main__":
