@@ -8,6 +8,7 @@ import pytest
 
 from pccl_aio._errors import RemoteProtocolError
 from pccl_aio._master.core import state as ms
+from pccl_aio._master.core.limits import Admission, Limits
 from pccl_aio._wire import messages as m
 from tests.unit.master_harness import PV, Harness, msgs
 
@@ -110,3 +111,12 @@ def test_a_replica_size_without_a_name_is_refused_at_decoding():
     raw = m.encode(m.Hello(PV, 0, 40001, replica_size=2))
     with pytest.raises(RemoteProtocolError, match="replica_size"):
         m.decode_peer_to_master(raw)
+
+
+def test_the_joiners_of_one_replica_are_found_beside_joiners_without_one():
+    adm = Admission(Limits())
+    adm.registered(1, True)  # no replica
+    adm.registered(2, True, "A", 2)
+    assert adm.ready("A") == [] and adm.ready() == [1]
+    adm.registered(3, True, "A", 2)
+    assert adm.ready("A") == [2, 3] and adm.ready() == [1, 2, 3]

@@ -154,8 +154,8 @@ class Admission:
     def ready(self, replica: str | None = None) -> list[int]:
         """The joiners that may be admitted now (their replicas complete; of ``replica``
         only, if given), ascending."""
-        return sorted(c for c in self.joiners if self.complete(c)
-                      and (replica is None or self._replica[c][0] == replica))
+        return sorted(c for c in self.joiners if self.complete(c) and (
+            replica is None or self._replica.get(c, ("", 0))[0] == replica))
 
     def expired(self, now: float) -> list[int]:
         """Connections without ``Hello`` for longer than ``hello_timeout``."""
