@@ -20,6 +20,12 @@ def hello(h: Harness, group: int, replica: str = "", size: int = 1) -> tuple[int
     return conn, acts
 
 
+def two_replicas(h: Harness) -> list[int]:
+    """Replicas A and B of two processes each (shard i in group i), A first: A starts the run,
+    B waits to be admitted."""
+    return [hello(h, group, name, 2)[0] for name in "AB" for group in (0, 1)]
+
+
 def accepted_at_hello(acts: list[ms.Action], conn: int) -> bool:
     (welcome,) = msgs(acts, m.Welcome)[conn]
     return welcome.accepted
@@ -57,10 +63,7 @@ def test_the_first_replica_starts_the_run_and_a_joining_replica_waits_for_all_it
 
 def test_a_replica_whose_process_left_before_admission_waits_for_a_new_one():
     h = Harness()
-    a0, _ = hello(h, 0, "A", 2)
-    a1, _ = hello(h, 1, "A", 2)
-    b0, _ = hello(h, 0, "B", 2)
-    b1, _ = hello(h, 1, "B", 2)
+    a0, a1, b0, b1 = two_replicas(h)
     h.disconnect(b1)
     assert not pending_round(h)
     h.vote_topology_all()
@@ -73,10 +76,7 @@ def test_a_replica_whose_process_left_before_admission_waits_for_a_new_one():
 
 def test_a_lost_process_of_a_member_replica_is_replaced_by_a_joiner_of_that_replica():
     h = Harness()
-    a0, _ = hello(h, 0, "A", 2)
-    a1, _ = hello(h, 1, "A", 2)
-    b0, _ = hello(h, 0, "B", 2)
-    b1, _ = hello(h, 1, "B", 2)
+    a0, a1, b0, b1 = two_replicas(h)
     h.vote_topology_all()
     h.disconnect(b1)
     c1, acts = hello(h, 1, "B", 2)  # B's other process is still a member: B is complete
