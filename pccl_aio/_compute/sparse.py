@@ -20,7 +20,7 @@ from . import sparse_reference as ref
 from .ops import NO_EXTENSIONS, kernels
 from .sparse_reference import CODE_BITS, Layout
 
-__all__ = ["Layout", "accumulate", "compress", "layout", "scratch_size"]
+__all__ = ["Layout", "accumulate", "checked", "compress", "layout", "scratch_size"]
 
 MAX_CHUNK = 1 << 16
 
@@ -40,21 +40,16 @@ def layout(n: int, *, density: float, bits: int, chunk: int) -> Layout:
     return Layout(n, chunk, k, bits)
 
 
-def _f32(buf: Any, name: str, n: int, writable: bool) -> NDArray[np.float32]:
+def checked(buf: Any, dtype: type[np.generic], count: int, name: str,
+            writable: bool) -> NDArray[Any]:
+    """``buf`` as a flat array, InvalidUsageError unless it is a C-contiguous (writable)
+    ``dtype`` array of ``count`` elements (a copy would lose what is written)."""
     a = np.asarray(buf)
-    if a.dtype != np.float32 or a.size != n or not a.flags.c_contiguous or (
+    if a.dtype != dtype or a.size != count or not a.flags.c_contiguous or (
             writable and not a.flags.writeable):
         raise InvalidUsageError(f"{name} must be a C-contiguous{' writable' if writable else ''} "
-                                f"float32 array of {n} elements, not {a.dtype} x {a.size}")
-    return a.reshape(-1)
-
-
-def _part(buf: Any, lay: Layout, name: str, writable: bool) -> NDArray[np.uint8]:
-    a = np.asarray(buf)
-    if a.dtype != np.uint8 or a.size != lay.nbytes or not a.flags.c_contiguous or (
-            writable and not a.flags.writeable):
-        raise InvalidUsageError(f"{name} must be a C-contiguous uint8 array of {lay.nbytes} "
-                                f"bytes, not {a.dtype} x {a.size}")
+                                f"{np.dtype(dtype).name} array of {count} elements, not "
+                                f"{a.dtype} x {a.size}")
     return a.reshape(-1)
 
 
@@ -66,10 +61,12 @@ def compress(dst: Any, src: Any, lay: Layout, scratch: NDArray[np.uint32] | None
     + src`` (float32, in that order), written there in the same pass. ``scratch``:
     ``scratch_size(lay)`` uint32s to reuse. InvalidUsageError if a kept value (a chunk's
     largest magnitude) is not finite."""
-    x, d = _f32(src, "src", lay.n, False), _part(dst, lay, "dst", True)
+    x = checked(src, np.float32, lay.n, "src", False)
+    d = checked(dst, np.uint8, lay.nbytes, "dst", True)
     fed = error is not None and pending is not None
     if fed:
-        e, p = _f32(error, "error", lay.n, False), _f32(pending, "pending", lay.n, True)
+        e = checked(error, np.float32, lay.n, "error", False)
+        p = checked(pending, np.float32, lay.n, "pending", True)
     a, b, _ = lay.sections
     try:
         if NO_EXTENSIONS:
@@ -102,7 +99,8 @@ def accumulate(dst: Any, part: Any, lay: Layout, sign: int = 1) -> None:
     """Add (``sign`` 1) or subtract (-1) the decoded ``part`` into ``dst`` (float32,
     ``lay.n``), in the part's order. RemoteProtocolError for a part that lists an index
     outside its chunk."""
-    d, p = _f32(dst, "dst", lay.n, True), _part(part, lay, "part", False)
+    d = checked(dst, np.float32, lay.n, "dst", True)
+    p = checked(part, np.uint8, lay.nbytes, "part", False)
     a, b, _ = lay.sections
     if NO_EXTENSIONS:
         idx = ref.unpack(p[a:a + b], lay.kept, lay.index_bits)

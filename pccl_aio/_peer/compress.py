@@ -100,13 +100,10 @@ class SparseCompressor:
         order), summed in that order."""
         parts = np.asarray(gathered).reshape(-1)
         world, left = divmod(parts.size, self.nbytes)
-        dst = np.asarray(out)
         if world < 1 or left or parts.dtype != np.uint8:
             raise InvalidUsageError(f"gathered must be uint8, a whole number of {self.nbytes}-"
                                     f"byte parts, not {parts.dtype} x {parts.size}")
-        flat = dst.reshape(-1)
-        if dst.dtype != np.float32 or flat.size != self.layout.n:
-            raise InvalidUsageError(f"out must be float32 with {self.layout.n} elements")
+        flat = sparse.checked(out, np.float32, self.layout.n, "out", True)
         flat[:] = 0
         for r in range(world):
             sparse.accumulate(flat, parts[r * self.nbytes:(r + 1) * self.nbytes], self.layout)

@@ -203,3 +203,11 @@ def test_the_fed_pass_writes_the_error_feedback_as_numpy_does(impl, decay):
     want = err * np.float32(decay) + x
     assert pending.view(np.uint32).tolist() == want.view(np.uint32).tolist()
     assert np.array_equal(part, ref.compress(want, lay))
+
+
+def test_a_non_contiguous_out_is_refused_not_written_to_a_copy():
+    c = pccl.SparseCompressor(100)
+    part = c.compress(np.ones(100, np.float32))
+    out = np.zeros(200, np.float32)[::2]
+    with pytest.raises(pccl.InvalidUsageError, match="C-contiguous"):
+        c.decompress(part, out)
