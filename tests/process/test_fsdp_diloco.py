@@ -26,7 +26,7 @@ async def test_the_launcher_runs_fsdp_replicas_and_kills_them_whole(tmp_path):
     status, out, err = await _launch(
         FSDP, "--peers", "2", "--replica-procs", "2", "--churn", "2", "--seed", "3",
         "--out", str(tmp_path), "--timeout", "150", "--", "--tiny", "--inner", "5",
-        "--inner-steps", "700", "--eval-every", "50", timeout=170)
+        "--inner-steps", "1300", "--eval-every", "100", timeout=170)
     assert status == 0, f"{out}\n{err[-4000:]}"
     rows = _rows(tmp_path / "fsdp_diloco.csv")
     assert not _running(rows)
