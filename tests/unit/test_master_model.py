@@ -8,7 +8,9 @@ and every participant that stays gets exactly one ``SyncComplete`` per plan, onl
 reported ``SyncDone``. And
 ``handle`` never raises, also on arbitrary event sequences. Deadlocks: after every batch no
 set of accepted peers is left deadlocked (``master_harness.stuck_peers``), and the calls the
-rule fails each get exactly one answer, all with one reason. Harness: ``master_harness``.
+rule fails each get exactly one answer, all with one reason (the incremental rule,
+``quiet.py``, decides when the full one runs: a deadlock it lets pass fails here).
+Harness: ``master_harness``.
 """
 
 from __future__ import annotations

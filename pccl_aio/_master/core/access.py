@@ -10,11 +10,12 @@ from typing import Protocol
 from ..._wire import messages as m
 from .barrier import SyncBarrier
 from .collectives import Collectives
-from .deadlock import Item
-from .events import Action
+from .deadlock import Deadlock, Item
+from .events import Action, Send
 from .failover import Failover
 from .joint import JointVotes
 from .limits import Admission
+from .quiet import Quiet
 from .records import Op, Peer
 from .topology import Topology
 
@@ -33,8 +34,10 @@ class _State(Protocol):
     _topo: Topology
     _fo: Failover
     _votes: JointVotes
+    _quiet: Quiet
 
     def accepted(self, group: int | None = None) -> list[int]: ...
+    def roster(self, group: int | None = None) -> tuple[int, ...]: ...
     def publish(self, out: list[Action]) -> int: ...
     def admit(self, conns: Iterable[int] | None = None) -> list[int]: ...
     def _kick(self, conn: int, reason: str, out: list[Action]) -> None: ...
@@ -52,6 +55,9 @@ class StateAccess:
 
     def accepted(self, group: int | None = None) -> list[int]:
         return self._state.accepted(group)
+
+    def roster(self, group: int | None = None) -> tuple[int, ...]:
+        return self._state.roster(group)
 
     @property
     def epoch(self) -> int:
@@ -137,12 +143,10 @@ class StateAccess:
 
     def waits(self) -> Iterator[tuple[Item, Collection[int], Collection[int]]]:
         st = self._state
-        topology = [p.conn for p in st._peers.values() if p.voted_topology]
-        if topology:
-            yield ("topology", 0, 0), topology, topology
-        pending = [p.conn for p in st._peers.values() if p.voted_pending]
-        if pending:
-            yield ("pending", 0, 0), pending, pending
+        for kind in ("topology", "pending"):
+            joint = st._votes.voters[kind]
+            if joint:
+                yield (kind, 0, 0), joint, joint
         syncs: dict[int, list[int]] = {}
         for c in st._sync.voters():
             syncs.setdefault(st._peers[c].group, []).append(c)
@@ -153,3 +157,86 @@ class StateAccess:
         for (g, tag), op in st._colls.ops.items():
             if not op.seq:
                 yield ("collective", g, tag), op.descs, op.waits
+
+    def fail(self, found: Deadlock | None, out: list[Action]) -> None:
+        """Fail every call of the deadlocked peers: withdraw their votes, reject the
+        collectives they await for all who launched them."""
+        if found is None:
+            return
+        st, reason = self._state, found.reason()
+        ops: dict[tuple[int, int], None] = {}  # (in order, once each)
+        for c, items in found.waits.items():
+            peer = st._peers[c]
+            for kind, group, tag in items:
+                if kind == "collective":
+                    ops[group, tag] = None
+                    continue
+                if kind == "topology" or kind == "pending":
+                    st._votes.withdraw(peer, kind)
+                elif kind == "sync":
+                    st._sync.withdraw(c)
+                else:
+                    st._topo.reject(c)
+                out.append(Send(c, m.VoteRejected(kind, reason, True)))
+        for group, tag in ops:
+            st._colls.end_vote(group, tag, reason, out, deadlock=True)
+
+    # ---- the incremental rule (``quiet.Ledger``) ------------------------------------------------
+    def deadlock_work(self) -> tuple[int, int]:
+        """(peers the incremental rule examined, full ``deadlock.find`` runs) so far."""
+        return self._state._quiet.steps, self._state._quiet.finds
+
+    def group_of(self, conn: int) -> int | None:
+        peer = self._state._peers.get(conn)
+        return peer.group if peer is not None and peer.accepted else None
+
+    def waited(self, conn: int) -> list[Item]:
+        st = self._state
+        peer = st._peers.get(conn)
+        if peer is None or not peer.accepted:
+            return []
+        out: list[Item] = [(k, 0, 0) for k in ("topology", "pending")
+                           if conn in st._votes.voters[k]]
+        if st._sync.voted(conn):
+            out.append(("sync", peer.group, 0))
+        if st._topo.voted(conn):
+            out.append(("optimize", peer.group, 0))
+        for tag in peer.tags:
+            op = st._colls.ops.get((peer.group, tag))
+            if op is not None and not op.seq and conn in op.waits:
+                out.append(("collective", peer.group, tag))
+        return out
+
+    def holds(self, conn: int) -> bool:
+        st = self._state
+        peer = st._peers[conn]
+        return any(not op.seq and conn in op.descs for op in (
+            st._colls.ops.get((peer.group, tag)) for tag in peer.tags) if op is not None)
+
+    def cast(self, item: Item, conn: int) -> bool:
+        kind, group, tag = item
+        st = self._state
+        if kind == "collective":
+            op = st._colls.ops.get((group, tag))
+            return op is not None and conn in op.descs
+        if kind == "sync":
+            return st._sync.voted(conn)
+        if kind == "optimize":
+            return st._topo.voted(conn)
+        return conn in st._votes.voters[kind]
+
+    def maybe_waited(self, item: Item) -> bool:
+        kind, group, tag = item
+        st = self._state
+        if kind == "collective":
+            op = st._colls.ops.get((group, tag))
+            return op is not None and not op.seq and bool(op.waits)
+        if kind == "sync":
+            return st._sync.voted_any()
+        if kind == "optimize":
+            return st._topo.voted_any()
+        return bool(st._votes.voters[kind])
+
+    def items(self) -> Iterator[Item]:
+        return (item for item, _, waiters in self.waits() if waiters)
+

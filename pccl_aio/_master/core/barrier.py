@@ -70,6 +70,14 @@ class SyncBarrier:
         """Peers that got a ``SyncPlan`` and have not reported ``SyncDone`` yet, ascending."""
         return sorted(self._syncing)
 
+    def voted(self, conn: int) -> bool:
+        """``conn``'s sync vote is counted (it waits for the sync to start)."""
+        return conn in self._votes
+
+    def voted_any(self) -> bool:
+        """Some sync vote is counted."""
+        return bool(self._votes)
+
     def busy(self, conn: int) -> bool:
         """True while ``conn`` has a sync vote counted or has not finished its sync part."""
         return conn in self._votes or conn in self._syncing
@@ -122,7 +130,8 @@ class SyncBarrier:
 
     def _check_start(self, group: int, out: list[Action]) -> None:
         members = self._roster.accepted(group)
-        if not members or any(c not in self._votes for c in members):
+        if not members or len(self._votes) < len(members) or any(
+                c not in self._votes for c in members):
             return
         votes = {c: self._votes.pop(c) for c in members}
         e = elect(votes, self._revisions.get(group))

@@ -36,6 +36,9 @@ class Roster(Protocol):
     def accepted(self, group: int | None = None) -> list[int]:
         """Accepted peers of ``group``, ascending."""
 
+    def roster(self, group: int | None = None) -> tuple[int, ...]:
+        """``accepted`` as a tuple."""
+
     def peer(self, conn: int) -> Peer | None:
         """The peer of connection ``conn``, if it is still there."""
 
@@ -147,8 +150,8 @@ class Collectives:
         op = self.ops.get((group, tag))
         if op is None or op.seq:
             return
-        members = self._roster.accepted(group)
-        if not op.descs or not all(c in op.descs for c in members):
+        members = self._roster.roster(group)
+        if not op.descs or len(op.descs) < len(members) or not all(c in op.descs for c in members):
             return
         voters = sorted(op.descs)
         since = self._rings.get(group, ([], 0))[1]
@@ -235,7 +238,7 @@ class Collectives:
             return
         del self.ops[(group, tag)]
         done = m.CollectiveComplete(tag, op.seq)
-        if list(op.participants) == self._roster.accepted(group):  # the ring as it was
+        if op.participants == self._roster.roster(group):  # the ring as it was
             self._seq += 1
             epoch = self._roster.epoch
             tickets = self._tickets.setdefault(group, {})

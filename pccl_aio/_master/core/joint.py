@@ -32,6 +32,9 @@ class Roster(Board, Protocol):
     def accepted(self, group: int | None = None) -> list[int]:
         """Accepted peers (of ``group``), ascending."""
 
+    def roster(self, group: int | None = None) -> tuple[int, ...]:
+        """``accepted`` as a tuple."""
+
     def peer(self, conn: int) -> Peer | None:
         """The peer of connection ``conn``, if it is still there."""
 
@@ -51,6 +54,7 @@ class JointVotes:
     def __init__(self, roster: Roster) -> None:
         self._roster = roster
         self.rounds: dict[Kind, int] = {"pending": 0, "topology": 0}  # answered so far
+        self.voters: dict[Kind, set[int]] = {"pending": set(), "topology": set()}  # the flags'
 
     def vote(self, peer: Peer, kind: Kind, out: list[Action]) -> None:
         """Count ``peer``'s vote of ``kind`` (the caller checked that it may vote); reject
@@ -59,18 +63,19 @@ class JointVotes:
             peer.voted_topology = True
         else:
             peer.voted_pending = True
+        self.voters[kind].add(peer.conn)
         self.conflict(out)
         self.check(out, kind)
 
     def conflict(self, out: list[Action]) -> None:
         """Withdraw the topology votes next to another phase (``deadlock.conflict``)."""
-        clash = conflict(self._roster)
+        clash = conflict(self._roster) if self.voters["topology"] else None
         if clash is not None:
             voters, reason = clash
             for c in voters:
                 peer = self._roster.peer(c)
                 if peer is not None:
-                    peer.voted_topology = False
+                    self.withdraw(peer, "topology")
                 out.append(Send(c, m.VoteRejected("topology", reason)))
 
     def withdraw(self, peer: Peer, kind: Kind) -> None:
@@ -79,6 +84,12 @@ class JointVotes:
             peer.voted_topology = False
         else:
             peer.voted_pending = False
+        self.voters[kind].discard(peer.conn)
+
+    def forget(self, conn: int) -> None:
+        """``conn`` departed: its votes no longer count."""
+        for voters in self.voters.values():
+            voters.discard(conn)
 
     def floor(self, rounds: dict[str, tuple[int, bool]]) -> None:
         """Number the next rounds above those of a rebuilt run (``recovery.Outcome.rounds``)."""
@@ -94,6 +105,8 @@ class JointVotes:
 
     def _voters(self, kind: Kind) -> list[Peer] | None:
         """The members, if every one of them voted ``kind``."""
+        if len(self.voters[kind]) < len(self._roster.roster()):  # (voters are members)
+            return None
         peers = [self._roster.peer(c) for c in self._roster.accepted()]
         voters = [p for p in peers if p is not None]
         voted = [p.voted_topology if kind == "topology" else p.voted_pending for p in voters]
@@ -105,7 +118,7 @@ class JointVotes:
             return
         joiners = self._roster.admit()
         for p in voters:
-            p.voted_topology = False
+            self.withdraw(p, "topology")
         self.rounds["topology"] += 1  # (before the Membership, which tells it: a voter
         if joiners:                   # that gets it and not the answer knows it is done)
             self._roster.publish(out)
@@ -119,5 +132,5 @@ class JointVotes:
         self.rounds["pending"] += 1
         answer = m.PeersPendingAnswer(self._roster.batch_due(), self.rounds["pending"])
         for p in voters:
-            p.voted_pending = False
+            self.withdraw(p, "pending")
             out.append(Send(p.conn, answer))

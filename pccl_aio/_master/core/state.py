@@ -46,6 +46,7 @@ from .events import (
 from .failover import Failover
 from .joint import JointVotes
 from .limits import Admission, Limits
+from .quiet import Quiet
 from .records import Peer, membership, registration_error, version_reason
 from .recovery import Outcome
 from .topology import Topology
@@ -86,12 +87,22 @@ class MasterState:
         self._votes = JointVotes(self.access)
         self._withheld = VoteTimer(vote_timeout)
         self._left = False  # the departure being handled said goodbye
+        self._rosters: dict[int | None, tuple[int, ...]] = {}  # ``roster``'s, while valid
+        self._quiet = Quiet()  # (``_settle``)
 
     # ---- queries (used by tests, the CLI's log lines and the demo) ----------------------------
     def accepted(self, group: int | None = None) -> list[int]:
         """Accepted peers (of ``group``), ascending (the ring order is ``ring``)."""
-        return sorted(p.conn for p in self._peers.values()
-                      if p.accepted and (group is None or p.group == group))
+        return list(self.roster(group))
+
+    def roster(self, group: int | None = None) -> tuple[int, ...]:
+        """``accepted`` as a tuple, kept (the same object) until membership changes."""
+        got = self._rosters.get(group)
+        if got is None:
+            got = self._rosters[group] = tuple(sorted(
+                p.conn for p in self._peers.values()
+                if p.accepted and (group is None or p.group == group)))
+        return got
 
     def ring(self, group: int) -> list[int]:
         """The group's accepted peers in ring order (join order until optimized)."""
@@ -136,6 +147,7 @@ class MasterState:
         for c in conns:
             self._peers[c].accepted = True
             self._admission.admitted(c)
+        self._rosters.clear()
         return conns
 
     def publish(self, out: list[Action]) -> int:
@@ -155,6 +167,7 @@ class MasterState:
         """Take a rebuilt run's rings, revisions and floors; the registered peers that are
         not members wait for admission."""
         self.epoch = max(self.epoch, outcome.epoch)
+        self._quiet.everything()
         self._colls.floor(outcome.max_seq)
         for c in self.registered():
             if not self._peers[c].accepted:
@@ -170,6 +183,8 @@ class MasterState:
         """Apply one event; return the actions the transport must perform, in order."""
         out: list[Action] = []
         self.now = event.now
+        if isinstance(event, Tick | Rejoining | Heard):
+            self._quiet.everything()  # (they may change many peers at once)
         match event:
             case Connected(conn=conn, host=host, now=now):
                 self._peers[conn] = Peer(conn=conn, host=host, last_seen=now)
@@ -179,6 +194,7 @@ class MasterState:
                 if peer is None:
                     return out
                 peer.last_seen = now
+                self._quiet.touch(conn)
                 live = self._admission.heard(conn)
                 if isinstance(msg, m.Heartbeat):
                     if live:
@@ -308,6 +324,7 @@ class MasterState:
         first, joiner, member = self._fo.joined(peer.conn, peer.group, msg, out,
                                                 self._admission.completes(msg))
         peer.accepted = first
+        self._rosters.clear()
         self._admission.registered(peer.conn, joiner, msg.replica, msg.replica_size)
         out.insert(at, Send(peer.conn, m.Welcome(peer.conn, first, term=self.term,
                                                  run_id=self.run_id, rebuild=member)))
@@ -337,28 +354,10 @@ class MasterState:
             out.extend(Send(c, m.PeersWaiting(due)) for c in self.accepted())
 
     def _settle(self, out: list[Action]) -> None:
-        """After an event: fail every call of the peers that wait forever (``deadlock.find``):
-        withdraw their votes, reject the collectives they await for all who launched them."""
-        found = find(self.access)
-        if found is None:
-            return
-        reason = found.reason()
-        ops: dict[tuple[int, int], None] = {}  # (in order, once each)
-        for c, items in found.waits.items():
-            peer = self._peers[c]
-            for kind, group, tag in items:
-                if kind == "collective":
-                    ops[group, tag] = None
-                    continue
-                if kind == "topology" or kind == "pending":
-                    self._votes.withdraw(peer, kind)
-                elif kind == "sync":
-                    self._sync.withdraw(c)
-                else:
-                    self._topo.reject(c)
-                out.append(Send(c, m.VoteRejected(kind, reason, True)))
-        for group, tag in ops:
-            self._colls.end_vote(group, tag, reason, out, deadlock=True)
+        """After an event: fail every call of the peers that wait forever (``deadlock.find``,
+        run when ``quiet.Quiet`` cannot rule a deadlock out; ``StateAccess.fail``)."""
+        if not self._quiet.settled(self.access):
+            self.access.fail(find(self.access), out)
 
     # ---- departures -----------------------------------------------------------------------------
     def _kick(self, conn: int, reason: str, out: list[Action], refuse: bool = False) -> None:
@@ -379,6 +378,9 @@ class MasterState:
 
     def _depart(self, conn: int, out: list[Action]) -> None:
         peer = self._peers.pop(conn, None)
+        self._rosters.clear()
+        self._quiet.touch(conn)
+        self._votes.forget(conn)
         self._admission.forget(conn)
         self._fo.forget(conn, out)
         if peer is None or not peer.accepted:

@@ -95,6 +95,14 @@ class Topology:
             out.setdefault(g, []).append(c)
         return out
 
+    def voted(self, conn: int) -> bool:
+        """``conn``'s optimize vote is counted (it waits for the others')."""
+        return conn in self._votes
+
+    def voted_any(self) -> bool:
+        """Some optimize vote is counted."""
+        return bool(self._votes)
+
     def busy(self, conn: int) -> bool:
         """``conn`` voted, or takes part in a running optimize."""
         return conn in self._votes or any(conn in r.voters for r in self._runs.values())
