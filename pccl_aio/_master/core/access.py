@@ -21,6 +21,9 @@ from .topology import Topology
 
 __all__ = ["StateAccess"]
 
+_GLOBAL = ("topology", "pending")  # (as ``quiet.py`` and ``deadlock.py`` say)
+_HELD = ("topology", "sync", "optimize")
+
 
 class _State(Protocol):
     """What of a ``MasterState`` (``state.py``) is reached through ``StateAccess``."""
@@ -186,10 +189,6 @@ class StateAccess:
         """(peers the incremental rule examined, full ``deadlock.find`` runs) so far."""
         return self._state._quiet.steps, self._state._quiet.finds
 
-    def group_of(self, conn: int) -> int | None:
-        peer = self._state._peers.get(conn)
-        return peer.group if peer is not None and peer.accepted else None
-
     def waited(self, conn: int) -> list[Item]:
         st = self._state
         peer = st._peers.get(conn)
@@ -207,11 +206,21 @@ class StateAccess:
                 out.append(("collective", peer.group, tag))
         return out
 
-    def holds(self, conn: int) -> bool:
+    def witness(self, item: Item, conn: int) -> bool:
         st = self._state
-        peer = st._peers[conn]
-        return any(not op.seq and conn in op.descs for op in (
-            st._colls.ops.get((peer.group, tag)) for tag in peer.tags) if op is not None)
+        peer = st._peers.get(conn)
+        kind, group = item[0], item[1]
+        if (peer is None or not peer.accepted or (kind not in _GLOBAL and peer.group != group)
+                or self.cast(item, conn) or conn in st._votes.voters["topology"]
+                or conn in st._votes.voters["pending"] or st._sync.voted(conn)
+                or st._topo.voted(conn)):
+            return False
+        held = kind in _HELD
+        for tag in peer.tags:  # it awaits a collective, or (``held``) launched one unstarted
+            op = st._colls.ops.get((peer.group, tag))
+            if op is not None and not op.seq and (conn in op.waits or held):
+                return False
+        return True
 
     def cast(self, item: Item, conn: int) -> bool:
         kind, group, tag = item

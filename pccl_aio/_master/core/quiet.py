@@ -28,7 +28,6 @@ from .deadlock import Item
 __all__ = ["Ledger", "Quiet"]
 
 _GLOBAL = ("topology", "pending")
-_HELD = ("topology", "sync", "optimize")
 
 
 class Ledger(Protocol):
@@ -37,14 +36,13 @@ class Ledger(Protocol):
     def roster(self, group: int | None = None) -> tuple[int, ...]:
         """The members (of ``group``), ascending; the same object until membership changes."""
 
-    def group_of(self, conn: int) -> int | None:
-        """The member's group; None if ``conn`` is not a member."""
-
     def waited(self, conn: int) -> list[Item]:
         """The items member ``conn`` waits on."""
 
-    def holds(self, conn: int) -> bool:
-        """``conn`` launched a collective that has not started."""
+    def witness(self, item: Item, conn: int) -> bool:
+        """``conn`` is a member in ``item``'s scope that has not cast it, waits on nothing
+        and, for a topology, sync or optimize vote, launched no collective that has not
+        started."""
 
     def cast(self, item: Item, conn: int) -> bool:
         """``conn`` cast ``item`` (voted it, launched it)."""
@@ -87,15 +85,21 @@ class Quiet:
     def settled(self, ledger: Ledger) -> bool:
         """True when every item with waiters has a witness (no deadlock); else the caller
         runs ``find`` (counted in ``finds``)."""
-        todo = set(self._open)
-        if self._all:
-            self._all = False
-            todo.update(ledger.items())
-            todo.update(self._watch)
-        for c in self._touched:
-            todo.update(self._by.pop(c, ()))
-            todo.update(ledger.waited(c))
-        self._touched.clear()
+        if self._all or self._open or len(self._touched) > 1:
+            todo = set(self._open)
+            if self._all:
+                self._all = False
+                todo.update(ledger.items())
+                todo.update(self._watch)
+            for c in self._touched:
+                todo.update(self._by.pop(c, ()))
+                todo.update(ledger.waited(c))
+            self._touched.clear()
+        elif self._touched:  # (one peer's message: no set to build)
+            c = self._touched.pop()
+            todo = {*self._by.pop(c, ()), *ledger.waited(c)}
+        else:
+            return True
         for item in todo:
             self._check(ledger, item)
         if self._open:
@@ -137,9 +141,5 @@ class Quiet:
         return None
 
     def _valid(self, ledger: Ledger, item: Item, conn: int) -> bool:
-        """``conn`` is a witness of ``item``: a member of its scope, free, not cast."""
         self.steps += 1
-        group = ledger.group_of(conn)
-        return not (group is None or (item[0] not in _GLOBAL and group != item[1])
-                    or ledger.cast(item, conn) or ledger.waited(conn)
-                    or (item[0] in _HELD and ledger.holds(conn)))
+        return ledger.witness(item, conn)
