@@ -132,7 +132,8 @@ class Master:
         self._tasks = TaskSet("pccl_aio master")
         self._closed = asyncio.Event()
         self.story = Story(self.state)
-        self.status = Status(self.state, self.story, _clock, lambda: self.address)
+        self.status = Status(self.state, self.story,
+                             lambda: asyncio.get_running_loop().time(), lambda: self.address)
         self._http = http_servers(self.status, http_host, status_port, metrics_port)
 
     @property
@@ -209,6 +210,7 @@ class Master:
 
     # ---- internals --------------------------------------------------------------------------
     def _apply(self, actions: list[ms.Action]) -> None:
+        last, data = None, b""  # (one message to many, a start or a heartbeat: encoded once)
         for act in actions:
             writer = self._writers.get(act.conn)
             if writer is None:
@@ -218,11 +220,12 @@ class Master:
                     msg = act.msg
                     if isinstance(msg, m.Membership):
                         msg = self._membership(act.conn, msg)
-                    writer.write(frame(m.encode(msg)))
-                    if writer.transport.get_write_buffer_size() > _BACKLOG:
+                    if msg is not last:
+                        last, data = msg, frame(m.encode(msg))
+                    writer.write(data)
+                    if (backlog := writer.transport.get_write_buffer_size()) > _BACKLOG:
                         log.warning("closing connection %d: it does not read what the master "
-                                    "sends (%d bytes waiting)", act.conn,
-                                    writer.transport.get_write_buffer_size())
+                                    "sends (%d bytes waiting)", act.conn, backlog)
                         self._writers.pop(act.conn, None)
                         writer.transport.abort()  # its reader task reports the disconnect
             else:
@@ -388,10 +391,6 @@ SUSPECT_GRACE = 0.1  # s a failure report waits for the suspect's control connec
 _BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its Hello
 _LARGE_FRAMES = 32 << 20  # bytes of frames above 64 KiB being received at once, all peers
 _BACKLOG = 1 << 20  # bytes waiting to be sent to one connection: more, and it is closed
-
-
-def _clock() -> float:
-    return asyncio.get_running_loop().time()
 
 
 def _client_context(server: _ssl.SSLContext | None) -> _ssl.SSLContext | None:

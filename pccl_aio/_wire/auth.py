@@ -201,9 +201,11 @@ def session_key(key: bytes, opening: bytes, nonce: bytes) -> bytes:
 
 
 def pair_key(run_key: bytes, a: int, b: int) -> bytes:
-    """The key peers ``a`` and ``b`` share, from the master's private ``run_key``."""
+    """The key peers ``a`` and ``b`` share, from the master's private ``run_key`` (keyed
+    BLAKE2b: only the master derives them, one per member and ring peer at every epoch)."""
     lo, hi = min(a, b), max(a, b)
-    return hmac.new(run_key, struct.pack("<QQ", lo, hi), hashlib.sha256).digest()
+    return hashlib.blake2b(struct.pack("<QQ", lo, hi), key=run_key, digest_size=KEY_SIZE,
+                           person=b"pccl pair").digest()
 
 
 def seal_key(master_key: bytes) -> bytes:
@@ -224,5 +226,7 @@ def seal(key: bytes, run_id: str, peer_id: int, group: int, term: int, epoch: in
 def wrap(session: bytes, epoch: int, peer_id: int, key: bytes) -> bytes:
     """``key`` encrypted for one session (XOR with a pad unique to the epoch and peer);
     ``wrap`` is its own inverse."""
-    pad = hmac.new(session, struct.pack("<QQ", epoch, peer_id), hashlib.sha256).digest()
-    return bytes(x ^ y for x, y in zip(key, pad, strict=True))
+    pad = hmac.digest(session, struct.pack("<QQ", epoch, peer_id), "sha256")
+    if len(key) != len(pad):
+        raise ValueError(f"a wrapped key is {len(pad)} bytes, not {len(key)}")
+    return (int.from_bytes(key) ^ int.from_bytes(pad)).to_bytes(len(pad))

@@ -125,7 +125,7 @@ class Collectives:
                     self.end_vote(group, tag, f"peer {peer.conn}: {msg.reason}", out,
                                   abort=True)
             return
-        if op is None or op.seq != msg.seq or peer.conn not in op.participants:
+        if op is None or op.seq != msg.seq or peer.conn not in op.descs:  # (its participants)
             return  # stale: the op was aborted before this report arrived
         if msg.ok:
             op.done.add(peer.conn)
@@ -189,7 +189,8 @@ class Collectives:
             self._seq += 1
             op.seq = self._seq
             op.done.clear()
-        out.extend(Send(c, m.CollectiveStart(tag, op.seq, epoch)) for c in voters)
+        start = m.CollectiveStart(tag, op.seq, epoch)
+        out.extend(Send(c, start) for c in voters)
         self._check_complete(group, tag, out)
 
     def end_vote(self, group: int, tag: int, reason: str, out: list[Action], *,
@@ -234,7 +235,7 @@ class Collectives:
 
     def _check_complete(self, group: int, tag: int, out: list[Action]) -> None:
         op = self.ops[(group, tag)]
-        if not op.done.issuperset(op.participants):
+        if len(op.done) < len(op.participants) or not op.done.issuperset(op.participants):
             return
         del self.ops[(group, tag)]
         done = m.CollectiveComplete(tag, op.seq)

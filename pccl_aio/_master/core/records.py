@@ -63,12 +63,15 @@ def membership(epoch: int, accepted: list[Peer], conns: list[int], term: int = 0
     for p in accepted:
         sizes[p.group] = sizes.get(p.group, 0) + 1
     groups = {p.conn: p.group for p in accepted}
+    rings: dict[int, list[m.PeerAddr]] = {}  # (one list per group, shared by its members)
+    for p in accepted:
+        rings.setdefault(p.group, []).append(p.addr())
     out = []
     for c in conns:
-        ring = [p.addr() for p in accepted if p.group == groups[c]]
         out.append((c, m.Membership(epoch, len(accepted), len(sizes),
-                                    max(sizes.values(), default=0), ring, term=term,
-                                    pending_round=rounds[0], topology_round=rounds[1])))
+                                    max(sizes.values(), default=0), rings[groups[c]],
+                                    term=term, pending_round=rounds[0],
+                                    topology_round=rounds[1])))
     return out
 
 

@@ -194,12 +194,12 @@ class MasterState:
                 if peer is None:
                     return out
                 peer.last_seen = now
-                self._quiet.touch(conn)
                 live = self._admission.heard(conn)
                 if isinstance(msg, m.Heartbeat):
                     if live:
                         self._announce(out)
                     return out
+                self._quiet.touch(conn)
                 try:
                     self._on_message(peer, msg, out)
                 except RemoteProtocolError as exc:
@@ -237,7 +237,7 @@ class MasterState:
                 self._fo.check(out)
                 self._settle(out)
                 self._announce(out)
-                out.extend(Send(c, m.MasterHeartbeat()) for c in self._peers)
+                out.extend(Send(c, beat) for beat in [m.MasterHeartbeat()] for c in self._peers)
         return out
 
     # ---- messages -------------------------------------------------------------------------------
