@@ -164,55 +164,56 @@ async def test_distributor_crash_mid_transfer_fails_over_to_another_source(peers
     await reap(tasks[0])
 
 
-class _Stalled:
-    """A fake entry view: the server announces the range, then never sends its bytes."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-
-    def __getitem__(self, s) -> bytes:
-        return b""
-
-
 async def test_distributor_crash_after_the_other_source_finished(peers, monkeypatch):
-    """The failing source holds the last range in flight while the other source has already
-    served everything else: the other source must still take the range over (no idle worker
-    may give up while a range can come back)."""
+    """The failing source holds its ranges in flight (it never answers) while the other
+    source has already served everything else: the other source must still take them over
+    (no idle worker may give up while a range can come back)."""
     comms = await peers(3)
     good = random_bits(3 * PIECE, np.uint8, 4)
     xs = [good.copy(), good.copy(), np.zeros_like(good)]
     states = [pccl.SharedState({"k": x}, r) for x, r in zip(xs, [1, 1, 0])]
     tasks = [asyncio.ensure_future(c.sync_shared_state(s)) for c, s in zip(comms, states)]
-    stalled, fetched = Tally(), Tally()
+    stalled = Tally()
+    never = asyncio.Event()
 
     async def stall(peer, key, rev):
         stalled.add(key)
-        return _Stalled(good.nbytes)
+        await never.wait()  # answers in order: every later request on the connection waits
+        return None
 
     state_server(comms[0]).lookup = stall
-    real_fetch = transfer._FetchProtocol.fetch
+    source_of: dict[int, int] = {}  # id(protocol) -> the peer id it fetches from
+    in_flight: dict[int, tuple[int, int]] = {}  # id(target) -> (source, bytes)
+    done = [0]
+    only_stalled_left = asyncio.Event()
+    real_connect, real_fetch = transfer.connect, transfer._FetchProtocol.fetch
+
+    async def connect(*args):
+        source_of[id(args[-1])] = args[-2]
+        return await real_connect(*args)
 
     async def counted_fetch(self, key, revision, offset, target):
+        in_flight[id(target)] = (source_of[id(self)], len(target))
         await real_fetch(self, key, revision, offset, target)
-        fetched.add(offset)  # the requester's worker runs on, without a pause, until it waits
+        del in_flight[id(target)]
+        done[0] += len(target)
+        held = [n for src, n in in_flight.values() if src == comms[0].peer_id]
+        if len(held) == len(in_flight) and done[0] + sum(held) == good.nbytes:
+            only_stalled_left.set()
 
+    monkeypatch.setattr(transfer, "connect", connect)
     monkeypatch.setattr(transfer._FetchProtocol, "fetch", counted_fetch)
-
-    def pieces_received() -> int:
-        return sum(xs[2][o : o + PIECE].tobytes() == good[o : o + PIECE].tobytes()
-                   for o in range(0, good.nbytes, PIECE))
-
-    # The requester holds every range but the stalled one (from the honest source): only a
-    # completed fetch wakes us, and by then the worker that completed it has run on, found
-    # nothing left in the queue and waits for a range to come back.
-    await first_of(asyncio.gather(stalled.reached(1), fetched.reached(2)), tasks[2])
-    assert stalled.items and len(fetched) >= 2 and pieces_received() >= 2, (stalled, fetched)
+    # Set by the last range the honest source completes while the stalled one holds the rest:
+    # the requester's workers have nothing left in the queue and wait for ranges to come back.
+    await first_of(asyncio.gather(stalled.reached(1), only_stalled_left.wait()), tasks[2])
+    assert stalled.items and only_stalled_left.is_set() and 0 < done[0] < good.nbytes, done
     t0 = asyncio.get_running_loop().time()
     vanish(comms[0], tasks[0])
     infos = await asyncio.gather(tasks[1], tasks[2])
     assert asyncio.get_running_loop().time() - t0 < 5  # no data_timeout wait
     assert xs[2].tobytes() == good.tobytes() and infos[1].rx_bytes == good.nbytes
     assert infos[0].tx_bytes == good.nbytes
+    never.set()
     await reap(tasks[0])
 
 

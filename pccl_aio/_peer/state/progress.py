@@ -5,8 +5,8 @@ Rules: ``progress(done_bytes, total_bytes)`` is called only when this peer fetch
 once it succeeds). Calls come from the event loop thread as bytes arrive, at most every
 ``PROGRESS_INTERVAL`` seconds, with ``done`` rising and below ``total``; once every byte
 arrived and matched its elected hash, one last call has ``done == total``. A failed fetch
-makes no last call. Bytes of a range that failed half-way and is fetched again are not
-counted twice (``done`` holds still until they are back). A callback that raises is logged
+makes no last call. A range that failed half-way is resumed where it stopped (what
+arrived is kept and counted once; ``done`` never goes back). A callback that raises is logged
 once at WARNING and not called again; the sync goes on.
 
 ``progress_bar`` makes such a callback that draws a tqdm bar.

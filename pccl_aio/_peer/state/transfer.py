@@ -2,9 +2,12 @@
 fetcher that pulls dirty entries straight into the requester's tensors.
 
 The wire format is ``_wire/state.py``; every connection first completes the handshake of
-``_net/handshake.py``, which names the requesting peer. The fetcher spreads byte ranges over
-all sources through a shared work queue; a source that fails hands its range back and the
-others finish the job.
+``_net/handshake.py``, which names the requesting peer. The fetcher opens, per source, as many
+connections as its bandwidth-delay product needs (``streams_for``: the first connection's RTT,
+as the data plane's links do), keeps ``DEPTH`` requests in flight on each (no idle round trip
+between two pieces), and shares the ranges of every source through one work queue, cut into
+pieces of ``piece_size``: a faster source takes more of them. A connection that fails hands
+back the part of its pieces that did not arrive; what did arrive is kept.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ from ..._wire.state import (
     parse_request,
     parse_response,
 )
+from ..data.core import bdp
+from ..data.link import send_window, tcp_rtt
 
-PIECE = 8 << 20
-MAX_PER_PEER = 16  # connections one peer may hold to a state server (the fetcher opens 2)
+PIECE = 8 << 20  # the largest range one request asks for
+MIN_PIECE = 1 << 20  # the smallest (but for the end of an entry)
+STREAMS = 2  # connections per source, at least (loopback, a LAN)
+DEPTH = 2  # requests in flight per connection: the next one is asked before this one ends
+MAX_PER_PEER = 16  # connections one peer may hold to a state server (the fetcher: at most 8)
 log = logging.getLogger("pccl_aio.state")
 
 #: (requesting peer, key, revision) -> what to serve, or None to refuse (may wait for a plan).
@@ -137,20 +145,57 @@ class StateServer:
             await writer.drain()
 
 
-class _FetchProtocol(asyncio.BufferedProtocol):
-    """Client side of one connection: receives each answer straight into its target view."""
+def streams_for(rtt: float | None, window: int) -> int:
+    """Connections to open to one source: ``STREAMS``, or more where one connection's window
+    (``window``: the send-buffer ceiling) cannot fill the bandwidth-delay product at ``rtt``
+    seconds (``bdp.choose_connections``, bandwidth assumed, at most ``bdp.AUTO_CAP``);
+    ``STREAMS`` for an unknown RTT."""
+    if rtt is None:
+        return STREAMS
+    return max(STREAMS, bdp.choose_connections(rtt, None, window))
 
-    def __init__(self) -> None:
+
+def piece_size(total: int, streams: int) -> int:
+    """The bytes one request asks for in a fetch of ``total`` bytes over ``streams``
+    connections: about a quarter of one connection's share, so that the last pieces end
+    close together, within [``MIN_PIECE``, ``PIECE``]."""
+    share = -(-total // (4 * max(1, streams)))
+    return min(PIECE, max(MIN_PIECE, share))
+
+
+def take(queue: list[tuple[str, int, memoryview]], size: int) -> tuple[str, int, memoryview]:
+    """Pop the next piece of at most ``size`` bytes from ``queue`` (pieces in reverse order:
+    the next at the end); the rest of a longer range goes back in its place."""
+    key, off, view = queue.pop()
+    if view.nbytes > size:
+        queue.append((key, off + size, view[size:]))
+        view = view[:size]
+    return key, off, view
+
+
+class _Request:
+    """One range asked on a connection: where its bytes go and how many arrived."""
+
+    __slots__ = ("body", "target", "waiter")
+
+    def __init__(self, target: memoryview, waiter: asyncio.Future[None]) -> None:
+        self.target, self.waiter, self.body = target, waiter, 0
+
+
+class _FetchProtocol(asyncio.BufferedProtocol):
+    """Client side of one connection: receives the answers to its requests, in order, straight
+    into their targets. A failure fails every request in flight; each keeps the count of its
+    bytes that arrived (``received``)."""
+
+    def __init__(self, on_bytes: Callable[[int], None] | None = None) -> None:
         self.transport: asyncio.Transport | None = None
+        self.pending: collections.deque[_Request] = collections.deque()  # asked, not answered
+        self.on_bytes = on_bytes  # told of each body read
         self._hdr = bytearray(RESP.size)
-        self._target: memoryview | None = None
         self._got = 0
         self._want = RESP.size
         self._in_header = True
-        self._waiter: asyncio.Future[int] | None = None
-        self.on_bytes: Callable[[int], None] | None = None  # told of each body read
-        self.body = 0  # bytes of the current range received so far
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._failed: Exception | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -158,121 +203,158 @@ class _FetchProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(ConnectionResetError("state source closed the connection"))
-        if not self.closed.done():
-            self.closed.set_result(None)
+        self.fail(ConnectionResetError("state source closed the connection"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._in_header or self._target is None:
+        if self._in_header or not self.pending:
             return memoryview(self._hdr)[self._got : RESP.size]
-        return self._target[self._got : self._want]
+        return self.pending[0].target[self._got : self._want]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._got += nbytes
         if not self._in_header:
-            self.body += nbytes
+            self.pending[0].body += nbytes
             if self.on_bytes is not None:
                 self.on_bytes(nbytes)
         if self._got < self._want:
             return
         if self._in_header:
             status, length = parse_response(self._hdr) or (-1, 0)
-            if status != OK or self._target is None or length != len(self._target):
-                self._finish(exc=ConnectionError(
-                    f"state source refused the range (status {status})"))
+            if status != OK or not self.pending or length != len(self.pending[0].target):
+                self.fail(ConnectionError(f"state source refused the range (status {status})"))
                 return
             self._in_header, self._got, self._want = False, 0, length
             if length:
                 return
-        self._finish()
+        req = self.pending.popleft()
+        self._in_header, self._got, self._want = True, 0, RESP.size
+        if not req.waiter.done():
+            req.waiter.set_result(None)
 
-    def _finish(self, exc: Exception | None = None) -> None:
-        w, self._waiter = self._waiter, None
-        self._in_header, self._got, self._want, self._target = True, 0, RESP.size, None
-        if w is not None and not w.done():
-            if exc is None:
-                w.set_result(0)
-            else:
-                w.set_exception(exc)
-                if self.transport is not None:
-                    self.transport.abort()
+    def fail(self, exc: Exception) -> None:
+        """Drop the connection now (nothing more is written into a target) and fail every
+        request in flight with ``exc``."""
+        if self._failed is None:
+            self._failed = exc
+        if self.transport is not None:
+            self.transport.abort()
+        for req in self.pending:
+            if not req.waiter.done():
+                req.waiter.set_exception(self._failed)
+                req.waiter.exception()  # (retrieved: a cancelled fetch no longer awaits it)
+
+    def received(self, target: memoryview) -> int:
+        """The bytes of ``target``'s request that arrived (0 once it was answered whole)."""
+        return next((r.body for r in self.pending if r.target is target), 0)
 
     async def fetch(self, key: str, revision: int, offset: int, target: memoryview) -> None:
-        """Request ``len(target)`` bytes of ``key`` from ``offset`` and receive them in place."""
-        if self.transport is None:
+        """Request ``len(target)`` bytes of ``key`` from ``offset`` and receive them in place,
+        after the answers to the requests already in flight. Raises ConnectionError if the
+        connection fails first; cancelling stops waiting only (``fail`` the connection then:
+        the bytes may still come)."""
+        if self.transport is None or self._failed is not None:
             raise ConnectionResetError("state source connection closed")
-        self._waiter = asyncio.get_running_loop().create_future()
-        self._target, self.body = target, 0
+        req = _Request(target, asyncio.get_running_loop().create_future())
+        self.pending.append(req)
         self.transport.write(pack_request(key, revision, offset, len(target)))
-        await self._waiter
+        await req.waiter
 
 
 async def fetch_ranges(sources: list[Source], revision: int,
                        pieces: list[tuple[str, int, memoryview]], timeout: float, me: int,
-                       tls: ssl.SSLContext | None = None, streams: int = 2,
+                       tls: ssl.SSLContext | None = None, streams: int | None = None,
                        on_bytes: Callable[[int], None] | None = None,
                        served: collections.Counter[int] | None = None) -> int:
-    """Fetch every (key, offset, target) piece from any of ``sources``; returns bytes received.
+    """Fetch every (key, offset, target) range from any of ``sources``; returns the bytes
+    received (each once: the ranges' total when it succeeds).
 
-    Pieces are shared by ``streams`` workers (one connection each) per source; a failing
-    connection returns its piece to the queue. ``on_bytes(n)`` hears of every read into a
-    target, and of ``-n`` for the bytes of a piece that failed (they come again); ``served``
-    counts the bytes of the pieces each source (peer id) delivered. Raises
-    ``ConnectionError`` if pieces remain when every source failed, or ``TimeoutError`` if a
-    piece makes no progress for ``timeout`` seconds.
+    Per source, ``streams`` connections (None: ``streams_for`` the first one's RTT) with
+    ``DEPTH`` requests in flight each take pieces of ``piece_size`` from one shared queue. A
+    failing connection hands back what did not arrive of its pieces; what did stays, and
+    counts. ``on_bytes(n)`` hears of every read into a target; ``served`` counts the bytes
+    each source (peer id) delivered. Blocks until every range arrived; raises
+    ``ConnectionError`` if ranges remain when every source failed, or ``TimeoutError`` if a
+    piece makes no progress for ``timeout`` seconds. Cancelling closes every connection.
     """
     queue: list[tuple[str, int, memoryview]] = list(reversed(pieces))
+    total = sum(p[2].nbytes for p in pieces)
     received = 0
     busy = 0  # pieces in flight: a failing one comes back, so idle workers must wait
     changed = asyncio.Event()
     errors: list[BaseException] = []
+    opened: list[_FetchProtocol] = []
 
-    async def open_source(src: Source) -> _FetchProtocol:
-        proto = _FetchProtocol()
-        await connect(src.host, src.port, tls, auth.ROLE_STATE, src.key, me, src.peer_id, proto)
-        return proto
-
-    async def worker(src: Source) -> None:
-        nonlocal received, busy
+    async def open_one(src: Source) -> _FetchProtocol | None:
+        proto = _FetchProtocol(on_bytes)
         try:
-            proto = await asyncio.wait_for(open_source(src), timeout)
+            async with asyncio.timeout(timeout):
+                await connect(src.host, src.port, tls, auth.ROLE_STATE, src.key, me,
+                              src.peer_id, proto)
         except (OSError, TimeoutError) as exc:
             errors.append(exc)
-            return
-        proto.on_bytes = on_bytes
-        try:
-            while queue or busy:
-                if not queue:
-                    changed.clear()
-                    await changed.wait()
-                    continue
-                piece = queue.pop()
-                busy += 1
-                try:
-                    async with asyncio.timeout(timeout + len(piece[2]) / 50e6):
-                        await proto.fetch(piece[0], revision, piece[1], piece[2])
-                except BaseException as exc:
-                    queue.append(piece)
-                    errors.append(exc)
-                    proto.on_bytes = None
-                    if on_bytes is not None and proto.body:
-                        on_bytes(-proto.body)
-                    return
-                else:
-                    received += len(piece[2])
-                    if served is not None:
-                        served[src.peer_id] += len(piece[2])
-                finally:
-                    busy -= 1
-                    changed.set()
-        finally:
-            if proto.transport is not None:
-                proto.transport.close()
+            return None
+        opened.append(proto)
+        return proto
 
-    await asyncio.gather(*(worker(src) for src in sources for _ in range(streams)))
+    async def lane(src: Source, proto: _FetchProtocol) -> None:
+        nonlocal received, busy
+        while queue or busy:
+            if proto.transport is None:
+                return
+            if not queue:
+                changed.clear()
+                await changed.wait()
+                continue
+            key, off, target = take(queue, piece_size(total, len(opened)))
+            busy += 1
+            got = 0
+            try:
+                async with asyncio.timeout(timeout + DEPTH * len(target) / 50e6):
+                    await proto.fetch(key, revision, off, target)
+                got = len(target)
+            except Exception as exc:
+                proto.fail(ConnectionResetError(f"state fetch from peer {src.peer_id} failed"))
+                got = proto.received(target)
+                queue.append((key, off + got, target[got:]))  # the rest, from any connection
+                errors.append(exc)
+                if got:
+                    log.info("state fetch from peer %d: connection lost after %d of %d B of a "
+                             "range; the other connections fetch the rest", src.peer_id, got,
+                             len(target))
+                return
+            finally:
+                received += got
+                if served is not None and got:
+                    served[src.peer_id] += got
+                busy -= 1
+                changed.set()
+
+    async def more(src: Source) -> None:
+        proto = await open_one(src)
+        if proto is not None:
+            await asyncio.gather(*(lane(src, proto) for _ in range(DEPTH)))
+
+    async def source(src: Source) -> None:
+        first = await open_one(src)
+        if first is None:
+            return
+        k = streams or streams_for(tcp_rtt(first.transport) if first.transport else None,
+                                   send_window())
+        await asyncio.gather(*(lane(src, first) for _ in range(DEPTH)),
+                             *(more(src) for _ in range(k - 1)))
+
+    try:
+        await asyncio.gather(*(source(src) for src in sources))
+    finally:
+        for proto in opened:
+            if proto.transport is None:
+                continue
+            if proto.pending:  # cancelled mid-piece: drop what is still coming
+                proto.transport.abort()
+            else:
+                proto.transport.close()
     if queue:
-        raise ConnectionError(f"{len(queue)} piece(s) left after every source failed: "
+        raise ConnectionError(f"{len(queue)} range(s) left after every source failed: "
                               f"{errors[-1] if errors else 'no source'}")
     return received
 
@@ -281,4 +363,3 @@ def split(key: str, view: memoryview, piece: int = PIECE) -> list[tuple[str, int
     """Cut an entry into (key, offset, target) pieces of at most ``piece`` bytes."""
     return [(key, off, view[off : off + piece]) for off in range(0, view.nbytes, piece)] or \
         [(key, 0, view[0:0])]
-
