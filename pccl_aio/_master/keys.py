@@ -23,6 +23,9 @@ class MasterKeys:
     def __init__(self, secured: bool, master_key: bytes) -> None:
         self._run_key = secrets.token_bytes(auth.KEY_SIZE) if secured else b""
         self._seal_key = auth.seal_key(master_key)
+        # member -> its last ring and their pair keys, joined: a ring that grew at its end
+        # (joiners) costs the new keys only (32 bytes per member and peer: ~32 MB at 1,024)
+        self._pairs: dict[int, tuple[tuple[int, ...], bytes]] = {}
 
     @property
     def sealing(self) -> bool:
@@ -36,13 +39,27 @@ class MasterKeys:
         seal of its place."""
         changes: dict[str, object] = {}
         if self._run_key:
-            changes["keys"] = [auth.wrap(session, msg.epoch, p.peer_id,
-                                         auth.pair_key(self._run_key, conn, p.peer_id))
-                               for p in msg.ring]
+            ids = tuple(p.peer_id for p in msg.ring)
+            joined = auth.wrap_joined(session, msg.epoch, ids, self._keys_of(conn, ids))
+            changes["keys"] = [joined[i : i + auth.KEY_SIZE]
+                               for i in range(0, len(joined), auth.KEY_SIZE)]
         if self._seal_key:
             changes["seal"] = auth.seal(self._seal_key, run_id, conn, group, msg.term,
                                         msg.epoch, [p.peer_id for p in msg.ring])
         return msgspec.structs.replace(msg, **changes) if changes else msg
+
+    def _keys_of(self, conn: int, ids: tuple[int, ...]) -> bytes:
+        """``conn``'s pair keys with the ring ``ids``, joined (``pair_key``)."""
+        known, keys = self._pairs.get(conn, ((), b""))
+        if ids[: len(known)] != known:
+            known, keys = (), b""
+        keys += b"".join(auth.pair_key(self._run_key, conn, i) for i in ids[len(known):])
+        self._pairs[conn] = (ids, keys)
+        return keys
+
+    def forget(self, conn: int) -> None:
+        """``conn``'s session ended: drop what was kept of it."""
+        self._pairs.pop(conn, None)
 
     def screen(self, hello: m.Hello, where: str) -> m.Hello:
         """A ``Hello`` as this master believes it: with sealing on, a ``Rejoin`` without a

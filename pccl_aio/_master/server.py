@@ -326,6 +326,7 @@ class Master:
                 self._handle(ms.Disconnected(conn, loop.time()))
                 self._writers.pop(conn, None)
                 self._sessions.pop(conn, None)
+                self._keys.forget(conn)
                 gone = self._gone.pop(conn, None)
                 if gone is not None and not gone.done():
                     gone.set_result(None)

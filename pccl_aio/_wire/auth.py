@@ -223,10 +223,21 @@ def seal(key: bytes, run_id: str, peer_id: int, group: int, term: int, epoch: in
     return hmac.new(key, b"seal" + data + run_id.encode(), hashlib.sha256).digest()
 
 
-def wrap(session: bytes, epoch: int, peer_id: int, key: bytes) -> bytes:
-    """``key`` encrypted for one session (XOR with a pad unique to the epoch and peer);
-    ``wrap`` is its own inverse."""
-    pad = hmac.digest(session, struct.pack("<QQ", epoch, peer_id), "sha256")
-    if len(key) != len(pad):
-        raise ValueError(f"a wrapped key is {len(pad)} bytes, not {len(key)}")
-    return (int.from_bytes(key) ^ int.from_bytes(pad)).to_bytes(len(pad))
+def wrap(session: bytes, epoch: int, ids: Sequence[int], keys: Sequence[bytes]) -> list[bytes]:
+    """The pair keys ``keys`` of the ring peers ``ids`` (in ring order) encrypted for one
+    session (``wrap_joined`` of them, cut); its own inverse. A ``keys`` shorter than ``ids``
+    gives that many; a key not of ``KEY_SIZE`` bytes is a ``ValueError``."""
+    n = min(len(ids), len(keys))
+    if any(len(k) != KEY_SIZE for k in keys[:n]):
+        raise ValueError(f"a wrapped key is not {KEY_SIZE} bytes")
+    out = wrap_joined(session, epoch, ids, b"".join(keys[:n]))
+    return [out[i : i + KEY_SIZE] for i in range(0, len(out), KEY_SIZE)]
+
+
+def wrap_joined(session: bytes, epoch: int, ids: Sequence[int], keys: bytes) -> bytes:
+    """``keys`` (the first ``len(keys) // KEY_SIZE`` ring peers' pair keys, joined) XOR one
+    pad per key, cut from a SHAKE-256 stream of the session key, the epoch and the whole
+    ring ``ids`` (a pad is never reused for another key): one call per member and epoch."""
+    seed = struct.pack(f"<QQ{len(ids)}Q", epoch, len(ids), *ids)
+    pad = hashlib.shake_256(b"pccl keys" + session + seed).digest(len(keys))
+    return (int.from_bytes(keys) ^ int.from_bytes(pad)).to_bytes(len(keys))

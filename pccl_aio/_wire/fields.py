@@ -28,9 +28,10 @@ from .state import MAX_KEY
 #: and the uint4 quantization code; 3: master failover (``recovery.py``: rejoins, probes,
 #: terms); 4: ``PeersWaiting`` (``wait_for_peers``), and an ``update_topology()`` round that
 #: admits nobody changes no epoch; 5: membership seals, and a collective's ``kind`` (barrier);
-#: 6: broadcast, all-gather and reduce-scatter (``CollectiveInit.root`` and ``.epoch``).
+#: 6: broadcast, all-gather and reduce-scatter (``CollectiveInit.root`` and ``.epoch``); 7: a
+#: member's pair keys wrapped with one pad stream per ring (``auth.wrap``).
 #: A master refuses peers of another version.
-PROTOCOL_VERSION: Final = 6
+PROTOCOL_VERSION: Final = 7
 
 #: The public call behind each kind of vote, for messages on both sides of the wire.
 VOTE_CALLS: Final = {"topology": "update_topology()", "pending": "are_peers_pending()",

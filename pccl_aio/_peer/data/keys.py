@@ -32,8 +32,9 @@ class KeyRing:
         """Take the keys of a new ``Membership`` (unwrapped with the master ``session``)."""
         self.me = me
         if self.secured:
-            self._keys = {p.peer_id: auth.wrap(session, msg.epoch, p.peer_id, k)
-                          for p, k in zip(msg.ring, msg.keys, strict=False) if p.peer_id != me}
+            ids = [p.peer_id for p in msg.ring]
+            self._keys = {i: k for i, k in zip(ids, auth.wrap(session, msg.epoch, ids, msg.keys))
+                          if i != me}
         else:
             self._keys = {p.peer_id: b"" for p in msg.ring if p.peer_id != me}
         changed, self._changed = self._changed, asyncio.Event()
