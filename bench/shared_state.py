@@ -2,6 +2,7 @@
 
     python bench/shared_state.py [--mib 256] [--repeat 3]
     python bench/shared_state.py --wan [--mib 256] [--repeat 2] [--delay-ms 50] [--rate-mbit 1000]
+    python bench/shared_state.py --mesh [--mib 128] [--repeat 2] [--mesh-mbit 200]
 
 (1) A master and two peer processes: the veteran holds a ``--mib`` MiB float32 state at
 revision 1; the joiner starts from zeros at revision 0 and syncs, receiving everything. The
@@ -15,6 +16,10 @@ master and source in one namespace, the joiner in the other; 2 x ``--delay-ms`` 
 library's INFO log), as a fraction of the link rate: the fetcher as it is (connections from
 the RTT, requests pipelined, pieces sized to the total), and the old one in the same run as
 the baseline (2 connections, one request at a time, 8 MiB pieces).
+
+``--mesh`` (root): ``tests/netem/mesh.Mesh`` with 4 hosts, every link ``--mesh-mbit`` and
+``--delay-ms``: a joiner (with the master) on host 1 fetches from 3 sources on hosts 2-4,
+each over its own link, and in the same run from one source: the speed-up (target >= 2.5).
 """
 
 from __future__ import annotations
@@ -91,7 +96,8 @@ def _old_fetcher() -> None:
     transfer.piece_size = lambda total, streams: transfer.PIECE  # type: ignore[assignment]
 
 
-async def _wan_peer(addr: str, host: str, role: str, mib: int, fetcher: str) -> None:
+async def _wan_peer(addr: str, host: str, role: str, mib: int, fetcher: str,
+                    world: int = 2) -> None:
     import logging
 
     took: list[float] = []
@@ -111,7 +117,7 @@ async def _wan_peer(addr: str, host: str, role: str, mib: int, fetcher: str) -> 
     state = pccl.SharedState({"w": arr}, revision=1 if role == "veteran" else 0)
     async with pccl.Communicator(addr, listen_host=host, data_timeout=60.0) as comm:
         await comm.connect(attempts=50)
-        while comm.world_size < 2:
+        while comm.world_size < world:
             await comm.update_topology()
         t0 = time.perf_counter()
         info = await comm.sync_shared_state(state)
@@ -166,6 +172,56 @@ def _wan(args: argparse.Namespace) -> None:
               mib=args.mib)
 
 
+async def _mesh_fetch(mib: int, sources: int) -> float:
+    """One joiner on mesh host 1 (with the master) fetching from ``sources`` peers, one on
+    each of hosts 2.. (each its own link to host 1); the joiner's fetch seconds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.netem.mesh import Mesh, run_master
+
+    master, addr = await run_master(1)
+    world, procs = sources + 1, []
+    try:
+        for i in range(1, world + 1):
+            procs.append(await asyncio.create_subprocess_exec(
+                "ip", "netns", "exec", Mesh.ns(i), sys.executable, __file__, "--mesh-peer", addr,
+                Mesh.ip(i), "joiner" if i == 1 else "veteran", str(mib), "new", str(world),
+                stdout=asyncio.subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}))
+        outs = [json.loads((await asyncio.wait_for(p.communicate(), 600))[0].decode()
+                           .strip().splitlines()[-1]) for p in procs]
+    finally:
+        master.send("leave")
+        await master.stop()
+    joiner = outs[0]
+    if not joiner["ok"] or joiner["rx"] != mib * 2**20:
+        raise SystemExit(f"bad transfer: {joiner}")
+    return float(joiner["fetch_s"])
+
+
+def _mesh(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.netem.mesh import Mesh
+
+    mesh = Mesh(4, args.delay_ms, args.mesh_mbit)
+    mesh.up()
+    rows = []
+    try:
+        for _ in range(args.repeat):  # interleaved: the same links for both
+            for sources in (3, 1):
+                dt = asyncio.run(_mesh_fetch(args.mib, sources))
+                rows.append({"sources": sources, "fetch_s": dt,
+                             "MBps": args.mib * 2**20 / dt / 1e6})
+                print(rows[-1], flush=True)
+    finally:
+        mesh.down()
+    t = {n: median([r["fetch_s"] for r in rows if r["sources"] == n]) for n in (3, 1)}
+    print_table(rows, list(rows[0]))
+    print(f"fetch of {args.mib} MiB, each source on its own {args.mesh_mbit} Mbit/s link "
+          f"({2 * args.delay_ms} ms RTT): 3 sources {t[1] / t[3]:.2f}x one source (target >= 2.5)")
+    emit_json("shared_state_mesh", rows, speedup=t[1] / t[3], mib=args.mib,
+              rate_mbit=args.mesh_mbit, delay_ms=args.delay_ms)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256)
@@ -173,7 +229,11 @@ def main() -> None:
     ap.add_argument("--wan", action="store_true", help="over the emulated WAN link (root)")
     ap.add_argument("--delay-ms", type=int, default=50, help="one-way delay (--wan)")
     ap.add_argument("--rate-mbit", type=int, default=1000, help="link rate (--wan)")
+    ap.add_argument("--mesh", action="store_true",
+                    help="a joiner and 3 sources on wan-mesh, against one source (root)")
+    ap.add_argument("--mesh-mbit", type=int, default=200, help="each link's rate (--mesh)")
     ap.add_argument("--peer", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--mesh-peer", nargs=6, help=argparse.SUPPRESS)
     ap.add_argument("--wan-peer", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:
@@ -183,8 +243,15 @@ def main() -> None:
         a = args.wan_peer
         pccl.run(_wan_peer(a[0], a[1], a[2], int(a[3]), a[4]))
         return
+    if args.mesh_peer:
+        a = args.mesh_peer
+        pccl.run(_wan_peer(a[0], a[1], a[2], int(a[3]), a[4], int(a[5])))
+        return
     if args.wan:
         _wan(args)
+        return
+    if args.mesh:
+        _mesh(args)
         return
     tcp1 = tcp_loopback_gbps(1)
     times = [pccl.run(_one_transfer(args.mib)) for _ in range(args.repeat)]

@@ -95,9 +95,12 @@ class Quiet:
                 todo.update(self._by.pop(c, ()))
                 todo.update(ledger.waited(c))
             self._touched.clear()
-        elif self._touched:  # (one peer's message: no set to build)
+        elif self._touched:  # (one peer's message: most often nothing to check)
             c = self._touched.pop()
-            todo = {*self._by.pop(c, ()), *ledger.waited(c)}
+            witnessed, waited = self._by.pop(c, None), ledger.waited(c)
+            if not (witnessed or waited):
+                return True
+            todo = {*(witnessed or ()), *waited}
         else:
             return True
         for item in todo:
