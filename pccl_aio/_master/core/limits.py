@@ -93,7 +93,8 @@ class Admission:
     a replica is admissible once every process of it registered (``ready``), so that a
     replica's processes join in the same round."""
 
-    __slots__ = ("_next", "_replica", "_sizes", "_unnamed", "announced", "joiners", "limits")
+    __slots__ = ("_live_now", "_next", "_replica", "_sizes", "_unnamed", "announced", "joiners",
+                 "limits")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
@@ -103,6 +104,7 @@ class Admission:
         self.announced = False  # what the members were last told (``PeersWaiting``)
         self._replica: dict[int, tuple[str, int]] = {}  # conn -> (replica, its size)
         self._sizes: dict[str, int] = {}  # replica -> its registered processes
+        self._live_now: bool | None = None  # ``_live``, until a joiner or replica changes
 
     def connected(self, conn: int, now: float) -> None:
         self._unnamed[conn] = now
@@ -112,6 +114,7 @@ class Admission:
         one)."""
         if self.joiners.get(conn) is False:
             self.joiners[conn] = True
+            self._live_now = None
             return True
         return False
 
@@ -122,6 +125,7 @@ class Admission:
         """``conn`` said ``Hello``: accepted at once, or (``joiner``) waits for admission;
         ``replica`` (of ``size`` processes) is the one it belongs to ("": none)."""
         self._unnamed.pop(conn, None)
+        self._live_now = None
         if joiner:
             self.joiners[conn] = False
         if replica:
@@ -130,8 +134,10 @@ class Admission:
 
     def admitted(self, conn: int) -> None:
         self.joiners.pop(conn, None)
+        self._live_now = None
 
     def forget(self, conn: int) -> None:
+        self._live_now = None
         self._unnamed.pop(conn, None)
         self.joiners.pop(conn, None)
         replica = self._replica.pop(conn, None)
@@ -176,5 +182,8 @@ class Admission:
         return True
 
     def _live(self) -> bool:
-        """A joiner heard from since its ``Hello`` waits, its replica complete."""
-        return any(live and self.complete(c) for c, live in self.joiners.items())
+        """A joiner heard from since its ``Hello`` waits, its replica complete (kept until a
+        joiner or a replica changes: asked after every event)."""
+        if self._live_now is None:
+            self._live_now = any(live and self.complete(c) for c, live in self.joiners.items())
+        return self._live_now

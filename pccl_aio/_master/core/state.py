@@ -252,7 +252,15 @@ class MasterState:
             raise RemoteProtocolError(f"{type(msg).__name__} before Hello")
         if isinstance(msg, _MEMBERS_ONLY) and not peer.accepted:
             raise RemoteProtocolError(f"{type(msg).__name__} from a peer not yet accepted")
-        match msg:
+        match msg:  # (the collectives' messages first: most of them)
+            case m.CollectiveInit():
+                self._colls.vote(peer, msg)
+                self._votes.conflict(out)
+                self._colls.check_start(peer.group, msg.tag, out)
+            case m.CollectiveWait():
+                self._colls.wait(peer, msg.tag)
+            case m.CollectiveDone():
+                self._colls.done(peer, msg, out)
             case m.Leave():
                 self.close([peer.conn], "left", out)
             case m.VoteUpdateTopology():
@@ -273,20 +281,12 @@ class MasterState:
                     raise RemoteProtocolError("duplicate peers-pending vote")
                 if not self._fo.owed(peer.conn, "pending", out):
                     self._votes.vote(peer, "pending", out)
-            case m.CollectiveInit():
-                self._colls.vote(peer, msg)
-                self._votes.conflict(out)
-                self._colls.check_start(peer.group, msg.tag, out)
-            case m.CollectiveWait():
-                self._colls.wait(peer, msg.tag)
             case m.VoteSync():
                 if peer.tags or peer.voted_topology:
                     raise RemoteProtocolError("sync vote while another operation is running")
                 self._sync.vote(peer.conn, peer.group, msg, out)
             case m.SyncDone():
                 self._sync.done(peer.conn, peer.group, out, msg.ok, msg.reason)
-            case m.CollectiveDone():
-                self._colls.done(peer, msg, out)
 
     def _withdraw(self, peer: Peer, kind: m.VoteKind, out: list[Action]) -> None:
         """Take back a counted vote (no error if it already ended or never was); ack it."""
