@@ -269,7 +269,9 @@ async def fetch_ranges(sources: list[Source], revision: int,
     received (each once: the ranges' total when it succeeds).
 
     Per source, ``streams`` connections (None: ``streams_for`` the first one's RTT) with
-    ``DEPTH`` requests in flight each take pieces of ``piece_size`` from one shared queue. A
+    ``DEPTH`` requests in flight each take pieces of ``piece_size`` (of the bytes still queued
+    over the connections planned: a source's count is the cap until its RTT is read, so the
+    first pieces are not the largest, and the last ones are small) from one shared queue. A
     failing connection hands back what did not arrive of its pieces; what did stays, and
     counts. ``on_bytes(n)`` hears of every read into a target; ``served`` counts the bytes
     each source (peer id) delivered. Blocks until every range arrived; raises
@@ -277,7 +279,8 @@ async def fetch_ranges(sources: list[Source], revision: int,
     piece makes no progress for ``timeout`` seconds. Cancelling closes every connection.
     """
     queue: list[tuple[str, int, memoryview]] = list(reversed(pieces))
-    total = sum(p[2].nbytes for p in pieces)
+    left = sum(p[2].nbytes for p in pieces)  # bytes in the queue: pieces shrink to the end
+    planned = {s.peer_id: streams or bdp.AUTO_CAP for s in sources}  # (until an RTT is read)
     received = 0
     busy = 0  # pieces in flight: a failing one comes back, so idle workers must wait
     changed = asyncio.Event()
@@ -297,7 +300,7 @@ async def fetch_ranges(sources: list[Source], revision: int,
         return proto
 
     async def lane(src: Source, proto: _FetchProtocol) -> None:
-        nonlocal received, busy
+        nonlocal received, busy, left
         while queue or busy:
             if proto.transport is None:
                 return
@@ -305,7 +308,8 @@ async def fetch_ranges(sources: list[Source], revision: int,
                 changed.clear()
                 await changed.wait()
                 continue
-            key, off, target = take(queue, piece_size(total, len(opened)))
+            key, off, target = take(queue, piece_size(left, sum(planned.values())))
+            left -= len(target)
             busy += 1
             got = 0
             try:
@@ -316,6 +320,7 @@ async def fetch_ranges(sources: list[Source], revision: int,
                 proto.fail(ConnectionResetError(f"state fetch from peer {src.peer_id} failed"))
                 got = proto.received(target)
                 queue.append((key, off + got, target[got:]))  # the rest, from any connection
+                left += len(target) - got
                 errors.append(exc)
                 if got:
                     log.info("state fetch from peer %d: connection lost after %d of %d B of a "
@@ -338,8 +343,8 @@ async def fetch_ranges(sources: list[Source], revision: int,
         first = await open_one(src)
         if first is None:
             return
-        k = streams or streams_for(tcp_rtt(first.transport) if first.transport else None,
-                                   send_window())
+        k = planned[src.peer_id] = streams or streams_for(
+            tcp_rtt(first.transport) if first.transport else None, send_window())
         await asyncio.gather(*(lane(src, first) for _ in range(DEPTH)),
                              *(more(src) for _ in range(k - 1)))
 
