@@ -214,12 +214,13 @@ class SimPeer(asyncio.Protocol):
             sw.fail(f"peer {self.peer_id} got {msg!r}")
 
     def launch(self, tag: int, tickets: bool) -> None:
-        """An awaited all-reduce of 8 float32 (SUM): ``CollectiveInit`` and ``CollectiveWait``
-        in one write; on a ticket (``tickets``) its done report too (nothing to move)."""
+        """An awaited all-reduce of 8 float32 (SUM): ``CollectiveInit(awaited=True)``, as a
+        peer launches what its caller awaits; on a ticket (``tickets``) its done report in the
+        same write (nothing to move)."""
         seq = self.ticket if tickets else 0
         msgs: list[m.PeerToMaster] = [
-            m.CollectiveInit(tag, 8, int(DataType.FLOAT32), int(ReduceOp.SUM), seq=seq),
-            m.CollectiveWait(tag)]
+            m.CollectiveInit(tag, 8, int(DataType.FLOAT32), int(ReduceOp.SUM), seq=seq,
+                             awaited=True)]
         if seq:
             msgs.append(m.CollectiveDone(tag, seq, True))
         self.early = seq

@@ -18,13 +18,14 @@ For each P, a fresh master:
   the last joiner's ``Membership`` naming it (target: 256 joiners <= 1 s); ``hello_s``: the
   N connections, handshakes and ``Welcome``s before it;
 - idle: ``--idle`` s of heartbeats only: master CPU in % of one core, and per peer;
-- coll: lock-step all-reduces of 8 float32 (SUM, tag 0): every peer sends ``CollectiveInit``
-  + ``CollectiveWait``, answers ``CollectiveStart`` with ``CollectiveDone``, and the next
-  round starts when every peer has its ``CollectiveComplete`` (``--tickets``: on the
-  ``next_seq`` ticket, as a real peer does); K rounds for ``--seconds``, in ``--windows``
-  windows: master CPU / (K x P) = ``coll_us`` per peer-collective (``net_us``: less the
-  idle rate), and wall ms per collective, each the median over the windows (a 2-core
-  machine's neighbours come and go; ``coll_us_all`` in the JSON: over all of them);
+- coll: lock-step all-reduces of 8 float32 (SUM, tag 0): every peer sends an awaited
+  ``CollectiveInit`` (its wait in the same message, as a peer's launch), answers
+  ``CollectiveStart`` with ``CollectiveDone``, and the next round starts when every peer has
+  its ``CollectiveComplete`` (``--tickets``: on the ``next_seq`` ticket, as a real peer
+  does); K rounds for ``--seconds``, in ``--windows`` windows: master CPU / (K x P) =
+  ``coll_us`` per peer-collective (``net_us``: less the idle rate), and wall ms per
+  collective, each the median over the windows (a 2-core machine's neighbours come and go;
+  ``coll_us_all`` in the JSON: over all of them);
 - http: median of ``--gets`` GETs of ``/``, ``/status.json`` and ``/metrics``.
 
 Ratios (``_x``) are against the first P of the run (the baseline): flat = O(1) per peer. A

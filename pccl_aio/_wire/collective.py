@@ -31,7 +31,8 @@ class CollectiveInit(Msg, frozen=True, tag=5):
     ``kind``: a ``CollectiveKind`` (a barrier: count 0; all-gather and reduce-scatter: the
     count per rank), ``root``: a broadcast's root rank (else 0), part of the descriptor.
     ``epoch``: the membership epoch a ranked kind (broadcast, all-gather, reduce-scatter) was
-    launched in (else 0): the master aborts it if the group's ring changed since."""
+    launched in (else 0): the master aborts it if the group's ring changed since.
+    ``awaited``: the launcher already waits on it (a ``CollectiveWait`` in the same message)."""
 
     tag: U64
     count: U64
@@ -44,6 +45,7 @@ class CollectiveInit(Msg, frozen=True, tag=5):
     kind: Kind = 0
     root: U32 = 0
     epoch: U63 = 0
+    awaited: bool = False
 
 
 class CollectiveDone(Msg, frozen=True, tag=6):

@@ -89,6 +89,18 @@ def test_two_peers_awaiting_different_tags_both_fail_at_once() -> None:
     complete(h, [a, b], 2)
 
 
+def test_a_launch_awaited_in_the_same_message_waits_as_if_a_wait_followed() -> None:
+    """``CollectiveInit(awaited=True)`` (the peer's launch when its caller already waits)
+    counts its ``CollectiveWait``: the second such launch of another tag is a deadlock."""
+    h = Harness()
+    a, b = h.run(0, 0)
+    assert h.send(a, m.CollectiveInit(1, 8, 10, 0, awaited=True)) == []
+    acts = h.send(b, m.CollectiveInit(2, 8, 10, 0, awaited=True))
+    assert calls(acts) == {a: {1}, b: {2}}
+    assert reason(acts).startswith("deadlock: peer 1 waits in all_reduce(tag=1)")
+    complete(h, [a, b], 1)
+
+
 def test_pending_vote_next_to_a_sync_vote_both_fail() -> None:
     h = Harness()
     a, b = h.run(0, 0)

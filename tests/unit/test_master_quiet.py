@@ -2,7 +2,7 @@
 
 Counted, not timed: ``StateAccess.deadlock_work()`` gives the incremental deadlock rule's steps
 (peers examined) and its full checks (``deadlock.find`` runs). In lock step (every member
-launches and awaits a tag, the master starts it, every member reports it done; every member
+launches a tag, awaited, the master starts it, every member reports it done; every member
 votes ``are_peers_pending()``) the most steps one message costs is the same at P = 8 and
 P = 256, and ``find`` never runs. In any launch order the steps per message stay constant
 (the scan's cursor passes each member once per item). A deadlock the rule must not miss is
@@ -44,9 +44,8 @@ def _lock_step(h: Harness, conns: list[int], tag: int, order: list[int]) -> list
         return out
 
     started: list[ms.Action] = []
-    for c in order:
-        started += send(c, m.CollectiveInit(tag, 8, 10, 0))
-        started += send(c, m.CollectiveWait(tag))
+    for c in order:  # (a peer sends one message: its launch, awaited)
+        started += send(c, m.CollectiveInit(tag, 8, 10, 0, awaited=True))
     (start,) = {msg.seq for msg in sent_to(started, conns[0], m.CollectiveStart)}
     done: list[ms.Action] = []
     for c in order:
@@ -101,7 +100,7 @@ def test_the_departure_of_the_only_free_peer_still_reveals_a_deadlock(peers: int
     h, conns = _run(peers)
     b, f, voters = conns[0], conns[1], conns[2:]
     h.send(b, m.CollectiveInit(7, 8, 10, 0))
-    h.send(b, m.CollectiveWait(7))
+    h.send(b, m.CollectiveWait(7))  # (awaited later: a wait of its own)
     for c in voters:
         h.send(c, m.VoteUpdateTopology())
     finds = _work(h)[1]

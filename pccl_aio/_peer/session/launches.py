@@ -75,11 +75,10 @@ class Launches:
         d, q, (seq, spoiled) = coll.dst, coll.quant, self.tickets.use(coll.tag, self.membership)
         init = m.CollectiveInit(coll.tag, coll.count, int(d.dtype), int(coll.op),
                                 int(q.algo) if q else 0, int(q.dtype) if q else 0, seq, spoiled,
-                                int(coll.kind), coll.spec.root, coll.spec.epoch)
-        msgs = (init, m.CollectiveWait(coll.tag)) if coll.awaited else (init,)
+                                int(coll.kind), coll.spec.root, coll.spec.epoch, coll.awaited)
         with self.batched():
             try:
-                self.send(*msgs)
+                self.send(init)
             except BaseException:
                 self.colls.pop(coll.tag, None)
                 raise
