@@ -79,8 +79,8 @@ class Collectives:
                 self._rings[g] = (ring, epoch)
 
     def vote(self, peer: Peer, msg: m.CollectiveInit) -> None:
-        """Count ``peer``'s vote (the caller then checks conflicts and ``check_start``), and
-        its wait if ``awaited``; raises RemoteProtocolError for an illegal one."""
+        """Count ``peer``'s vote (the caller then checks conflicts and ``check_start``);
+        raises RemoteProtocolError for an illegal one."""
         if msg.tag in peer.tags or peer.voted_topology:
             raise RemoteProtocolError(f"collective tag {msg.tag} already running")
         if len(peer.tags) >= self._max:
@@ -94,8 +94,6 @@ class Collectives:
         peer.tags.add(msg.tag)
         op.descs[peer.conn] = (msg.count, msg.dtype, msg.op, msg.quant_algo, msg.quant_dtype,
                                msg.kind, msg.root, msg.epoch)
-        if msg.awaited:  # its ``CollectiveWait`` in the same message
-            op.waits.add(peer.conn)
         if msg.seq and msg.seq == op.ticket[0]:
             if msg.spoiled:  # it dropped frames of the ticket: start afresh
                 op.ticket = (0, 0)

@@ -1,11 +1,10 @@
 """The master's whole logic, sans-IO: events in, actions out.
 
 Rule 1: every membership transition lives here (``admit``, ``close``, ``publish``,
-``restore``). The collectives, the sync barrier, the optimizer, the joint votes and fail-over
-are the ``Collectives``, ``SyncBarrier``, ``Topology``, ``JointVotes`` and ``Failover`` it
-holds, each reaching it through a narrow Protocol; ``deadlock.py`` finds the calls that wait
-forever, this fails them.
-Rule 2: time arrives only through ``Event.now`` (sans-IO: ``test_layering.py`` checks it).
+``restore``). Collectives, sync barrier, optimizer, joint votes and fail-over are objects it
+holds, each reaching it through a narrow Protocol; ``deadlock.py`` (when ``quiet.py`` cannot
+rule it out) finds the calls that wait forever, this fails them. Rule 2: time arrives only
+through ``Event.now`` (sans-IO: ``test_layering.py`` checks it).
 
 Theory of operation. A connection becomes a peer with ``Hello``. The first peer (with its
 replica's other processes, once all registered) is accepted at once (a rebuilt run's members
@@ -97,11 +96,9 @@ class MasterState:
 
     def roster(self, group: int | None = None) -> tuple[int, ...]:
         """``accepted`` as a tuple, kept (the same object) until membership changes."""
-        got = self._rosters.get(group)
-        if got is None:
+        if (got := self._rosters.get(group)) is None:
             got = self._rosters[group] = tuple(sorted(
-                p.conn for p in self._peers.values()
-                if p.accepted and (group is None or p.group == group)))
+                c for c, p in self._peers.items() if p.accepted and group in (None, p.group)))
         return got
 
     def ring(self, group: int) -> list[int]:
@@ -257,6 +254,10 @@ class MasterState:
                 self._colls.vote(peer, msg)
                 self._votes.conflict(out)
                 self._colls.check_start(peer.group, msg.tag, out)
+                if msg.awaited:  # an init, then its wait (as two messages: the launch holds
+                    self._settle(out)  # a vote back before it waits)
+                    self._colls.wait(peer, msg.tag)
+                    self._quiet.touch(peer.conn)
             case m.CollectiveWait():
                 self._colls.wait(peer, msg.tag)
             case m.CollectiveDone():
@@ -346,8 +347,7 @@ class MasterState:
         return out
 
     def _announce(self, out: list[Action]) -> None:
-        """After an event: tell every member when a batch of joiners becomes due, or stops
-        being due (``PeersWaiting``), so that ``wait_for_peers`` waits instead of polling."""
+        """After an event: tell the members when joiners become due or stop (``PeersWaiting``)."""
         due = self._admission.due(self.now)
         if due != self._admission.announced:
             self._admission.announced = due
