@@ -10,7 +10,7 @@ from typing import Protocol
 from ..._wire import messages as m
 from .barrier import SyncBarrier
 from .collectives import Collectives
-from .deadlock import Deadlock, Item
+from .deadlock import GLOBAL, HELD, Deadlock, Item
 from .events import Action, Send
 from .failover import Failover
 from .joint import JointVotes
@@ -20,9 +20,6 @@ from .records import Op, Peer
 from .topology import Topology
 
 __all__ = ["StateAccess"]
-
-_GLOBAL = ("topology", "pending")  # (as ``quiet.py`` and ``deadlock.py`` say)
-_HELD = ("topology", "sync", "optimize")
 
 
 class _State(Protocol):
@@ -210,12 +207,12 @@ class StateAccess:
         st = self._state
         peer = st._peers.get(conn)
         kind, group = item[0], item[1]
-        if (peer is None or not peer.accepted or (kind not in _GLOBAL and peer.group != group)
+        if (peer is None or not peer.accepted or (kind not in GLOBAL and peer.group != group)
                 or self.cast(item, conn) or conn in st._votes.voters["topology"]
                 or conn in st._votes.voters["pending"] or st._sync.voted(conn)
                 or st._topo.voted(conn)):
             return False
-        held = kind in _HELD
+        held = kind in HELD
         for tag in peer.tags:  # it awaits a collective, or (``held``) launched one unstarted
             op = st._colls.ops.get((peer.group, tag))
             if op is not None and not op.seq and (conn in op.waits or held):

@@ -33,11 +33,8 @@ class Roster(Protocol):
     def epoch(self) -> int:
         """The master's current epoch (membership version)."""
 
-    def accepted(self, group: int | None = None) -> list[int]:
-        """Accepted peers of ``group``, ascending."""
-
     def roster(self, group: int | None = None) -> tuple[int, ...]:
-        """``accepted`` as a tuple."""
+        """Accepted peers of ``group``, ascending."""
 
     def peer(self, conn: int) -> Peer | None:
         """The peer of connection ``conn``, if it is still there."""

@@ -24,13 +24,15 @@ from typing import Literal, Protocol, TypeAlias
 
 from ..._wire.messages import VOTE_CALLS
 
-__all__ = ["Board", "Deadlock", "Item", "conflict", "find", "scope_of"]
+__all__ = ["GLOBAL", "HELD", "Board", "Deadlock", "Item", "conflict", "find", "scope_of"]
 
 Kind: TypeAlias = Literal["topology", "pending", "sync", "optimize", "collective"]
 #: (kind, group, tag); group and tag are 0 where the kind has none.
 Item: TypeAlias = tuple[Kind, int, int]
-_GLOBAL = ("topology", "pending")
-_HELD = ("topology", "sync", "optimize")  # not cast while a launch of its is unstarted
+#: Items every member must cast (the others: the members of the item's group).
+GLOBAL = ("topology", "pending")
+#: Items not cast while a launch of the caster's is unstarted (a launch holds them back).
+HELD = ("topology", "sync", "optimize")
 _LISTED = 8  # peers named in a reason; the rest are counted
 
 
@@ -90,7 +92,7 @@ def scope_of(members: dict[int, int]) -> Callable[[Item], set[int]]:
     everyone, groups = set(members), dict[int, set[int]]()
     for c, g in members.items():
         groups.setdefault(g, set()).add(c)
-    return lambda item: everyone if item[0] in _GLOBAL else groups.get(item[1], set())
+    return lambda item: everyone if item[0] in GLOBAL else groups.get(item[1], set())
 
 
 def find(board: Board) -> Deadlock | None:
@@ -130,7 +132,7 @@ def find(board: Board) -> Deadlock | None:
 def _moves(item: Item, missing: set[int], stuck: set[int], held: dict[int, Item]) -> bool:
     """``item`` misses nobody, or a peer outside ``stuck`` that can still cast it."""
     able = missing - stuck
-    if item[0] in _HELD:
+    if item[0] in HELD:
         able.difference_update(held)
     return not missing or bool(able)
 

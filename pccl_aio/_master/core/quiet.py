@@ -23,11 +23,9 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Protocol
 
-from .deadlock import Item
+from .deadlock import GLOBAL, Item
 
 __all__ = ["Ledger", "Quiet"]
-
-_GLOBAL = ("topology", "pending")
 
 
 class Ledger(Protocol):
@@ -114,7 +112,7 @@ class Quiet:
             self._watch.pop(item, None)
             self._open.discard(item)
             return
-        members = ledger.roster(None if item[0] in _GLOBAL else item[1])
+        members = ledger.roster(None if item[0] in GLOBAL else item[1])
         watch = self._watch.get(item)
         if watch is None or watch.members is not members:
             watch = self._watch[item] = _Watch(members, witness=watch.witness if watch else None)
