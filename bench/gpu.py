@@ -9,20 +9,25 @@ reduce-scatter) the same inputs run once as CPU tensors and once as CUDA tensors
 CUDA result, copied back, must be bit-identical to the others' and to the CPU run's (a
 difference fails the bench). Each path is timed (``--iters`` calls, alternated, median): the
 ratio is CUDA / CPU time, the staging overhead (device-to-host and host-to-device copies
-through pinned buffers on a side stream). Without a GPU it says so and exits 0, having
-measured nothing. Table, then one JSON line.
+through pinned buffers on a side stream). Last, the ``torch.distributed`` backend: ``--peers``
+processes of ``tests/process/torch_pg_peer.py`` on the default pccl_aio group, once with CPU
+tensors and once with CUDA tensors and a CUDA DDP model: every ``dist.*`` collective's bytes
+must equal the CPU run's, and DDP's parameters must be bit-identical across the processes.
+Without a GPU it says so and exits 0, having measured nothing. Table, then one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(ROOT))
 from _common import emit_json, median, print_table
 
 import pccl_aio as pccl
@@ -100,6 +105,33 @@ async def state_and_buckets(comms: list[pccl.Communicator]) -> None:
         raise SystemExit("Buckets of CUDA tensors: wrong sums")
 
 
+async def torch_backend(world: int) -> dict[str, bool]:
+    """The ``torch.distributed`` group on CPU, then on CUDA tensors, ``world`` processes each:
+    the collectives' digests must be equal across the two runs, DDP's across the processes."""
+    runs: dict[str, list[dict]] = {}
+    for dev in ("cpu", "cuda"):
+        async with pccl.Master("127.0.0.1", 0, admission_interval=0.0) as master:
+            ps = [await asyncio.create_subprocess_exec(
+                sys.executable, str(ROOT / "tests/process/torch_pg_peer.py"), "pccl_aio",
+                master.address, str(world), f"--device={dev}", stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE) for _ in range(world)]
+            outs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in ps)), 300)
+        if any(p.returncode for p in ps):
+            for o in outs:
+                print(o[1].decode()[-3000:], file=sys.stderr)
+            raise SystemExit(f"torch.distributed on {dev}: a process failed")
+        runs[dev] = sorted((json.loads(o[0].decode().splitlines()[-1]) for o in outs),
+                           key=lambda r: r["rank"])
+    for c, g in zip(runs["cpu"], runs["cuda"]):
+        for key in c:
+            if key not in ("device", "ddp") and c[key] != g[key]:
+                raise SystemExit(f"torch.distributed {key}: CUDA bytes differ from CPU's")
+    if len({r["ddp"] for r in runs["cuda"]}) != 1:
+        raise SystemExit("DDP on CUDA: parameters differ across processes")
+    return {"collectives_equal_cpu": True, "ddp_identical": True,
+            "ddp_cuda_equals_cpu": runs["cpu"][0]["ddp"] == runs["cuda"][0]["ddp"]}
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers", type=int, default=2)
@@ -137,10 +169,12 @@ async def main() -> None:
                                  "cuda_vs_cpu": g / c, "identical": True})
         finally:
             await asyncio.gather(*(c.close() for c in comms))
+    backend = await torch_backend(a.peers)
     print(f"# {torch.cuda.get_device_name(0)}, {a.peers} peers in one process; SharedState "
           "and Buckets of CUDA tensors: correct")
     print_table(rows, ["kind", "MiB", "cpu_ms", "cuda_ms", "cuda_vs_cpu", "identical"])
-    emit_json("gpu", rows, gpu=torch.cuda.get_device_name(0))
+    print(f"# torch.distributed on the pccl_aio group, {a.peers} processes: {backend}")
+    emit_json("gpu", rows, gpu=torch.cuda.get_device_name(0), torch_backend=backend)
 
 
 if __name__ == "__main__":
