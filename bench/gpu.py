@@ -25,13 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import emit_json, median, print_table
 
 import pccl_aio as pccl
 
+ROOT = Path(__file__).resolve().parent.parent
 KINDS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
 
 

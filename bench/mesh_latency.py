@@ -14,8 +14,11 @@ each after one warm-up:
   collective starts on its ticket, without waiting for the master's start;
 - ``fresh tags``: a never-used tag every time: each waits a master round trip to start.
 
-Sizes up to 64 KiB take the small path (P - 1 hops); larger ones the ring (2(P - 1) hops). An
-all-reduce's time is the slowest peer's; the figure is the median over iterations.
+Sizes up to 64 KiB take the small path: from 4 peers up in ceil(log2 P) rounds (``path``
+``rounds``), and, with ``--compare-ring``, also once round the ring (``path`` ``ring``, P - 1
+hops, the path below 4 peers) in the same run, alternating per size; larger ones take the ring
+all-reduce (2(P - 1) hops). An all-reduce's time is the slowest peer's; the figure is the
+median over iterations; ``vs_ring`` is the ring's median over this row's.
 """
 
 from __future__ import annotations
@@ -56,8 +59,10 @@ async def one_way(addr: str) -> float:
     return float(out) / 2
 
 
-async def reduce_time(procs: list[Proc], kib: float, iters: int, fresh: bool) -> float:
-    line = f"reduce {kib / 1024} {iters}" + (" fresh" if fresh else "")
+async def reduce_time(procs: list[Proc], kib: float, iters: int, fresh: bool,
+                      ring: bool = False) -> float:
+    line = f"reduce {kib / 1024} {iters}" + (" fresh" if fresh else "") + (" ring" if ring
+                                                                           else "")
     for p in procs:
         p.send(line)
     got = await asyncio.gather(*(p.expect("reduced", 600) for p in procs))
@@ -75,11 +80,17 @@ async def bench(a: argparse.Namespace) -> list[dict[str, object]]:
         rows: list[dict[str, object]] = []
         for kib in a.kib:
             for fresh in (False, True):
-                t = await reduce_time(procs, kib, a.iters, fresh)
-                rows.append({"P": a.hosts, "size_KiB": kib,
-                             "tags": "fresh tags" if fresh else "reused tag",
-                             "one_way_ms": round(d * 1e3, 2), "bound_ms": round(bound * 1e3, 1),
-                             "median_ms": round(t * 1e3, 1), "vs_bound": round(t / bound, 3)})
+                ring = None
+                for via in ("ring", "rounds") if a.compare_ring and kib <= 64 else ("rounds",):
+                    t = await reduce_time(procs, kib, a.iters, fresh, via == "ring")
+                    ring = t if via == "ring" else ring
+                    rows.append({"P": a.hosts, "size_KiB": kib,
+                                 "tags": "fresh tags" if fresh else "reused tag",
+                                 "path": via if kib <= 64 else "ring all-reduce",
+                                 "one_way_ms": round(d * 1e3, 2),
+                                 "bound_ms": round(bound * 1e3, 1),
+                                 "median_ms": round(t * 1e3, 1), "vs_bound": round(t / bound, 3),
+                                 "vs_ring": round(ring / t, 2) if ring else ""})
         return rows
     finally:
         for p in procs:
@@ -96,6 +107,8 @@ def main() -> None:
     p.add_argument("--rate-mbit", type=float, default=1000.0)
     p.add_argument("--kib", type=float, nargs="+", default=[4.0, 256.0])
     p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--compare-ring", action="store_true",
+                   help="small sizes also round the ring, in the same run")
     a = p.parse_args()
     mesh = Mesh(a.hosts, a.delay_ms, a.rate_mbit)
     t0 = time.perf_counter()
@@ -106,8 +119,8 @@ def main() -> None:
         mesh.down()
     print(f"# small all-reduce latency on wan-mesh: {a.hosts} hosts, {a.delay_ms:g} ms one way, "
           f"{a.rate_mbit:g} Mbit/s; master on host 1; bound = 2(P-1) x measured one-way delay")
-    print_table(rows, ["P", "size_KiB", "tags", "one_way_ms", "bound_ms", "median_ms",
-                       "vs_bound"])
+    print_table(rows, ["P", "size_KiB", "tags", "path", "one_way_ms", "bound_ms", "median_ms",
+                       "vs_bound", "vs_ring"])
     emit_json("mesh_latency", rows, hosts=a.hosts, delay_ms=a.delay_ms, rate_mbit=a.rate_mbit)
     print(f"# {time.perf_counter() - t0:.0f} s")
 

@@ -8,8 +8,11 @@ event per line on stdout (``tests/netem`` and ``bench/topology.py``).
         (connects, then votes update_topology until the run has WORLD peers)
         stdin "admit N"                        -> {"event": "admitted", "ring": [...]}
         (waits until a joiner is pending, then votes until the run has N peers)
-        stdin "reduce MIB ITERS [fresh]"       -> {"event": "reduced", "times": [...]} (one warm-up;
-                                                  tag 0, or with "fresh" a new tag each time)
+        stdin "reduce MIB ITERS [fresh] [ring]" -> {"event": "reduced", "times": [...]} (one
+                                                  warm-up; tag 0, or with "fresh" a new tag
+                                                  each time; "ring": small buffers round the
+                                                  ring, not in log2 P rounds: every peer of
+                                                  the run must be sent the same line)
         stdin "optimize"                       -> {"event": "optimized", "ring": [...],
                                                    "measured": M, "bottleneck_bps": B,
                                                    "membership": [...]}
@@ -28,6 +31,9 @@ import numpy as np
 
 import pccl_aio as pccl
 from pccl_aio._peer import testing
+from pccl_aio._peer.data.core import bruck
+
+LOGP_MIN_WORLD = bruck.LOGP_MIN_WORLD
 
 
 def emit(event: str, **kw: object) -> None:
@@ -71,12 +77,14 @@ async def peer(addr: str, host: str, world: int) -> None:
                     pass
                 await admit(comm, int(cmd[1]))
                 emit("admitted", ring=ring(comm))
-            elif cmd[0] == "reduce":  # "reduce MIB ITERS [fresh]": fresh, a new tag each time
+            elif cmd[0] == "reduce":  # "reduce MIB ITERS [fresh] [ring]"
                 x = np.empty(int(float(cmd[1]) * 2**20) // 4, np.float32)
+                # the choice every peer makes alike (core/bruck.py), moved for the comparison
+                bruck.LOGP_MIN_WORLD = 1 << 30 if "ring" in cmd else LOGP_MIN_WORLD
                 times = []
                 for i in range(int(cmd[2]) + 1):
                     x.fill(1.0)
-                    tag = fresh_tags + i if cmd[3:] == ["fresh"] else 0  # fresh: no ticket
+                    tag = fresh_tags + i if "fresh" in cmd[3:] else 0  # fresh: no ticket
                     t0 = time.perf_counter()
                     await comm.all_reduce(x, tag=tag, timeout=120)
                     times.append(time.perf_counter() - t0)

@@ -46,6 +46,12 @@ class Sink:
 
     seq = 0
 
+    def sender(self, phase: int) -> int:
+        return self.predecessor  # (a ring collective's: one sender for every phase)
+
+    def waits_on(self, peer: int) -> bool:
+        return peer == self.predecessor
+
     def at(self, seq: int) -> Sink:
         """Run as ``seq`` (as ``Collective.on_start`` sets it); for ``Registry.add``."""
         self.seq = seq
@@ -141,7 +147,7 @@ async def test_a_frame_from_another_peers_connection_fails_the_collective_and_is
         await until(lambda: len(sink.done) == 1, ev)
         bad, _bw = await s.connect(2, frame(5, ring.RS, 8, b"x" * 8))
         assert await closed(bad, CLOSED)
-        assert len(sink.errors) == 1 and "not from its predecessor 1" in sink.errors[0]
+        assert len(sink.errors) == 1 and "not from its sender 1" in sink.errors[0]
         assert sink.done == [(ring.RS, 0, b"g" * 8)]  # the forged payload was never written
         assert (ring.RS, 8) in sink.expected  # and it took no place of a genuine frame
         assert len(s.conns) == 1  # the predecessor's own connection stays

@@ -55,6 +55,12 @@ class Sink:
 
     seq = 0
 
+    def sender(self, phase: int) -> int:
+        return self.predecessor  # (a ring collective's: one sender for every phase)
+
+    def waits_on(self, peer: int) -> bool:
+        return peer == self.predecessor
+
     def at(self, seq: int) -> Sink:
         """Run as ``seq`` (as ``Collective.on_start`` sets it); for ``Registry.add``."""
         self.seq = seq

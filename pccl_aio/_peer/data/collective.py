@@ -31,8 +31,10 @@ from .core.phase import Phase
 from .core.ring import RingPlan
 from .env import CollectiveEnv
 from .paths import quant as _quant
+from .paths.bruck import BruckPath
 from .paths.ring import RingPath
 from .pipeline import Pipeline, Ring
+from .rounds import Rounds
 
 
 class Spec(NamedTuple):
@@ -133,6 +135,14 @@ class Collective:
         """The peer it receives from (-1 before its start)."""
         return self._pipe.ring.predecessor if self._pipe is not None else -1
 
+    def sender(self, phase: int) -> int:
+        """The peer whose frames of ``phase`` it takes (-1 before its start)."""
+        return self._pipe.sender(phase) if self._pipe is not None else -1
+
+    def waits_on(self, peer: int) -> bool:
+        """Its data is not all in, and some of it is to come from ``peer``."""
+        return self._pipe is not None and self._pipe.waits_on(peer)
+
     @property
     def successor(self) -> int:
         """The peer it sends to (-1 before its start)."""
@@ -198,7 +208,14 @@ class Collective:
         path = paths.start(self.kind, rank, world, self.src, self.dst, self.op, self.quant,
                            self.spec.root, self.env.scratch, self._backup, self._connections,
                            self.spec.copy_own)
-        self._pipe = Pipeline(self.env, self.tag, seq, path, ring, not early, self._data_done)
+        if isinstance(path, BruckPath):  # in rounds, not round the ring
+            plan = path.plan
+            self._pipe = Rounds(self.env, self.tag, seq, path, ring, not early, self._data_done,
+                                [ring_ids[plan.to(k)] for k in range(plan.rounds)],
+                                [ring_ids[plan.sender(k)] for k in range(plan.rounds)])
+        else:
+            self._pipe = Pipeline(self.env, self.tag, seq, path, ring, not early,
+                                  self._data_done)
         self.env.registry.add(seq, self)
         if self.kind == CollectiveKind.BARRIER:
             self._pipe.done_now()

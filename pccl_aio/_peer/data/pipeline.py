@@ -66,6 +66,23 @@ class Pipeline:
         self._suspect = 0  # the peer whose data connection broke, if that failed it
         self._held: tuple[str, int] | None = None  # an early attempt's failure, not reported
 
+    def sender(self, phase: int) -> int:
+        """The peer whose frames of ``phase`` this attempt takes: the ring's predecessor."""
+        return self.ring.predecessor
+
+    def waits_on(self, peer: int) -> bool:
+        """A lost connection from ``peer`` fails this attempt (its data not all in)."""
+        return peer == self.ring.predecessor
+
+    def _sending_to(self) -> int:
+        """The peer sent to (named if a connection error fails the attempt)."""
+        return self.ring.successor
+
+    def _stalled_on(self) -> int:
+        """The peer named when the data deadline passes: the predecessor, if nothing at all
+        came from it (else none: the stall may be further up the ring)."""
+        return self.ring.predecessor if self.rx == 0 else 0
+
     @property
     def broken(self) -> bool:
         """The predecessor's frames broke the protocol."""
@@ -147,19 +164,18 @@ class Pipeline:
 
     # ---- the run task -----------------------------------------------------------------------
     async def _run_data(self) -> None:
-        succ = self.ring.successor
         try:
-            link = await self._env.link(succ)
-            await self._pipeline(link)
+            await self._flow()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # report, then wait for the master's abort
             log.debug("collective tag=%d seq=%d failed locally: %r", self._tag, self.seq, exc)
-            suspect = self._suspect or (succ if isinstance(exc, ConnectionError) else 0)
-            # nothing at all from the predecessor within the data timeout: it is named
-            stalled = isinstance(exc, _Stalled) and self.rx == 0 and not suspect
+            suspect = self._suspect or (self._sending_to() if isinstance(exc, ConnectionError)
+                                        else 0)
+            # nothing at all from the peer waited on within the data timeout: it is named
+            stalled = isinstance(exc, _Stalled) and not suspect and self._stalled_on() != 0
             if stalled:
-                suspect = self.ring.predecessor
+                suspect = self._stalled_on()
             if self.confirmed:
                 self._env.report(self._tag, self.seq, False, repr(exc), suspect, stalled)
             else:  # an early start: the master's start decides (reported then, if it stands)
@@ -167,6 +183,10 @@ class Pipeline:
             return
         self._done()
         self._env.report(self._tag, self.seq, True, "")
+
+    async def _flow(self) -> None:
+        """Move the attempt's data: the ring's flow over the link to the successor."""
+        await self._pipeline(await self._env.link(self.ring.successor))
 
     async def _pipeline(self, link: Link) -> None:
         path = self.path
@@ -181,26 +201,34 @@ class Pipeline:
             if out is None:
                 break
             await self._send(link, *out)
-        loop, timeout = self._loop, self._env.data_timeout
         while True:
             await self._drain(link)
-            if self._failure is not None:
-                raise self._failure
-            if self._stream_error is not None:
-                raise PeerLostError(self._stream_error)
+            self._check()
             if path.remaining == 0:
                 path.finish()
                 return
-            left = self._last_rx + timeout - loop.time() if self.confirmed else None
-            if left is not None and left <= 0:
-                raise _Stalled(
-                    f"no data for {timeout:.1f} s (seq {self.seq}); predecessor stalled")
-            self._wake = loop.create_future()
-            try:
-                async with asyncio.timeout(left):
-                    await self._wake
-            except TimeoutError:
-                pass  # the deadline is checked again above, from the last arrival
+            await self._wait()
+
+    def _check(self) -> None:
+        """Raise what failed the attempt meanwhile (here, or the frames it received)."""
+        if self._failure is not None:
+            raise self._failure
+        if self._stream_error is not None:
+            raise PeerLostError(self._stream_error)
+
+    async def _wait(self) -> None:
+        """Sleep until poked, or until the data deadline (counted from the last arrival, once
+        confirmed), which raises ``_Stalled``."""
+        loop, timeout = self._loop, self._env.data_timeout
+        left = self._last_rx + timeout - loop.time() if self.confirmed else None
+        if left is not None and left <= 0:
+            raise _Stalled(f"no data for {timeout:.1f} s (seq {self.seq}); sender stalled")
+        self._wake = loop.create_future()
+        try:
+            async with asyncio.timeout(left):
+                await self._wake
+        except TimeoutError:
+            pass  # the deadline is checked again by the next call, from the last arrival
 
     async def _drain(self, link: Link) -> None:
         """Forward (after working, if still due) the segments that waited for room."""

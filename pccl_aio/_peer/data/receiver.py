@@ -11,7 +11,8 @@ Otherwise receive is zero-copy: ``_Receiver`` is an
 the collective's receive slot) directly. The sending side is ``link.py``.
 
 Only what the plan says is trusted (``core/guard.py`` holds the limits). A frame of a running
-collective must come from a connection of its predecessor, and each (phase, offset) it expects
+collective must come from a connection of the peer its plan names (the ring's predecessor,
+or a round's sender: ``Sink.sender``), and each (phase, offset) it expects
 arrives once: anything else fails the collective for the group (``Sink.on_error``) and closes
 the connection. A connection may hold one frame of an unannounced seq, not absurdly far ahead
 and for at most ``Registry.park_timeout`` seconds. Connections are capped per sending peer and
@@ -47,9 +48,12 @@ class Sink(Protocol):
     def active(self) -> bool:
         """It runs, and its frames are still wanted."""
 
-    @property
-    def predecessor(self) -> int:
-        """The peer id whose frames it receives."""
+    def sender(self, phase: int) -> int:
+        """The peer id whose frames of ``phase`` it takes (the ring's predecessor, or a
+        round's sender)."""
+
+    def waits_on(self, peer: int) -> bool:
+        """Data of it is still to come from ``peer``."""
 
     def target(self, phase: int, offset: int, length: int) -> memoryview | None:
         """Where the payload of a frame goes, or None if the frame is illegal."""
@@ -119,7 +123,7 @@ class Registry:
         """A data connection from ``peer_id`` closed: fail every running collective that
         receives from it now, instead of waiting for its data deadline."""
         for sink in list(self.sinks.values()):
-            if sink.active and sink.predecessor == peer_id and not sink.data_ok:
+            if sink.active and sink.waits_on(peer_id) and not sink.data_ok:
                 sink.on_error(reason, peer_id)
 
     def park(self, r: _Receiver) -> None:
@@ -139,9 +143,9 @@ def _replay(sink: Sink, seq: int, peer: int, phase: int, off: int, data: memoryv
     """Deliver a stashed frame to its collective, under the rules of a live one."""
     if not sink.active or sink.seq != seq:
         return
-    if sink.predecessor != peer:
-        sink.on_error(f"frame of seq {seq} from peer {peer}, not from its predecessor "
-                      f"{sink.predecessor}")
+    if sink.sender(phase) != peer:
+        sink.on_error(f"frame of seq {seq} from peer {peer}, not from its sender "
+                      f"{sink.sender(phase)}")
         return
     target = sink.target(phase, off, len(data))
     if target is None:
@@ -318,9 +322,9 @@ class _Receiver(asyncio.BufferedProtocol):
                 return True
             else:
                 self._state = _S_DISCARD  # stale frame of an aborted attempt
-        elif sink.predecessor != self._peer:  # not the connection the plan says
+        elif sink.sender(phase) != self._peer:  # not the connection the plan says
             return self._refuse(sink, f"frame of seq {seq} from peer {self._peer}, "
-                                f"not from its predecessor {sink.predecessor}", False)
+                                f"not from its sender {sink.sender(phase)}", False)
         else:
             target = sink.target(phase, off, length)  # None for a repeated (phase, offset)
             if target is None:

@@ -63,8 +63,15 @@ class GatherPlan:
     def reduce(self, dst: memoryview, inputs: memoryview, op: int, dtype: int) -> None:
         """``dst`` = every rank's input (``inputs``, in rank order) reduced in rank order."""
         n = self.nbytes
-        _ops.reduce_from(dst, inputs[:n], inputs[n : 2 * n], op, dtype)
-        for r in range(2, self.world):
-            _ops.reduce_into(dst, inputs[r * n : (r + 1) * n], op, dtype)
-        if op == ReduceOp.AVG:
-            _ops.divide(dst, self.world, dtype)
+        reduce_in_order(dst, [inputs[r * n : (r + 1) * n] for r in range(self.world)], op,
+                        dtype)
+
+
+def reduce_in_order(dst: memoryview, blocks: list[memoryview], op: int, dtype: int) -> None:
+    """``dst`` = ``blocks`` (every rank's input, rank 0 first; two or more) reduced in that
+    order, AVG divided by their number once: the same operations on every peer."""
+    _ops.reduce_from(dst, blocks[0], blocks[1], op, dtype)
+    for b in blocks[2:]:
+        _ops.reduce_into(dst, b, op, dtype)
+    if op == ReduceOp.AVG:
+        _ops.divide(dst, len(blocks), dtype)

@@ -9,6 +9,8 @@ frames. What differs by kind is a ``DataPath`` (``base.py``): where a received f
 - ``ring.py``: the ring all-reduce (reduce-scatter, then all-gather), unquantized;
 - ``quant.py``: the same ring with quantized codes on the wire;
 - ``gather.py``: the small all-reduce (every input once round the ring);
+- ``bruck.py``: the small all-reduce and all-gather from 4 peers up, in log2 P rounds
+  (driven by ``rounds.Rounds``, not the ring's pipeline);
 - ``allgather.py``: the all-gather (every block once round the ring, in segments);
 - ``broadcast.py``: the root's tensor pipelined once along the ring;
 - ``scatter.py``: the reduce-scatter (the ring's first half, rank r keeping chunk r).
@@ -26,12 +28,14 @@ from collections.abc import Callable
 
 from ...._types import CollectiveKind, Quantization, ReduceOp
 from ...core.buffers import Buffer
+from ..core import bruck as _bruck
 from ..core.backup import InputBackup
 from ..core.gather import chosen as _small
 from ..core.slots import Pool
 from .allgather import AllGatherPath
 from .base import DataPath, Nothing
 from .broadcast import BroadcastPath
+from .bruck import BruckPath, BruckReducePath
 from .gather import GatherPath
 from .quant import QuantRingPath
 from .ring import SEGMENT_BYTES, RingPath
@@ -52,9 +56,13 @@ def start(kind: CollectiveKind, rank: int, world: int, src: Buffer, dst: Buffer,
     if kind == CollectiveKind.BROADCAST:
         return BroadcastPath(rank, world, root, dst.view, SEGMENT_BYTES, backup)
     if kind == CollectiveKind.ALL_GATHER:
+        if _bruck.chosen(src.count * src.dtype.itemsize, world, False):
+            return BruckPath(rank, world, src.view, dst.view, pool)
         return AllGatherPath(rank, world, src.view, dst.view, SEGMENT_BYTES, copy=copy_own)
     if kind == CollectiveKind.REDUCE_SCATTER:
         return reduce_scatter(rank, world, src, dst, op, quant, pool, connections())
+    if _bruck.chosen(dst.count * dst.dtype.itemsize, world, quant is not None):
+        return BruckReducePath(rank, world, src, dst, op, pool, backup)
     if quant is None and _small(dst.count * dst.dtype.itemsize, world, False):
         return GatherPath(rank, world, src, dst, op, pool, backup)
     path = RingPath if quant is None else QuantRingPath

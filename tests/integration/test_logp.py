@@ -1,0 +1,136 @@
+"""Small collectives in log2 P rounds (``core/bruck.py``, ``rounds.py``): from 4 peers up, a
+small all-reduce or all-gather takes ceil(log2 P) rounds instead of P - 1 hops round the
+ring. Real sockets on 127.0.0.1, P = 4 .. 9 (powers of two and not)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import pccl_aio as pccl
+from pccl_aio._compute import reference as ref
+from pccl_aio._peer import testing
+from pccl_aio._peer.data.core.bruck import BRUCK, BruckPlan
+from pccl_aio._peer.data.core.gather import GATHER_MAX
+from pccl_aio._types import DataType
+from tests.helpers import crash, reduce_ok
+from tests.integration.test_faults import _crash_after
+
+pytestmark = pytest.mark.timeout(90)
+
+OPS = list(pccl.ReduceOp)
+DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64,
+          np.float16, np.float32, np.float64]
+
+
+def inputs(rng: np.random.Generator, ws: int, n: int, dtype: type) -> list[np.ndarray]:
+    if np.dtype(dtype).kind == "f":
+        return [rng.standard_normal(n).astype(dtype) for _ in range(ws)]
+    return [rng.integers(1, 5, n).astype(dtype) for _ in range(ws)]  # PROD wraps alike
+
+
+def in_rank_order(xs: list[np.ndarray], op: pccl.ReduceOp) -> np.ndarray:
+    """The reference kernels applied to every rank's input in rank order."""
+    if len(xs) == 1:
+        return xs[0]
+    dt = int(DataType.parse(xs[0].dtype))
+    out = np.empty_like(xs[0])
+    ref.reduce_from(out, xs[0], xs[1], int(op), dt)
+    for x in xs[2:]:
+        ref.reduce_into(out, x, int(op), dt)
+    if op == pccl.ReduceOp.AVG:
+        ref.divide(out, len(xs), dt)
+    return out
+
+
+def round_peers(comms: list[pccl.Communicator]) -> list[set[int]]:
+    """Per peer (rank order), the peers its rounds send to, by peer id."""
+    ids = [c.peer_id for c in comms]
+    return [{ids[BruckPlan(r, len(comms), 1).to(k)] for k in range(BruckPlan(r, len(comms),
+                                                                              1).rounds)}
+            for r in range(len(comms))]
+
+
+@pytest.mark.parametrize("ws", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+async def test_every_op_and_dtype_in_log_p_rounds_is_the_rank_order_reduction(peers, ws):
+    """From 4 peers up in rounds; below, the ring's small path (the same bytes)."""
+    comms = sorted(await peers(ws), key=lambda c: c.rank)
+    rng = np.random.default_rng(ws)
+    for dtype in DTYPES:
+        for op in OPS:
+            n = 3 if op == pccl.ReduceOp.PROD else 257  # odd; fewer elements than peers too
+            xs = inputs(rng, ws, n, dtype)
+            outs = [np.empty_like(x) for x in xs]
+            infos = await asyncio.gather(*(c.all_reduce(x, o, op=op)
+                                           for c, x, o in zip(comms, xs, outs)))
+            want = in_rank_order(xs, op)
+            for o in outs:
+                assert o.tobytes() == want.tobytes(), (dtype, op)
+            assert {i.tx_bytes for i in infos} == {(ws - 1) * xs[0].nbytes}  # P - 1 blocks
+    for c, dests in zip(comms, round_peers(comms) if ws >= 4 else []):  # the rounds' links
+        assert dests <= set(testing.data_plane(c).links), (dests, testing.data_plane(c).links)
+
+
+async def test_nan_and_the_largest_small_buffer_keep_parity_at_nine_peers(peers):
+    comms = sorted(await peers(9), key=lambda c: c.rank)
+    rng = np.random.default_rng(9)
+    for n, op in ((GATHER_MAX // 4, pccl.ReduceOp.SUM), (1001, pccl.ReduceOp.MAX),
+                  (1001, pccl.ReduceOp.MIN)):
+        xs = inputs(rng, 9, n, np.float32)
+        xs[4][::7] = np.nan
+        outs = [x.copy() for x in xs]  # in place
+        await asyncio.gather(*(c.all_reduce(o, op=op) for c, o in zip(comms, outs)))
+        want = in_rank_order(xs, op)
+        assert all(o.tobytes() == want.tobytes() for o in outs), op
+
+
+async def test_bfloat16_torch_tensors_in_rounds(peers):
+    torch = pytest.importorskip("torch")
+    comms = sorted(await peers(5), key=lambda c: c.rank)
+    xs = [torch.randn(99, generator=torch.Generator().manual_seed(r)).bfloat16()
+          for r in range(5)]
+    outs = [x.clone() for x in xs]
+    await asyncio.gather(*(c.all_reduce(o, op=pccl.ReduceOp.AVG) for c, o in zip(comms, outs)))
+    raw = [x.view(torch.int16).numpy().view(np.uint16) for x in xs]
+    want = np.empty_like(raw[0])
+    dt = int(DataType.BFLOAT16)
+    ref.reduce_from(want, raw[0], raw[1], int(pccl.ReduceOp.SUM), dt)
+    for r in raw[2:]:
+        ref.reduce_into(want, r, int(pccl.ReduceOp.SUM), dt)
+    ref.divide(want, 5, dt)
+    for o in outs:
+        assert o.view(torch.int16).numpy().tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("ws", [4, 7])
+async def test_small_all_gather_in_rounds(peers, ws):
+    comms = sorted(await peers(ws), key=lambda c: c.rank)
+    for n in (1, ws - 1, 1001):
+        xs = [np.arange(n, dtype=np.int32) + 10_000 * r for r in range(ws)]
+        outs = [np.full(ws * n, -1, np.int32) for _ in range(ws)]
+        await asyncio.gather(*(c.all_gather(x, o) for c, x, o in zip(comms, xs, outs)))
+        for o in outs:
+            np.testing.assert_array_equal(o, np.concatenate(xs))
+    for c, dests in zip(comms, round_peers(comms)):
+        assert dests <= set(testing.data_plane(c).links)
+
+
+@pytest.mark.parametrize("round_", [0, 1])
+async def test_a_peer_crashed_mid_rounds_fails_every_survivor_restores_and_retry_works(
+        peers, round_):
+    """Peer 2 of 6 vanishes once peer 0 has a round's frame: every survivor raises (its
+    in-place input as launched), and the next small all-reduce runs on the five."""
+    comms = sorted(await peers(6), key=lambda c: c.rank)
+    xs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(6)]
+    originals = [x.copy() for x in xs]
+    with _crash_after(comms[0], comms[2], BRUCK + round_, 1):
+        res = await asyncio.gather(*(c.all_reduce(x, tag=5) for c, x in zip(comms, xs)),
+                                   return_exceptions=True)
+    survivors = [i for i in range(6) if i != 2]
+    for i in survivors:
+        assert isinstance(res[i], pccl.PeerLostError), res
+        assert xs[i].tobytes() == originals[i].tobytes()
+    crash(comms[2])
+    await reduce_ok([comms[i] for i in survivors])
