@@ -14,7 +14,7 @@ from pccl_aio._peer.data.core.gather import GATHER_MAX
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("ws", [2, 3, 4])
+@pytest.mark.parametrize("ws", [2, 3])  # (from 4 peers up: rounds, test_logp.py)
 async def test_small_buffers_take_p_minus_one_hops_and_agree_bit_for_bit(peers, ws):
     comms = await peers(ws)
     rng = np.random.default_rng(ws)

@@ -1,5 +1,5 @@
 """``MasterState.handle()`` never raises: the seeded fuzz of ``tests/stress/fuzz_master.py`` in
-its bounded mode (10^6 events over four seeds), plus checks that the fuzz reaches the
+its bounded mode (750,000 events over three seeds), plus checks that the fuzz reaches the
 interesting states and can fail. Longer runs: ``python tests/stress/fuzz_master.py --events N``.
 """
 
@@ -21,7 +21,7 @@ ROOT = SCRIPT.parents[2]
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_handle_never_raises_and_keeps_its_invariants(seed: int) -> None:
     stats = fuzz(250_000, seed)
     assert stats.events >= 250_000  # handle() calls (a step may make several)
