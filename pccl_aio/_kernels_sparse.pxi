@@ -4,12 +4,20 @@
 cdef extern from "_kernels_sparse.h" nogil:
     Py_ssize_t pccl_simd_gather(const uint32_t* raw, Py_ssize_t m, uint32_t est, uint32_t* ck,
                                 uint32_t* ci, Py_ssize_t* count)
+    Py_ssize_t pccl_simd_feed_top(float* p, const float* src, const float* err, float decay,
+                                  Py_ssize_t m, uint32_t est, uint32_t* ck, uint32_t* ci,
+                                  Py_ssize_t* count, uint32_t* top)
 #
 # The k largest magnitudes of a chunk: one pass keeps the keys (the bits of |x|) at or above
-# an estimate from a sample, in index order (``_candidates``); the k-th largest of those is
+# an estimate, in index order: the previous chunk's threshold lowered (``_lowered``), in the
+# pass that also writes the error feedback (``_feed_top``), or, for the first chunk and after
+# an estimate too high, one from a sample (``_candidates``); the k-th largest of those is
 # the threshold T (quickselect, or a radix select on the bits when many: digits of 11, 11
 # and 9 bits from bit 30 down, bit 31 of |x| being 0); keys above T are kept, and keys equal
 # to T in index order until k are (ties: the lower indices).
+
+
+cdef float ESTIMATE_SCALE = 0.92  # see _lowered
 
 
 cdef struct BitWriter:
@@ -108,23 +116,55 @@ cdef uint32_t _kth_largest(uint32_t* a, Py_ssize_t n, Py_ssize_t k) noexcept nog
     return a[target]
 
 
-cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uint32_t* ck,
-                            uint32_t* ci, uint32_t* tmp, uint32_t* top) noexcept nogil:
-    """The keys (``ck``) and indices (``ci``) of the chunk ``raw[:m]`` at or above an
-    estimate of its k-th largest magnitude (from 256 evenly spaced samples, set three times
-    lower than the k of them expected), in index order; their count, and the largest key as
-    ``top``. The estimate may be too high: fewer than k candidates (the caller then takes
-    every key). Small chunks and high densities take every key at once. A sequential pass
-    for the largest key first (it brings the chunk into the cache for the samples), then
-    the gathering pass (AVX2, or eight keys per branch)."""
-    cdef Py_ssize_t c = 0, i, j, ks, stride, blocks, done
-    cdef uint32_t key, est = 0, hi = 0, hit
-    for i in range(m):  # (sequential first: the samples below then come from the cache)
+cdef uint32_t _feed_top(float* p, const float* src, const float* err, float decay,
+                        Py_ssize_t m, uint32_t est, uint32_t* ck, uint32_t* ci,
+                        Py_ssize_t* count) noexcept nogil:
+    """With ``src`` (not NULL), ``p[:m] = err * decay + src`` (``_feed``); returns the largest
+    key (``|x|`` bits) of ``p[:m]``; with ``est`` > 0 also the keys at or above it, to ``ck``,
+    and their indices, to ``ci``, in index order, their number to ``count``. One pass (AVX2,
+    the tail here), which also brings the chunk into the cache for the selection."""
+    cdef uint32_t hi, key
+    cdef const uint32_t* raw = <const uint32_t*>p
+    cdef Py_ssize_t i, c
+    cdef Py_ssize_t done = pccl_simd_feed_top(p, src, err, decay, m, est, ck, ci, &c, &hi)
+    if src != NULL:
+        _feed(p + done, src + done, err + done, decay, m - done)
+    for i in range(done, m):
         key = raw[i] & 0x7FFFFFFF
         hi = key if key > hi else hi
-    top[0] = hi
-    if hi >= 0x7F800000:
+        if est != 0 and key >= est:
+            ck[c] = key
+            ci[c] = <uint32_t>i
+            c += 1
+    count[0] = c
+    return hi
+
+
+cdef uint32_t _lowered(int64_t t) noexcept nogil:
+    """The next chunk's estimate from this one's threshold key ``t``: its magnitude times
+    ``ESTIMATE_SCALE`` (neighbouring chunks of a gradient look alike: about twice k keys lie
+    above it; fewer than k only where the scale of the values jumps), as a key; 0: none."""
+    cdef uint32_t key
+    cdef float f
+    if t <= 0:
         return 0
+    key = <uint32_t>t
+    memcpy(&f, &key, 4)
+    f = f * ESTIMATE_SCALE
+    memcpy(&key, &f, 4)
+    return key
+
+
+cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uint32_t* ck,
+                            uint32_t* ci, uint32_t* tmp, uint32_t hi) noexcept nogil:
+    """The keys (``ck``) and indices (``ci``) of the chunk ``raw[:m]`` at or above an
+    estimate of its k-th largest magnitude (from 256 evenly spaced samples, set three times
+    lower than the k of them expected), in index order; their count. ``hi``: the chunk's
+    largest key (finite). The estimate may be too high: fewer than k candidates (the caller
+    then takes every key). Small chunks and high densities take every key at once. The
+    gathering pass: AVX2, or eight keys per branch."""
+    cdef Py_ssize_t c = 0, i, j, ks, stride, blocks, done
+    cdef uint32_t key, est = 0, hit
     if m >= 1024 and 8 * k <= m:
         stride = m // 256
         ks = 2 + (3 * k * 256 + m - 1) // m
@@ -197,7 +237,7 @@ cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t
     cdef uint32_t* tmp = scratch + 2 * chunk + 2
     cdef BitWriter wi, wc
     cdef Py_ssize_t j, i, base, m, kk, c, take_eq, g
-    cdef uint32_t key, top, kth
+    cdef uint32_t key, top, kth, est = 0, use
     cdef int64_t t
     cdef float s
     cdef double sd, half = ((1 << bits) - 1) / 2.0, levels = (1 << bits) - 1, q
@@ -207,11 +247,15 @@ cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t
         base = j * chunk
         m = n - base if n - base < chunk else chunk
         kk = k if k < m else m
-        if src != NULL:
-            _feed(x + base, src + base, err + base, decay, m)
-        c = _candidates(raw + base, m, kk, ck, ci, tmp, &top)
+        # the last chunk's threshold, lowered, gives this one's candidates in the same pass
+        # (the first chunk, a small one or after an estimate too high: from a sample)
+        use = est if m >= 1024 and 8 * kk <= m else 0
+        top = _feed_top(x + base, src + base if src != NULL else NULL,
+                        err + base if src != NULL else NULL, decay, m, use, ck, ci, &c)
         if top >= 0x7F800000:
             return j
+        if use == 0:
+            c = _candidates(raw + base, m, kk, ck, ci, tmp, top)
         if c < kk:  # the estimate was too high: every key is a candidate
             for i in range(m):
                 ck[i] = raw[base + i] & 0x7FFFFFFF
@@ -226,6 +270,7 @@ cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t
             for i in range(c):
                 g += ck[i] > kth
             t, take_eq = kth, kk - g
+        est = _lowered(t) if c >= kk and c < m else 0
         memcpy(&s, &top, 4)
         memcpy(dst + 4 * j, &s, 4)
         sd = s

@@ -26,7 +26,9 @@ CASES = [  # (n, chunk, density, bits): the sampled path, short chunks, odd size
 def vectors(n: int, chunk: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Gaussian; with zeros and ties; a chunk of one repeated value; a zero chunk; a chunk
     whose samples (every chunk // 256-th element) are all it holds of note (the estimate
-    is too high and every key is taken)."""
+    is too high and every key is taken); chunks whose scale jumps by 1000x up and down (the
+    estimate a chunk takes from the one before is far too low: every key a candidate; or far
+    too high: fewer than k candidates, taken again from every key)."""
     x = rng.standard_normal(n).astype(np.float32)
     ties = x.copy()
     ties[: n // 3] = 0
@@ -37,7 +39,10 @@ def vectors(n: int, chunk: int, rng: np.random.Generator) -> dict[str, np.ndarra
     sampled = (rng.standard_normal(n) * 1e-3).astype(np.float32)
     stride = max(1, chunk // 256)
     sampled[: min(n, chunk): stride][:12] = 100.0
-    return {"gauss": x, "ties": ties, "flat": flat, "zero": zero, "sampled": sampled}
+    scales = 10.0 ** (np.arange(n // chunk + 1) % 3 * 3 - 3)
+    steps = (x * np.repeat(scales, chunk)[:n]).astype(np.float32)
+    return {"gauss": x, "ties": ties, "flat": flat, "zero": zero, "sampled": sampled,
+            "steps": steps}
 
 
 @pytest.fixture(params=["numpy", *(pytest.param(n, marks=pytest.mark.cython) for n in CY_IMPLS)])
