@@ -57,8 +57,12 @@ class SparseCompressor:
             raise InvalidUsageError(f"decay must be in [0, 1], not {decay!r}")
         self.layout = sparse.layout(numel, density=density, bits=bits, chunk=chunk)
         self.decay = float(decay)
-        self._error = np.zeros(numel, np.float32)
+        # Both written now: a calloc'ed or fresh buffer is mapped page by page at its first
+        # write, which would land in the second call (the buffers swap at each commit).
+        self._error = np.empty(numel, np.float32)
+        self._error.fill(0)
         self._pending = np.empty(numel, np.float32)
+        self._pending.fill(0)
         self._part = np.zeros(self.layout.nbytes, np.uint8)
         self._scratch = np.empty(sparse.scratch_size(self.layout), np.uint32)
         self._gathered = np.empty(0, np.uint8)
