@@ -120,8 +120,8 @@ cdef uint32_t _feed_top(float* p, const float* src, const float* err, float deca
                         Py_ssize_t m, uint32_t est, uint32_t* ck, uint32_t* ci,
                         Py_ssize_t* count) noexcept nogil:
     """With ``src`` (not NULL), ``p[:m] = err * decay + src`` (``_feed``); returns the largest
-    key (``|x|`` bits) of ``p[:m]``; with ``est`` > 0 also the keys at or above it, to ``ck``,
-    and their indices, to ``ci``, in index order, their number to ``count``. One pass (AVX2,
+    key (``|x|`` bits) of ``p[:m]``; with ``est`` > 0 also the values whose keys are at or
+    above it (their bits), to ``ck``, and their indices, to ``ci``, in index order, their number to ``count``. One pass (AVX2,
     the tail here), which also brings the chunk into the cache for the selection."""
     cdef uint32_t hi, key
     cdef const uint32_t* raw = <const uint32_t*>p
@@ -133,7 +133,7 @@ cdef uint32_t _feed_top(float* p, const float* src, const float* err, float deca
         key = raw[i] & 0x7FFFFFFF
         hi = key if key > hi else hi
         if est != 0 and key >= est:
-            ck[c] = key
+            ck[c] = raw[i]
             ci[c] = <uint32_t>i
             c += 1
     count[0] = c
@@ -157,7 +157,8 @@ cdef uint32_t _lowered(int64_t t) noexcept nogil:
 
 cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uint32_t* ck,
                             uint32_t* ci, uint32_t* tmp, uint32_t hi) noexcept nogil:
-    """The keys (``ck``) and indices (``ci``) of the chunk ``raw[:m]`` at or above an
+    """The values (``ck``: their bits, sign included; the key is ``& 0x7FFFFFFF``) and
+    indices (``ci``) of the chunk ``raw[:m]`` whose keys are at or above an
     estimate of its k-th largest magnitude (from 256 evenly spaced samples, set three times
     lower than the k of them expected), in index order; their count. ``hi``: the chunk's
     largest key (finite). The estimate may be too high: fewer than k candidates (the caller
@@ -179,13 +180,13 @@ cdef Py_ssize_t _candidates(const uint32_t* raw, Py_ssize_t m, Py_ssize_t k, uin
             for j in range(i, i + 8):
                 key = raw[j] & 0x7FFFFFFF
                 if key >= est:
-                    ck[c] = key
+                    ck[c] = raw[j]
                     ci[c] = <uint32_t>j
                     c += 1
     for i in range(blocks, m):
         key = raw[i] & 0x7FFFFFFF
         if key >= est:
-            ck[c] = key
+            ck[c] = raw[i]
             ci[c] = <uint32_t>i
             c += 1
     return c
@@ -239,7 +240,7 @@ cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t
     cdef Py_ssize_t j, i, base, m, kk, c, take_eq, g
     cdef uint32_t key, top, kth, est = 0, use
     cdef int64_t t
-    cdef float s
+    cdef float s, v
     cdef double sd, half = ((1 << bits) - 1) / 2.0, levels = (1 << bits) - 1, q
     wi.p, wi.acc, wi.n = dst + index_at, 0, 0
     wc.p, wc.acc, wc.n = dst + code_at, 0, 0
@@ -258,24 +259,25 @@ cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t
             c = _candidates(raw + base, m, kk, ck, ci, tmp, top)
         if c < kk:  # the estimate was too high: every key is a candidate
             for i in range(m):
-                ck[i] = raw[base + i] & 0x7FFFFFFF
+                ck[i] = raw[base + i]
                 ci[i] = <uint32_t>i
             c = m
         if 4 * c > m:  # many candidates: the radix select's cost is bounded
             take_eq = _threshold(ck, c, kk, &t)
         else:
-            memcpy(tmp, ck, c * sizeof(uint32_t))
+            for i in range(c):
+                tmp[i] = ck[i] & 0x7FFFFFFF
             kth = _kth_largest(tmp, c, kk)
             g = 0
             for i in range(c):
-                g += ck[i] > kth
+                g += (ck[i] & 0x7FFFFFFF) > kth
             t, take_eq = kth, kk - g
         est = _lowered(t) if c >= kk and c < m else 0
         memcpy(&s, &top, 4)
         memcpy(dst + 4 * j, &s, 4)
         sd = s
         for i in range(c):
-            key = ck[i]
+            key = ck[i] & 0x7FFFFFFF
             if <int64_t>key < t or (<int64_t>key == t and take_eq == 0):
                 continue
             if <int64_t>key == t:
@@ -284,7 +286,8 @@ cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t
             if sd == 0.0:
                 _put(&wc, 0, bits)
                 continue
-            q = (<double>x[base + ci[i]] / sd + 1.0) * half
+            memcpy(&v, &ck[i], 4)  # (the value, kept with its key: not read again)
+            q = (<double>v / sd + 1.0) * half
             q = (q + RINT_MAGIC) - RINT_MAGIC
             if q < 0.0:
                 q = 0.0

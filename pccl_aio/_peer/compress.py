@@ -29,6 +29,13 @@ class _Blocking(Protocol):
                    timeout: float | None = None) -> ReduceInfo: ...
 
 
+def _zeros(n: int) -> NDArray[np.float32]:
+    """``n`` float32 zeros, every page written (``np.zeros`` maps them at the first write)."""
+    a = np.empty(n, np.float32)
+    a.fill(0)
+    return a
+
+
 class SparseCompressor:
     """Error feedback with chunked top-k and 2-, 4- or 8-bit codes, for one float32 vector of
     ``numel`` elements (SparseLoCo's and DisTrO's shape of compression).
@@ -57,12 +64,9 @@ class SparseCompressor:
             raise InvalidUsageError(f"decay must be in [0, 1], not {decay!r}")
         self.layout = sparse.layout(numel, density=density, bits=bits, chunk=chunk)
         self.decay = float(decay)
-        # Both written now: a calloc'ed or fresh buffer is mapped page by page at its first
-        # write, which would land in the second call (the buffers swap at each commit).
-        self._error = np.empty(numel, np.float32)
-        self._error.fill(0)
-        self._pending = np.empty(numel, np.float32)
-        self._pending.fill(0)
+        # Both written now: a fresh buffer is mapped page by page at its first write, which
+        # would land in the second call (the buffers swap at each commit).
+        self._error, self._pending = _zeros(numel), _zeros(numel)
         self._part = np.zeros(self.layout.nbytes, np.uint8)
         self._scratch = np.empty(sparse.scratch_size(self.layout), np.uint32)
         self._gathered = np.empty(0, np.uint8)
