@@ -15,16 +15,22 @@ from .._wire import messages as m
 from .communicator import Communicator
 from .data.dataplane import DataPlane
 from .data.measure import Measurer
+from .observe.core.stats import PeerStats
 from .session.control import ControlPlane
 from .state.sync import SharedStateSync
 
 __all__ = ["control_plane", "crash", "data_plane", "hold_fetches", "measurer", "pair_key",
-           "record_sends", "shared_state_sync"]
+           "record_sends", "shared_state_sync", "stats"]
 
 
 def control_plane(comm: Communicator) -> ControlPlane:
     """The master session of ``comm``: membership, collectives in flight (``colls``), votes."""
     return comm._control
+
+
+def stats(comm: Communicator) -> PeerStats:
+    """``comm``'s counters: payload bytes sent to and received from each peer, latencies."""
+    return comm._obs.stats
 
 
 def data_plane(comm: Communicator) -> DataPlane:

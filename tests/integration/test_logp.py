@@ -78,6 +78,9 @@ async def test_every_op_and_dtype_in_log_p_rounds_is_the_rank_order_reduction(pe
         await small_all_gather(comms)
     for c, dests in zip(comms, round_peers(comms) if ws >= 4 else []):  # the rounds' links
         assert dests <= set(testing.data_plane(c).links), (dests, testing.data_plane(c).links)
+        st = testing.stats(c)  # the bytes counted per round partner, not per ring neighbour
+        assert set(st.sent) == dests and len(st.received) == len(dests), (st.sent, dests)
+        assert sum(st.sent.values()) == sum(st.received.values()) > 0
 
 
 async def nan_and_the_largest_small_buffer(comms: list[pccl.Communicator],

@@ -43,8 +43,8 @@ def test_latency_buckets_are_cumulative_with_inclusive_upper_bounds() -> None:
 
 def test_bytes_are_counted_per_neighbour() -> None:
     st = PeerStats()
-    st.moved(2, 100, 3, 50)
-    st.moved(2, 10, 3, 0)
-    st.moved(5, 0, 2, 7)
+    st.moved([(2, 100, 0), (3, 0, 50)])
+    st.moved([(2, 10, 0), (3, 0, 0)])
+    st.moved([(5, 0, 0), (2, 0, 7)])
     assert st.sent == {2: 110} and st.received == {3: 50, 2: 7}
     assert set(st.latency) == set(SIZE_CLASSES)

@@ -143,6 +143,10 @@ class Collective:
         """Its data is not all in, and some of it is to come from ``peer``."""
         return self._pipe is not None and self._pipe.waits_on(peer)
 
+    def traffic(self) -> list[tuple[int, int, int]]:
+        """(peer id, bytes sent to it, bytes received from it) of its attempt so far."""
+        return self._pipe.traffic() if self._pipe is not None else []
+
     @property
     def successor(self) -> int:
         """The peer it sends to (-1 before its start)."""

@@ -74,6 +74,10 @@ class Pipeline:
         """A lost connection from ``peer`` fails this attempt (its data not all in)."""
         return peer == self.ring.predecessor
 
+    def traffic(self) -> list[tuple[int, int, int]]:
+        """(peer id, bytes sent to it, bytes received from it) of this attempt so far."""
+        return [(self.ring.successor, self.tx, 0), (self.ring.predecessor, 0, self.rx)]
+
     def _sending_to(self) -> int:
         """The peer sent to (named if a connection error fails the attempt)."""
         return self.ring.successor

@@ -30,6 +30,7 @@ class Rounds(Pipeline):
         super().__init__(env, tag, seq, path, ring, confirmed, done)
         self._dests, self._senders = dests, senders
         self._to = dests[0]  # the peer the current round sends to
+        self._sent = 0  # rounds whose frame is queued
 
     def sender(self, phase: int) -> int:
         k = self.path.plan.round_of(phase)
@@ -42,6 +43,18 @@ class Rounds(Pipeline):
         """The senders of the rounds whose frames are not all in yet."""
         plan = self.path.plan
         return [self._senders[k] for k in range(plan.rounds) if not self.path.got(k)]
+
+    def traffic(self) -> list[tuple[int, int, int]]:
+        """Per round: the bytes sent to its destination (once sent), received from its
+        sender (once in)."""
+        plan, out = self.path.plan, []
+        for k in range(plan.rounds):
+            n = plan.frame(k)[2]
+            if k < self._sent:
+                out.append((self._dests[k], n, 0))
+            if self.path.got(k):
+                out.append((self._senders[k], 0, n))
+        return out
 
     def _sending_to(self) -> int:
         return self._to
@@ -71,6 +84,7 @@ class Rounds(Pipeline):
             self._to = dest
             link = await self._env.link(dest)
             await self._send(link, *path.send(k))
+            self._sent = k + 1
         while path.remaining:
             self._check()
             await self._wait()

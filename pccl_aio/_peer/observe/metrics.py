@@ -107,12 +107,16 @@ class _PeerCollector(Collector):
             "run": cp.run_id, "peer": str(cp.peer_id), "group": str(cp.config.peer_group)})
         sent, received = dict(st.sent), dict(st.received)
         for coll in cp.colls.values():  # in flight: counted at their verdict, shown now
-            if coll.seq and coll.successor >= 0:
-                sent[coll.successor] = sent.get(coll.successor, 0) + coll.tx
-                received[coll.predecessor] = received.get(coll.predecessor, 0) + coll.rx
-        yield self._bytes("sent", sent, "All-reduce payload bytes sent to a ring neighbour.")
+            for peer, tx, rx in coll.traffic() if coll.seq else ():
+                if tx:
+                    sent[peer] = sent.get(peer, 0) + tx
+                if rx:
+                    received[peer] = received.get(peer, 0) + rx
+        yield self._bytes("sent", sent, "Collective payload bytes sent to a peer (a ring "
+                         "neighbour, or a round's partner of a small collective).")
         yield self._bytes("received", received,
-                          "All-reduce payload bytes received from a ring neighbour.")
+                          "Collective payload bytes received from a peer (a "
+                          "ring neighbour, or a round's partner).")
         hist = HistogramMetricFamily(
             f"{_P}allreduce_seconds", "Completed all-reduces, launch to verdict, by size "
             "class of the buffer.", labels=["size"])

@@ -45,7 +45,7 @@ class Observer:
         name its kind (``all-reduce``, ``broadcast``, ...)."""
         stats = self.stats
         if coll.seq:
-            stats.moved(coll.successor, coll.tx, coll.predecessor, coll.rx)
+            stats.moved(coll.traffic())
         fut = coll.future
         exc = None if fut.cancelled() else fut.exception()
         if exc is None:

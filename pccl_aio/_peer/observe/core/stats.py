@@ -79,9 +79,10 @@ class PeerStats:
             for peer in [p for p in counts if p not in ring and p != FORMER]:
                 counts[FORMER] = counts.get(FORMER, 0) + counts.pop(peer)
 
-    def moved(self, successor: int, tx: int, predecessor: int, rx: int) -> None:
-        """One attempt's bytes, to its successor and from its predecessor."""
-        if tx:
-            self.sent[successor] = self.sent.get(successor, 0) + tx
-        if rx:
-            self.received[predecessor] = self.received.get(predecessor, 0) + rx
+    def moved(self, traffic: list[tuple[int, int, int]]) -> None:
+        """One attempt's bytes: (peer id, sent to it, received from it) each."""
+        for peer, tx, rx in traffic:
+            if tx:
+                self.sent[peer] = self.sent.get(peer, 0) + tx
+            if rx:
+                self.received[peer] = self.received.get(peer, 0) + rx
