@@ -18,7 +18,7 @@ import pytest
 
 import pccl_aio as pccl
 from pccl_aio._peer import testing
-from pccl_aio._peer.data.core import ring
+from pccl_aio._peer.data.core import bruck, ring
 from pccl_aio._peer.data.paths.ring import SEGMENT_BYTES
 from pccl_aio._wire import auth
 from pccl_aio._wire import data as wire
@@ -160,4 +160,45 @@ async def test_a_seq_flood_is_cut_off_and_the_group_recovers_within_a_second(pee
         await w.wait_closed()
     assert await recovered_within(comms) < 1.0
     for _ in range(10):
+        assert await one_round(comms) == "ok"
+
+
+def forged_rounds(comm: pccl.Communicator, seqs: range) -> bytes:
+    """Correctly sized frames of every round ``comm`` expects in small all-reduces ``seqs``
+    taken in log2 P rounds (``core/bruck.py``)."""
+    ids = ring_ids(comm)
+    plan = bruck.BruckPlan(ids.index(comm.peer_id), len(ids), N * 4)
+    out = []
+    for seq in seqs:
+        for k in range(plan.rounds):
+            phase, off, n = plan.frame(k)
+            payload = np.full(n // 4, 1e6, np.float32).tobytes()
+            out.append(wire.pack_header(wire.MAGIC, phase, 0, seq, off, n, 0.0, 0.0) + payload)
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("claim", ["a round's sender", "a member sending in no round"])
+async def test_frames_forged_into_log_p_rounds_never_give_wrong_bytes(peers, claim):
+    """Five peers, all-reduces of 64 KiB (log2 P rounds): an outsider names a member and
+    queues frames of every round for the next three collectives. A frame of a round whose
+    sender the claimed id is not, or one that repeats a round, fails the collective on every
+    peer; none returns wrong bytes, and the group recovers within a second."""
+    comms = sorted(await peers(5), key=lambda c: c.rank)
+    assert bruck.chosen(N * 4, 5, False)
+    victim = comms[1]
+    ids = ring_ids(victim)
+    plan = bruck.BruckPlan(ids.index(victim.peer_id), 5, N * 4)
+    senders = {ids[plan.sender(k)] for k in range(plan.rounds)}
+    who = (ids[plan.sender(0)] if claim == "a round's sender"
+           else next(i for i in ids if i not in senders and i != victim.peer_id))
+    outcomes = []
+    for _ in range(5):
+        nxt = testing.data_plane(victim).registry.max_seq + 1
+        r, w = await attacker(victim, who, forged_rounds(victim, range(nxt, nxt + 3)))
+        outcomes.append(await one_round(comms))
+        assert await closed(r, CLOSED), "the attacker's connection is still open"
+        w.close()
+    assert "aborted" in outcomes  # the frames reached running collectives
+    assert await recovered_within(comms) < 1.0
+    for _ in range(3):
         assert await one_round(comms) == "ok"
