@@ -18,6 +18,11 @@ from pccl_aio._types import DataType
 from tests.helpers import crash, reduce_ok
 from tests.integration.test_faults import _crash_after
 
+try:  # (imported at collection: a first import inside the event loop stalls heartbeats)
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
 pytestmark = pytest.mark.timeout(90)
 
 OPS = list(pccl.ReduceOp)
@@ -98,7 +103,8 @@ async def nan_and_the_largest_small_buffer(comms: list[pccl.Communicator],
 
 async def bfloat16_tensors(comms: list[pccl.Communicator]) -> None:
     """torch bfloat16 tensors, AVG: the reference's rank-order sum, divided once."""
-    torch = pytest.importorskip("torch")
+    if torch is None:
+        pytest.skip("torch is not installed")
     ws = len(comms)
     xs = [torch.randn(99, generator=torch.Generator().manual_seed(r)).bfloat16()
           for r in range(ws)]
@@ -143,3 +149,41 @@ async def test_a_peer_crashed_mid_rounds_fails_every_survivor_restores_and_retry
         assert xs[i].tobytes() == originals[i].tobytes()
     crash(comms[2])
     await reduce_ok([comms[i] for i in survivors])
+
+
+async def test_a_peer_that_sends_nothing_is_named_by_its_round_0_receiver_only(peers):
+    """Four peers; one sends no frame at all. Its round-0 receiver names it when the data
+    deadline passes (it is removed); a peer still waiting for a later round names nobody,
+    since that round's sender may itself be waiting on the silent one: no innocent peer is
+    removed. Every other peer raises, and the three go on."""
+    from pccl_aio._peer.data import rounds
+
+    comms = sorted(await peers(4, data_timeout=1.0), key=lambda c: c.rank)
+    silent = comms[2]
+    flow = rounds.Rounds._flow
+
+    async def mute(self: rounds.Rounds) -> None:
+        if self._env is testing.data_plane(silent):
+            await asyncio.Event().wait()  # (until the attempt is released)
+        await flow(self)
+
+    rounds.Rounds._flow = mute  # type: ignore[method-assign]
+    try:
+        xs = [np.full(100, r + 1, np.float32) for r in range(4)]
+        res = await asyncio.gather(*(c.all_reduce(x, tag=3) for c, x in zip(comms, xs)),
+                                   return_exceptions=True)
+    finally:
+        rounds.Rounds._flow = flow  # type: ignore[method-assign]
+    survivors = [c for c in comms if c is not silent]
+    assert all(isinstance(r, pccl.PeerLostError) for c, r in zip(comms, res)
+               if c is not silent), res
+    async with asyncio.timeout(10):  # (the silent peer's removal may come after the abort)
+        while True:
+            ys = [np.ones(10, np.float32) for _ in survivors]
+            again = await asyncio.gather(*(c.all_reduce(y) for c, y in zip(survivors, ys)),
+                                         return_exceptions=True)
+            if not any(isinstance(r, BaseException) for r in again):
+                break
+            assert all(isinstance(r, pccl.PeerLostError) for r in again), again
+    assert [c.peer_group_world_size for c in survivors] == [3, 3, 3]  # no innocent removed
+    await reduce_ok(survivors)

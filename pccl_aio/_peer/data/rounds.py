@@ -60,18 +60,26 @@ class Rounds(Pipeline):
         return self._to
 
     def _stalled_on(self) -> int:
-        """The sender of the first round still missing, whatever else came."""
-        return next(iter(self._waited()), 0)
+        """Round 0's sender, if its frame never came: it sends that frame at once, whatever
+        else happens. A later round's sender may itself be waiting on a stalled peer, so it
+        is not named (the master would remove an innocent peer)."""
+        return 0 if self.path.got(0) else self._senders[0]
 
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
-        """A round's frame is in (in the receive callback): the run task sends the next."""
+        """A round's frame is in (in the receive callback): the run task sends the next.
+        The data deadline counts from the last round completed in order (not from a later
+        round's frame that came early): a peer missing round 0 then reaches its deadline
+        first, and names round 0's silent sender before anyone else's report aborts the
+        attempt without naming it."""
         self.rx += length
-        self._last_rx = self._loop.time()
+        through = self.path.through
         if self._failure is None:
             try:
                 self.path.process(phase, offset, p0, p1)
             except Exception as exc:  # a local failure: the run task reports it
                 self._failure = exc
+        if self.path.through > through:
+            self._last_rx = self._loop.time()
         self._poke()
 
     async def _flow(self) -> None:

@@ -42,6 +42,11 @@ class BruckPath:
         self._got: set[int] = set()  # phases of the frames wholly in
         self._in = 0  # rounds 0 .. _in - 1 are all in
 
+    @property
+    def through(self) -> int:
+        """Rounds 0 .. through - 1 are all in."""
+        return self._in
+
     def ready(self, k: int) -> bool:
         """Round ``k``'s frame can go: every earlier round's frame is in."""
         return k <= self._in
