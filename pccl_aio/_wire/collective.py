@@ -51,8 +51,8 @@ class CollectiveInit(Msg, frozen=True, tag=5):
 class CollectiveDone(Msg, frozen=True, tag=6):
     """This peer finished its part of collective (tag, seq); ``ok`` False reports a failure,
     ``suspect`` the peer whose data connection broke, if that is why (else 0); ``stalled``:
-    the suspect, this peer's predecessor, sent nothing of the attempt within the data
-    timeout (the master kicks it)."""
+    the suspect, this peer's predecessor (or, in log2 P rounds, round 0's sender), sent
+    nothing of the attempt within the data timeout (the master kicks it)."""
 
     tag: U64
     seq: U63

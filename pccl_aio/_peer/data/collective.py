@@ -130,11 +130,6 @@ class Collective:
         self.started.set_result(None)
         self._finish(None)
 
-    @property
-    def predecessor(self) -> int:
-        """The peer it receives from (-1 before its start)."""
-        return self._pipe.ring.predecessor if self._pipe is not None else -1
-
     def sender(self, phase: int) -> int:
         """The peer whose frames of ``phase`` it takes (-1 before its start)."""
         return self._pipe.sender(phase) if self._pipe is not None else -1
@@ -146,11 +141,6 @@ class Collective:
     def traffic(self) -> list[tuple[int, int, int]]:
         """(peer id, bytes sent to it, bytes received from it) of its attempt so far."""
         return self._pipe.traffic() if self._pipe is not None else []
-
-    @property
-    def successor(self) -> int:
-        """The peer it sends to (-1 before its start)."""
-        return self._pipe.ring.successor if self._pipe is not None else -1
 
     @property
     def tx(self) -> int:

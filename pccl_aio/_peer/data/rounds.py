@@ -29,8 +29,7 @@ class Rounds(Pipeline):
                  senders: list[int]) -> None:
         super().__init__(env, tag, seq, path, ring, confirmed, done)
         self._dests, self._senders = dests, senders
-        self._to = dests[0]  # the peer the current round sends to
-        self._sent = 0  # rounds whose frame is queued
+        self._sent = 0  # rounds whose frame is queued (the next one's link is dests[_sent])
 
     def sender(self, phase: int) -> int:
         k = self.path.plan.round_of(phase)
@@ -57,7 +56,7 @@ class Rounds(Pipeline):
         return out
 
     def _sending_to(self) -> int:
-        return self._to
+        return self._dests[min(self._sent, len(self._dests) - 1)]
 
     def _stalled_on(self) -> int:
         """Round 0's sender, if its frame never came: it sends that frame at once, whatever
@@ -68,9 +67,9 @@ class Rounds(Pipeline):
     def on_segment(self, phase: int, offset: int, length: int, p0: float, p1: float) -> None:
         """A round's frame is in (in the receive callback): the run task sends the next.
         The data deadline counts from the last round completed in order (not from a later
-        round's frame that came early): a peer missing round 0 then reaches its deadline
-        first, and names round 0's silent sender before anyone else's report aborts the
-        attempt without naming it."""
+        round's frame that came early): a peer missing round 0 then reaches its deadline no
+        later than the others, and names round 0's silent sender (the master removes it,
+        even when another peer's report aborted the attempt first)."""
         self.rx += length
         through = self.path.through
         if self._failure is None:
@@ -89,7 +88,6 @@ class Rounds(Pipeline):
                 self._check()
                 await self._wait()
             self._check()
-            self._to = dest
             link = await self._env.link(dest)
             await self._send(link, *path.send(k))
             self._sent = k + 1

@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from ..._errors import InvalidUsageError
 from ..._net.http import HttpServer, Response, check_port
-from .core.stats import FORMER, PeerStats
+from .core.stats import FORMER, PeerStats, add_traffic
 
 if TYPE_CHECKING:
     from ..session.control import ControlPlane
@@ -107,11 +107,8 @@ class _PeerCollector(Collector):
             "run": cp.run_id, "peer": str(cp.peer_id), "group": str(cp.config.peer_group)})
         sent, received = dict(st.sent), dict(st.received)
         for coll in cp.colls.values():  # in flight: counted at their verdict, shown now
-            for peer, tx, rx in coll.traffic() if coll.seq else ():
-                if tx:
-                    sent[peer] = sent.get(peer, 0) + tx
-                if rx:
-                    received[peer] = received.get(peer, 0) + rx
+            if coll.seq:
+                add_traffic(sent, received, coll.traffic())
         yield self._bytes("sent", sent, "Collective payload bytes sent to a peer (a ring "
                          "neighbour, or a round's partner of a small collective).")
         yield self._bytes("received", received,

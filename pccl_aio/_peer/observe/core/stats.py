@@ -12,7 +12,8 @@ import bisect
 from collections.abc import Collection
 from typing import Final
 
-__all__ = ["FORMER", "LATENCY_BUCKETS", "SIZE_CLASSES", "Latency", "PeerStats", "size_class"]
+__all__ = ["FORMER", "LATENCY_BUCKETS", "SIZE_CLASSES", "Latency", "PeerStats", "add_traffic",
+           "size_class"]
 
 FORMER: Final = -1  # the key of the bytes of every neighbour that left the ring, together
 
@@ -81,8 +82,15 @@ class PeerStats:
 
     def moved(self, traffic: list[tuple[int, int, int]]) -> None:
         """One attempt's bytes: (peer id, sent to it, received from it) each."""
-        for peer, tx, rx in traffic:
-            if tx:
-                self.sent[peer] = self.sent.get(peer, 0) + tx
-            if rx:
-                self.received[peer] = self.received.get(peer, 0) + rx
+        add_traffic(self.sent, self.received, traffic)
+
+
+def add_traffic(sent: dict[int, int], received: dict[int, int],
+                traffic: list[tuple[int, int, int]]) -> None:
+    """Add (peer id, bytes sent to it, bytes received from it) to the per-peer counts (a
+    zero adds no entry)."""
+    for peer, tx, rx in traffic:
+        if tx:
+            sent[peer] = sent.get(peer, 0) + tx
+        if rx:
+            received[peer] = received.get(peer, 0) + rx
