@@ -4,9 +4,10 @@
 its CPU seconds from ``/proc``). ``Swarm``: many ``SimPeer``s in this process,
 each one TCP connection to the master speaking the library's own handshake
 (``_net.handshake.connect``), framing and msgspec codec; they open no data-plane listener
-(``Hello.p2p_port`` is only advertised), heartbeat every ``interval`` (spread over the
-interval, as independent peers would), answer ``CollectiveStart`` with ``CollectiveDone(ok)``
-at once (an all-reduce of nothing to move) and count what they receive in ``Tally``s.
+(``Hello.p2p_port`` is only advertised), heartbeat every ``interval`` (default: the measured
+library's own ``heartbeat_interval``; spread over the interval, as independent peers would),
+answer ``CollectiveStart`` with ``CollectiveDone(ok)`` at once (an all-reduce of nothing to
+move) and count what they receive in ``Tally``s.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -23,6 +25,7 @@ from typing import cast
 
 from pccl_aio._net.handshake import connect
 from pccl_aio._net.stream import set_nodelay
+from pccl_aio._peer.core.config import PeerConfig
 from pccl_aio._types import DataType, ReduceOp
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
@@ -230,8 +233,12 @@ class SimPeer(asyncio.Protocol):
 class Swarm:
     """The simulated peers of one master; ``members`` are the accepted ones, in join order."""
 
-    def __init__(self, address: str, key: bytes, interval: float = 0.5) -> None:
+    def __init__(self, address: str, key: bytes, interval: float | None = None) -> None:
         host, port = address.rsplit(":", 1)
+        if interval is None:  # a peer's default
+            interval = next(f.default for f in dataclasses.fields(PeerConfig)
+                            if f.name == "heartbeat_interval")
+            assert isinstance(interval, float)
         self.host, self.port, self.key, self.interval = host, int(port), key, interval
         self.peers: list[SimPeer] = []
         self.members: list[SimPeer] = []

@@ -7,9 +7,10 @@ HTTP pages, at P = 4 ... 256 (or more) simulated peers.
 A real master process (``python -m pccl_aio.master``, the same interpreter, ``--root`` first
 on its PYTHONPATH; default: the tree this process imports ``pccl_aio`` from) and P simulated
 peers in this process (``_sim.py``: real sockets on 127.0.0.1, the library's handshake,
-framing and codec, heartbeats every 0.5 s, no data plane). Master CPU: the run time of its
-threads, ``/proc/<pid>/task/*/schedstat`` (ns), read around each phase (``coll_us_stat``
-in the JSON: the same from utime + stime of ``/proc/<pid>/stat``, 10 ms ticks, to check).
+framing and codec, heartbeats at a peer's default interval, no data plane). Master CPU: the
+run time of its threads, ``/proc/<pid>/task/*/schedstat`` (ns), read around each phase
+(``coll_us_stat`` in the JSON: the same from utime + stime of ``/proc/<pid>/stat``, 10 ms
+ticks, to check).
 For each P, a fresh master:
 
 - admit: P - N members up (N = min(P/2, 256) joiners; built in batches), the N joiners

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from .._errors import InvalidUsageError, RemoteProtocolError
-from .._net.credentials import run_key
+from .._net.credentials import client_context, run_key
 from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
 from .._net.stream import FrameBudget, at_eof, own_socket, read_frame, set_nodelay
 from .._net.tasks import TaskSet
@@ -28,7 +28,7 @@ from .core.records import is_loopback
 from .keys import MasterKeys
 from .status import Status, http_servers
 from .story import Story
-from .watch import watch
+from .watch import first_frame, watch
 
 __all__ = ["Master"]
 
@@ -41,7 +41,8 @@ class Master:
     Args:
         host: address to listen on.
         port: TCP port; 0 lets the OS choose (read ``port`` after ``start()``).
-        heartbeat_interval: seconds between the master's liveness ticks.
+        heartbeat_interval: seconds between the master's liveness beacons to each peer
+            (default: a third of ``heartbeat_timeout``, as a peer's).
         heartbeat_timeout: a peer silent this long is treated as dead (default 5 s).
         max_frame_size: larger control frames close the connection that sent them (before
             its ``Hello``, a connection may send frames of at most 64 KiB, and frames above
@@ -92,7 +93,7 @@ class Master:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 48148, *,
-                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
+                 heartbeat_interval: float | None = None, heartbeat_timeout: float = 5.0,
                  max_frame_size: int = MAX_FRAME_SIZE, secret: str | bytes | None = None,
                  ssl: _ssl.SSLContext | None = None,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT, hello_timeout: float = 5.0,
@@ -109,7 +110,10 @@ class Master:
         self._others = [parse_address(a, "another master's") for a in others]
         self.host = host
         self._port = port
-        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_interval = (heartbeat_timeout / 3 if heartbeat_interval is None
+                                   else heartbeat_interval)
+        if not 0 < self.heartbeat_interval < float("inf") or not heartbeat_timeout > 0:
+            raise InvalidUsageError("heartbeat_interval and heartbeat_timeout must be positive")
         self.state = ms.MasterState(
             heartbeat_timeout=heartbeat_timeout, hello_timeout=hello_timeout,
             allow_any_advertise_host=allow_any_advertise_host,
@@ -161,7 +165,7 @@ class Master:
                 await self.close()
                 raise OSError(exc.errno, exc.strerror, f"{server.host}:{server.port}") from exc
         if self._others:
-            self._tasks.spawn(watch(self._others, self._key, _client_context(self._ssl),
+            self._tasks.spawn(watch(self._others, self._key, client_context(self._ssl),
                               self.state.heartbeat_timeout, self._heard))
         log.info("pccl_aio master listening on %s:%d (%s, %s)", self.host, self._port,
                  "run secret" if self._key else "no run secret",
@@ -245,15 +249,20 @@ class Master:
         self._apply(actions)
 
     async def _ticker(self) -> None:
+        """Every ``TICK`` s (or ``heartbeat_interval`` or a quarter of the timeout, if shorter)
+        a ``Tick``; a beacon to every peer once per ``heartbeat_interval``."""
         loop = asyncio.get_running_loop()
-        last = loop.time()
+        period = min(TICK, self.heartbeat_interval, self.state.heartbeat_timeout / 4)
+        last = beaconed = loop.time()
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
+            await asyncio.sleep(period)
             now = loop.time()
             stood_still, last = now - last > self.state.heartbeat_timeout / 2, now
             if stood_still:
                 continue  # this master stood still (stopped, swapped): read what the peers
-            self._handle(ms.Tick(now))  # sent meanwhile before judging their silence
+            beacon = now - beaconed >= self.heartbeat_interval - period / 2  # sent meanwhile
+            beaconed = now if beacon else beaconed  # before judging their silence
+            self._handle(ms.Tick(now, beacon))
             self.status.sample()
 
     def _heard(self, answer: m.ProbeAnswer, where: str) -> None:
@@ -278,7 +287,8 @@ class Master:
             return
         peername = writer.get_extra_info("peername") or ("?", 0)
         log.debug("connection from %s:%s (handshake done)", peername[0], peername[1])
-        first = await self._first_frame(reader, writer)
+        first = await first_frame(reader, writer, self.state.probe, _BEFORE_HELLO,
+                                  self.state.limits.hello_timeout, self._budget)
         if first is None:
             return
         body, msg = first
@@ -305,8 +315,8 @@ class Master:
                 except RemoteProtocolError as exc:
                     self._handle(ms.Malformed(conn, str(exc), loop.time()))
                     break
-                try:
-                    msg = m.decode_peer_to_master(body)
+                try:  # (most of an idle run's frames are heartbeats: decoded once)
+                    msg = _HEARTBEAT if body == _BEAT else m.decode_peer_to_master(body)
                 except RemoteProtocolError as exc:
                     self._handle(ms.Malformed(conn, str(exc), loop.time(), body))
                     break
@@ -331,29 +341,6 @@ class Master:
                 if gone is not None and not gone.done():
                     gone.set_result(None)
             writer.close()
-
-    async def _first_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-                           ) -> tuple[bytes, m.PeerToMaster | str] | None:
-        """The connection's first message other than ``Probe`` (each ``Probe`` is answered
-        here): it names the connection's peer id (a rejoining peer keeps its own). None, and
-        the connection closed, if it sends nothing within ``hello_timeout`` or closes;
-        (body, why) for a malformed one (the caller answers it)."""
-        try:
-            async with asyncio.timeout(self.state.limits.hello_timeout):
-                while True:
-                    body = await read_frame(reader, _BEFORE_HELLO, self._budget)
-                    try:
-                        msg = m.decode_peer_to_master(body)
-                    except RemoteProtocolError as exc:
-                        return body, str(exc)
-                    if not isinstance(msg, m.Probe):
-                        return body, msg
-                    writer.write(frame(m.encode(self.state.probe())))
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError,
-                RemoteProtocolError) as exc:
-            log.debug("closing a connection before its first message: %r", exc)
-            writer.close()
-            return None
 
     async def _await_suspect(self, suspect: int) -> None:
         """A peer reports that its data connection with ``suspect`` broke. If ``suspect``'s
@@ -388,13 +375,10 @@ class Master:
                 writer.close()
 
 
+_HEARTBEAT = m.Heartbeat()
+_BEAT = m.encode(_HEARTBEAT)
+TICK = 0.5  # s between the master's ticks (silent peers, vote timers, fail-over)
 SUSPECT_GRACE = 0.1  # s a failure report waits for the suspect's control connection to close
 _BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its Hello
 _LARGE_FRAMES = 32 << 20  # bytes of frames above 64 KiB being received at once, all peers
 _BACKLOG = 1 << 20  # bytes waiting to be sent to one connection: more, and it is closed
-
-
-def _client_context(server: _ssl.SSLContext | None) -> _ssl.SSLContext | None:
-    """How this master connects to the others: TLS if it serves TLS (verifying against the
-    default CAs; the run secret is proved on top)."""
-    return _ssl.create_default_context() if server is not None else None

@@ -143,11 +143,13 @@ class Story:
                     self._close(act.conn, act.reason, act.conn in kicked, refused.get(act.conn))
                 continue
             msg, conn = act.msg, act.conn
+            if type(msg) is m.MasterHeartbeat:  # (a tick's beacons: one per peer)
+                continue
             key = (type(msg), getattr(msg, "seq", 0), getattr(msg, "tag", 0))
             if key in seen:  # one message to every participant: one story event
                 continue
             match msg:
-                case m.MasterHeartbeat() | m.MeasurePlan() | m.VoteWithdrawn():
+                case m.MeasurePlan() | m.VoteWithdrawn():
                     continue
                 case m.CollectiveStart() | m.CollectiveComplete():
                     self._collective(conn, msg)

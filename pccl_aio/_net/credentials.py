@@ -65,3 +65,9 @@ def tls_contexts(cert: str, key: str, ca: str | None = None
     if ca is not None:
         server.verify_mode = ssl.CERT_REQUIRED
     return server, client
+
+
+def client_context(server: ssl.SSLContext | None) -> ssl.SSLContext | None:
+    """How a master connects to the others: TLS if it serves TLS (verifying against the
+    default CAs; the run secret is proved on top)."""
+    return ssl.create_default_context() if server is not None else None

@@ -59,7 +59,8 @@ class Communicator(CollectiveCalls):
             to the first master address; ``"0.0.0.0"``: all).
         advertise_host: address other peers reach this one at (default: the master's view).
         heartbeat_interval, heartbeat_timeout: liveness beacons to and from the master; a
-            master silent for ``heartbeat_timeout`` is treated as gone (defaults 0.5 s, 5 s).
+            master silent for ``heartbeat_timeout`` is treated as gone (default 5 s; the
+            interval defaults to a third of it).
             The event loop must not be blocked for longer than that.
         data_timeout: an all-reduce that receives nothing for this long reports a failure
             and is aborted for the group (default 10 s); also bounds connecting a data link.
@@ -99,7 +100,7 @@ class Communicator(CollectiveCalls):
     def __init__(self, master: str | Sequence[str], *, peer_group: int = 0,
                  p2p_connections: int | Literal["auto"] | None = None,
                  listen_host: str = "", advertise_host: str = "",
-                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0,
+                 heartbeat_interval: float | None = None, heartbeat_timeout: float = 5.0,
                  data_timeout: float = 10.0, secret: str | bytes | None = None,
                  ssl: _ssl.SSLContext | None = None,
                  ssl_server: _ssl.SSLContext | None = None, master_timeout: float = 60.0,
@@ -113,7 +114,8 @@ class Communicator(CollectiveCalls):
         self.config = PeerConfig.parse(
             master, peer_group=peer_group, p2p_connections=p2p_connections,
             listen_host=listen_host, advertise_host=advertise_host,
-            heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+            heartbeat_interval=heartbeat_timeout / 3 if heartbeat_interval is None
+            else heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
             data_timeout=data_timeout, master_timeout=master_timeout, run_id=run_id or "",
             key=run_key(secret),
             ssl=ssl, ssl_server=ssl_server, replica=replica or "", replica_size=replica_size)

@@ -42,7 +42,11 @@ class Disconnected:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tick:
+    """The master's clock: silent peers and expired votes are judged; with ``beacon``, every
+    peer is sent a ``MasterHeartbeat``."""
+
     now: float
+    beacon: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

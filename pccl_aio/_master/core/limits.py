@@ -21,8 +21,8 @@ heartbeat timed out (and each of those departures re-sent the whole membership t
 each ``Hello`` also parsed the address of every registered peer (1.1 ms at 500 joiners; now
 one, ``state.py``).
 Two rules (``Admission``) keep the run going: a joiner counts as pending only once the master heard
-from it after its ``Hello`` (a ``Communicator`` heartbeats every ``heartbeat_interval``, 0.5 s
-by default, so an honest joiner waits at most that long), and ``are_peers_pending()`` answers
+from it after its ``Hello`` (a ``Communicator`` sends its first heartbeat 0.5 s after its
+``Welcome``, whatever its ``heartbeat_interval``), and ``are_peers_pending()`` answers
 True at most once per ``admission_interval``: joiners are admitted in batches. A joiner that
 leaves before its batch is forgotten without any work for the group. ``update_topology()``
 itself still admits every joiner (the callers asked for it), but a joiner of a replica

@@ -222,7 +222,7 @@ class MasterState:
                 self._fo.take_over(msg, out)
             case Heard(answer=answer, where=where):
                 self._fo.heard(answer, where, out)
-            case Tick(now=now):
+            case Tick(now=now, beacon=beacon):
                 for c in self._admission.expired(now):
                     self._close(c, f"no Hello within {self.limits.hello_timeout:g} s", out)
                 for peer in list(self._peers.values()):
@@ -234,7 +234,7 @@ class MasterState:
                 self._fo.check(out)
                 self._settle(out)
                 self._announce(out)
-                out.extend(Send(c, beat) for beat in [m.MasterHeartbeat()] for c in self._peers)
+                out.extend(Send(c, b) for b in [m.MasterHeartbeat()] if beacon for c in self._peers)
         return out
 
     # ---- messages -------------------------------------------------------------------------------

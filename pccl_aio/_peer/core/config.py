@@ -19,7 +19,7 @@ class PeerConfig:
     p2p_connections: int | None = None  # None: chosen per link (``core/bdp.py``)
     listen_host: str = ""  # "": the interface that routes to the first master
     advertise_host: str = ""
-    heartbeat_interval: float = 0.5
+    heartbeat_interval: float = 5.0 / 3  # a third of the timeout
     heartbeat_timeout: float = 5.0
     data_timeout: float = 10.0
     master_timeout: float = 60.0  # how long a lost master is waited for (0: not at all)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import ssl
 from collections.abc import Callable
 
@@ -238,21 +239,30 @@ async def open_retrying(cfg: PeerConfig, hello: m.Hello, term: int, attempts: in
 
 
 async def heartbeat(session: Session, cfg: PeerConfig, live: Callable[[], bool]) -> bool:
-    """A ``Heartbeat`` on ``session`` every ``heartbeat_interval`` while ``live()``. Returns
-    True once the master was silent (``session.heard``) for more than ``heartbeat_timeout``:
-    the connection is aborted; False once not live. Cancelling stops it."""
+    """A ``Heartbeat`` on ``session`` after one check period (a joiner counts as pending
+    once the master heard from it after its ``Hello``), then every ``heartbeat_interval``
+    while ``live()``. Returns True once the master was silent (``session.heard``) for more
+    than ``heartbeat_timeout`` (checked every ``CHECK`` s, or a quarter of the timeout if
+    shorter): the connection is aborted; False once not live. Cancelling stops it."""
     loop = asyncio.get_running_loop()
-    writer = session.writer
+    writer, beat = session.writer, frame(m.encode(m.Heartbeat()))
+    period = min(CHECK, cfg.heartbeat_interval, cfg.heartbeat_timeout / 4)
+    beaten = -math.inf
     while live():
-        await asyncio.sleep(cfg.heartbeat_interval)  # the beacon's period
+        await asyncio.sleep(period)  # the check's period
         if not live():
             return False
-        if loop.time() - session.heard > cfg.heartbeat_timeout:
+        now = loop.time()
+        if now - session.heard > cfg.heartbeat_timeout:
             writer.transport.abort()
             return True
-        if not writer.is_closing():
-            writer.write(frame(m.encode(m.Heartbeat())))
+        if now - beaten >= cfg.heartbeat_interval - period / 2 and not writer.is_closing():
+            writer.write(beat)
+            beaten = now
     return False
+
+
+CHECK = 0.5  # s between a peer's checks of the master's silence
 
 
 def close_quietly(writer: asyncio.StreamWriter | None) -> None:
