@@ -68,32 +68,32 @@ async def test_a_peer_notices_a_silent_master_at_its_timeout_not_at_its_beacon_p
     """A master that beacons every 30 s is silent for a peer whose timeout is 1 s: with
     ``master_timeout=0`` the peer's waiting call fails within 1-2 s."""
     async with pccl.Master("127.0.0.1", 0, heartbeat_interval=SLOW,
-                           heartbeat_timeout=SLOW) as mst:
-        async with pccl.Communicator(mst.address, heartbeat_interval=SLOW,
-                                     heartbeat_timeout=1.0, master_timeout=0) as comm:
-            await comm.connect()
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            with pytest.raises(pccl.MasterConnectionError, match="silent"):
-                await asyncio.wait_for(comm.wait_for_peers(2), 5)
-            assert loop.time() - t0 < 2.5
+                           heartbeat_timeout=SLOW) as mst, \
+            pccl.Communicator(mst.address, heartbeat_interval=SLOW, heartbeat_timeout=1.0,
+                              master_timeout=0) as comm:
+        await comm.connect()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(pccl.MasterConnectionError, match="silent"):
+            await asyncio.wait_for(comm.wait_for_peers(2), 5)
+        assert loop.time() - t0 < 2.5
 
 
 async def test_a_joiner_is_pending_at_once_whatever_its_interval() -> None:
     """A joiner whose beacon period is 30 s is heard from 0.5 s after its welcome: the
     member sees it pending and admits it within seconds (before its first periodic beat)."""
     async with pccl.Master("127.0.0.1", 0, heartbeat_timeout=SLOW,
-                           admission_interval=0.0) as mst:
-        async with pccl.Communicator(mst.address, **FAST) as member, \
-                pccl.Communicator(mst.address, heartbeat_interval=SLOW,
-                                  heartbeat_timeout=SLOW) as joiner:
-            await member.connect()
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            joining = asyncio.ensure_future(joiner.connect())
-            assert await asyncio.wait_for(member.wait_for_peers(2), 10) == 2
-            await asyncio.wait_for(joining, 5)
-            assert loop.time() - t0 < 5
-            x, y = np.ones(8, np.float32), np.full(8, 2, np.float32)
-            await asyncio.gather(member.all_reduce(x), joiner.all_reduce(y))
-            assert (x == 3).all() and (y == 3).all()
+                           admission_interval=0.0) as mst, \
+            pccl.Communicator(mst.address, **FAST) as member, \
+            pccl.Communicator(mst.address, heartbeat_interval=SLOW,
+                              heartbeat_timeout=SLOW) as joiner:
+        await member.connect()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        joining = asyncio.ensure_future(joiner.connect())
+        assert await asyncio.wait_for(member.wait_for_peers(2), 10) == 2
+        await asyncio.wait_for(joining, 5)
+        assert loop.time() - t0 < 5
+        x, y = np.ones(8, np.float32), np.full(8, 2, np.float32)
+        await asyncio.gather(member.all_reduce(x), joiner.all_reduce(y))
+        assert (x == 3).all() and (y == 3).all()
