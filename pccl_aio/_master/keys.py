@@ -22,6 +22,7 @@ class MasterKeys:
 
     def __init__(self, secured: bool, master_key: bytes) -> None:
         self._run_key = secrets.token_bytes(auth.KEY_SIZE) if secured else b""
+        self._hasher = auth.pair_hasher(self._run_key)
         self._seal_key = auth.seal_key(master_key)
         # member -> its last ring and their pair keys, joined: a ring that grew at its end
         # (joiners) costs the new keys only (32 bytes per member and peer: ~32 MB at 1,024)
@@ -41,8 +42,7 @@ class MasterKeys:
         if self._run_key:
             ids = tuple(p.peer_id for p in msg.ring)
             joined = auth.wrap_joined(session, msg.epoch, ids, self._keys_of(conn, ids))
-            changes["keys"] = [joined[i : i + auth.KEY_SIZE]
-                               for i in range(0, len(joined), auth.KEY_SIZE)]
+            changes["keys"] = list(auth.cutter(len(ids)).unpack(joined))
         if self._seal_key:
             changes["seal"] = auth.seal(self._seal_key, run_id, conn, group, msg.term,
                                         msg.epoch, [p.peer_id for p in msg.ring])
@@ -53,7 +53,7 @@ class MasterKeys:
         known, keys = self._pairs.get(conn, ((), b""))
         if ids[: len(known)] != known:
             known, keys = (), b""
-        keys += b"".join(auth.pair_key(self._run_key, conn, i) for i in ids[len(known):])
+        keys += auth.pair_keys(self._hasher, conn, ids[len(known):])
         self._pairs[conn] = (ids, keys)
         return keys
 

@@ -208,6 +208,31 @@ def pair_key(run_key: bytes, a: int, b: int) -> bytes:
                            person=b"pccl pair").digest()
 
 
+def pair_hasher(run_key: bytes) -> hashlib.blake2b:
+    """``pair_key``'s hash, keyed once with ``run_key`` (``pair_keys`` copies it per pair)."""
+    return hashlib.blake2b(key=run_key, digest_size=KEY_SIZE, person=b"pccl pair")
+
+
+def pair_keys(hasher: hashlib.blake2b, a: int, ids: Sequence[int]) -> bytes:
+    """``pair_key(run_key, a, b)`` for each ``b`` of ``ids``, joined (``hasher``:
+    ``pair_hasher(run_key)``; a copy of the keyed state per pair, not a fresh keying)."""
+    out = []
+    for b in ids:
+        h = hasher.copy()
+        h.update(_PAIR.pack(a, b) if a < b else _PAIR.pack(b, a))
+        out.append(h.digest())
+    return b"".join(out)
+
+
+@functools.lru_cache(maxsize=16)
+def cutter(n: int) -> struct.Struct:
+    """Cuts ``n`` joined keys apart (``list(cutter(n).unpack(joined))``)."""
+    return struct.Struct(f"{KEY_SIZE}s" * n)
+
+
+_PAIR = struct.Struct("<QQ")
+
+
 def seal_key(master_key: bytes) -> bytes:
     """The key masters seal memberships with, from the master secret's key (empty: none)."""
     return hmac.new(master_key, b"pccl_aio membership seal", hashlib.sha256).digest() \

@@ -57,3 +57,29 @@ def test_without_a_master_secret_nothing_is_sealed_or_screened():
     assert keys.membership(msg, 5, b"", 0, "run") is msg and not keys.sealing
     hello = _hello(b"")
     assert keys.screen(hello, "here") is hello
+
+
+def test_the_pair_keys_a_member_gets_are_each_pairs_key_and_its_peer_gets_the_same():
+    """``pair_keys`` (one keyed state, copied per pair) gives ``pair_key``'s keys; ``cutter``
+    cuts them apart; a ring grown at its end keeps the keys it had; the two peers of a pair
+    unwrap one key."""
+    run_key = b"k" * 32
+    ids = [3, 9, 1, 12, 7]
+    joined = auth.pair_keys(auth.pair_hasher(run_key), 9, ids)
+    assert list(auth.cutter(len(ids)).unpack(joined)) == [
+        auth.pair_key(run_key, 9, i) for i in ids]
+    assert auth.cutter(0).unpack(b"") == ()
+    keys = MasterKeys(True, b"")
+    ring = [m.PeerAddr(p, "127.0.0.1", 1000 + p) for p in (4, 5, 6)]
+    grown = [*ring, m.PeerAddr(8, "127.0.0.1", 1008)]
+    sessions = {p: bytes([p]) * 32 for p in (4, 5, 6, 8)}
+
+    def unwrapped(conn: int, r: list[m.PeerAddr], epoch: int) -> list[bytes]:
+        got = keys.membership(m.Membership(epoch, len(r), 1, len(r), r), conn, sessions[conn],
+                              0, "run")
+        return auth.wrap(sessions[conn], epoch, [p.peer_id for p in r], got.keys)
+
+    before = unwrapped(5, ring, 1)
+    after = unwrapped(5, grown, 2)
+    assert after[:3] == before and len(set(after)) == 4
+    assert unwrapped(8, grown, 2)[1] == after[3]  # 8's key with 5 is 5's key with 8
