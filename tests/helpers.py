@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,8 +14,8 @@ import pccl_aio as pccl
 from pccl_aio import blocking
 from pccl_aio._peer.testing import crash, record_sends
 
-__all__ = ["FAST", "admit", "blocking_pair", "closed", "crash", "join_peers", "master", "peers",
-           "raw_master", "record_sends", "reduce_ok", "rss"]
+__all__ = ["FAST", "admit", "blocking_pair", "closed", "crash", "crash_after", "join_peers",
+           "master", "peers", "raw_master", "record_sends", "reduce_ok", "rss"]
 
 FAST = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
 #: Run secrets for tests: strong enough for ``auth.check_secret`` (made once with
@@ -132,3 +132,27 @@ def blocking_pair(address: str) -> list[blocking.Communicator]:
         comms[0].update_topology()
         joining.result()
     return sorted(comms, key=lambda c: c.rank)
+
+
+@contextlib.contextmanager
+def crash_after(watched, victim, phase: int, k: int) -> Iterator[list[int]]:
+    """Crash ``victim`` once ``watched`` received its ``k``-th segment of ``phase``; yields a
+    one-item list counting those segments. Collective.on_segment is restored on exit."""
+    from pccl_aio._peer import testing
+    from pccl_aio._peer.data import collective as _collective
+
+    seen = [0]
+    orig_on_segment = _collective.Collective.on_segment
+
+    def on_segment(self, ph, off, length, p0, p1):
+        orig_on_segment(self, ph, off, length, p0, p1)
+        if self.env is testing.data_plane(watched) and ph == phase:
+            seen[0] += 1
+            if seen[0] == k:
+                crash(victim)
+
+    _collective.Collective.on_segment = on_segment  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        _collective.Collective.on_segment = orig_on_segment  # type: ignore[method-assign]

@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="TCP port to listen on; 0 lets the OS pick one (the log says which)")
     p.add_argument("--heartbeat-timeout", type=_seconds, default=5.0, metavar="SECONDS",
                    help="a peer silent this long is treated as dead")
+    p.add_argument("--heartbeat-interval", type=_seconds, metavar="SECONDS",
+                   help="how often the master tells each peer it is alive (default: a third "
+                        "of the heartbeat timeout)")
     p.add_argument("--run-id", metavar="ID",
                    help="serve only this run: peers of another run are refused (default: "
                         "the run of the first peer that arrives)")
@@ -128,6 +131,7 @@ async def _run_cli(args: argparse.Namespace) -> int:
         return 2
     try:
         master = Master(args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
+                        heartbeat_interval=args.heartbeat_interval,
                         secret=secret or b"", ssl=context,
                         allow_any_advertise_host=args.allow_any_advertise_host,
                         run_id=args.run_id, recovery_grace=args.recovery_grace,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from collections.abc import Iterator
 
 import msgspec
 import numpy as np
@@ -18,30 +17,7 @@ from pccl_aio._peer import testing
 from pccl_aio._wire import auth
 from pccl_aio._wire import messages as m
 from pccl_aio._wire.framing import frame
-from tests.helpers import FAST, crash, raw_master, reduce_ok
-
-
-@contextlib.contextmanager
-def _crash_after(watched, victim, phase: int, k: int) -> Iterator[list[int]]:
-    """Crash ``victim`` once ``watched`` received its ``k``-th segment of ``phase``; yields a
-    one-item list counting those segments. Collective.on_segment is restored on exit."""
-    from pccl_aio._peer.data import collective as _collective
-
-    seen = [0]
-    orig_on_segment = _collective.Collective.on_segment
-
-    def on_segment(self, ph, off, length, p0, p1):
-        orig_on_segment(self, ph, off, length, p0, p1)
-        if self.env is testing.data_plane(watched) and ph == phase:
-            seen[0] += 1
-            if seen[0] == k:
-                crash(victim)
-
-    _collective.Collective.on_segment = on_segment  # type: ignore[method-assign]
-    try:
-        yield seen
-    finally:
-        _collective.Collective.on_segment = orig_on_segment  # type: ignore[method-assign]
+from tests.helpers import FAST, crash, crash_after, raw_master, reduce_ok
 
 
 async def _reduce_ok(comms, n=100):
@@ -116,7 +92,7 @@ async def test_crash_at_each_pipeline_point_leaves_inputs_intact(peers, in_place
     originals = [x.copy() for x in xs]
     outs = [np.full(n, -1.0, np.float32) for _ in range(3)]
     phase, k = when
-    with _crash_after(comms[0], comms[1], phase, k) as seen:
+    with crash_after(comms[0], comms[1], phase, k) as seen:
         hs = [c.all_reduce_async(x, None if in_place else o, tag=3)
               for c, x, o in zip(comms, xs, outs)]
         res = await asyncio.gather(hs[0], hs[2], return_exceptions=True)
@@ -141,7 +117,7 @@ async def test_crash_without_restore_on_abort_leaves_input_unrestored_and_retry_
     n = 3 * (1 << 20)
     xs = [np.arange(n, dtype=np.float32) * (i + 1) + 0.5 for i in range(3)]
     originals = [x.copy() for x in xs]
-    with _crash_after(comms[0], comms[1], phase=1, k=1):
+    with crash_after(comms[0], comms[1], phase=1, k=1):
         hs = [c.all_reduce_async(x, tag=4, restore_on_abort=False) for c, x in zip(comms, xs)]
         res = await asyncio.gather(hs[0], hs[2], return_exceptions=True)
     for r in res:

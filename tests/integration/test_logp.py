@@ -15,8 +15,7 @@ from pccl_aio._peer import testing
 from pccl_aio._peer.data.core.bruck import BRUCK, BruckPlan
 from pccl_aio._peer.data.core.gather import GATHER_MAX
 from pccl_aio._types import DataType
-from tests.helpers import crash, reduce_ok
-from tests.integration.test_faults import _crash_after
+from tests.helpers import crash, crash_after, reduce_ok
 
 try:  # (imported at collection: a first import inside the event loop stalls heartbeats)
     import torch
@@ -140,7 +139,7 @@ async def test_a_peer_crashed_mid_rounds_fails_every_survivor_restores_and_retry
     comms = sorted(await peers(6), key=lambda c: c.rank)
     xs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(6)]
     originals = [x.copy() for x in xs]
-    with _crash_after(comms[0], comms[2], BRUCK + round_, 1):
+    with crash_after(comms[0], comms[2], BRUCK + round_, 1):
         res = await asyncio.gather(*(c.all_reduce(x, tag=5) for c, x in zip(comms, xs)),
                                    return_exceptions=True)
     survivors = [i for i in range(6) if i != 2]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from tests.helpers import crash_after
 
 ALGOS = [pccl.QuantAlgo.MIN_MAX, pccl.QuantAlgo.ZERO_POINT_SCALE]
 SRC = ["float16", "bfloat16", "float32", "float64"]
@@ -233,14 +234,12 @@ async def test_uint4_arguments_are_checked(peers):
 async def test_uint4_crash_mid_collective_raises_everywhere_and_leaves_inputs(peers, in_place):
     """A peer crashing after the first uint4 reduce-scatter segment arrived: every survivor
     raises, its input is intact (restored in place), and the retry is identical everywhere."""
-    from tests.integration.test_faults import _crash_after
-
     comms = await peers(3)
     n = 3 * (1 << 21) + 5  # 2**21 elements per 1 MiB uint4 segment: two segments per chunk
     xs = _inputs("float32", n, 3, seed=9)
     originals = [x.copy() for x in xs]
     outs = [np.full(n, -1.0, np.float32) for _ in range(3)]
-    with _crash_after(comms[0], comms[1], 0, 1) as seen:
+    with crash_after(comms[0], comms[1], 0, 1) as seen:
         hs = [c.all_reduce_async(x, None if in_place else o, tag=3, quantization=U4)
               for c, x, o in zip(comms, xs, outs)]
         res = await asyncio.gather(hs[0], hs[2], return_exceptions=True)

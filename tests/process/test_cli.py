@@ -17,6 +17,9 @@ import numpy as np
 import pytest
 
 import pccl_aio as pccl
+from pccl_aio._net.stream import read_frame
+from pccl_aio._wire import messages as m
+from pccl_aio._wire.framing import frame
 from tests.helpers import admit, raw_master
 from tests.process.procs import HERE
 
@@ -148,12 +151,40 @@ async def test_json_logs_from_the_environment_one_object_per_line():
     (["--port", "http"], "argument --port: 'http' is not a port"),
     (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: '0' is not a positive"),
     (["--heartbeat-timeout", "nan"], "argument --heartbeat-timeout: 'nan' is not a positive"),
+    (["--heartbeat-interval", "0"], "argument --heartbeat-interval: '0' is not a positive"),
 ])
 def test_bad_options_are_usage_errors(args, words):
     done = cli(*args)
     assert done.returncode == 2
     assert done.stderr.startswith("usage: python -m pccl_aio.master")
     assert words in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_the_heartbeat_interval_option_sets_the_masters_beacon():
+    """``--heartbeat-interval 0.2`` next to a 30 s timeout (whose default interval is 10 s): a
+    client that said ``Hello`` hears a ``MasterHeartbeat`` within a second."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pccl_aio.master", "--host", "127.0.0.1", "--port", "0",
+        "--heartbeat-timeout", "30", "--heartbeat-interval", "0.2",
+        stderr=asyncio.subprocess.PIPE, env=ENV)
+    try:
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))
+        reader, writer = await raw_master(port)
+        writer.write(frame(m.encode(m.Hello(m.PROTOCOL_VERSION, 0, 40000))))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        while not isinstance(m.decode_master_to_peer(
+                await asyncio.wait_for(read_frame(reader), 5)), m.MasterHeartbeat):
+            pass
+        assert loop.time() - t0 < 1.0
+        writer.close()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
 
 
 async def test_log_level_is_case_insensitive():
