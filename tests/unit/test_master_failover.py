@@ -386,3 +386,35 @@ def test_a_topology_round_is_counted_before_its_membership():
     (ms_a,) = sent_to(acts, a, m.Membership)
     (done,) = sent_to(acts, a, m.TopologyUpdated)
     assert ms_a.topology_round == done.round == h.st.access.vote_rounds()["topology"]
+
+
+def test_the_members_grace_counts_from_the_first_member_back():
+    """A peer that was waiting to join (or one whose membership claim had no valid seal)
+    reaches a restarted master first; the first member comes back just before the grace
+    counted from that peer ends. The rebuild still waits a whole grace for the others (it
+    finished with the first member alone and made the others joiners:
+    ``tests/process/test_insider.py`` met it under load), and ends at that grace."""
+    h = fresh()  # grace 5 s
+    rejoin(h, 3, ring=[], accepted=False)
+    assert msgs(h.tick(4.0), m.Membership) == {}
+    h.now = 4.5
+    rejoin(h, 4)
+    assert msgs(h.tick(5.0), m.Membership) == {} and h.st.accepted() == []
+    h.now = 6.0
+    acts = rejoin(h, 9)
+    assert msgs(acts, m.Membership) == {} and h.st.accepted() == []
+    assert msgs(h.tick(9.4), m.Membership) == {}
+    acts = h.tick(9.5)  # 7 never came back: the rebuild ends a grace after 4 came back
+    assert sorted(msgs(acts, m.Membership)) == [4, 9] and h.st.accepted() == [4, 9]
+
+
+def test_a_member_back_just_before_the_grace_of_a_waiting_peer_still_brings_the_others():
+    h = fresh()
+    rejoin(h, 3, ring=[], accepted=False)
+    h.now = 4.9
+    rejoin(h, 4)
+    h.now = 5.2
+    rejoin(h, 7)
+    acts = rejoin(h, 9)
+    assert sorted(msgs(acts, m.Membership)) == sorted(RING)
+    assert h.st.accepted() == sorted(RING) and h.st.pending() == [3]

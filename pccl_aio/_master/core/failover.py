@@ -162,7 +162,7 @@ class Failover:
             self._recovery = Recovery(self._master.now, self.grace)
             self.run_id = self.run_id or run_id
         if self._recovery is not None:
-            self._recovery.add(conn, group, rejoin)
+            self._recovery.add(conn, group, rejoin, self._master.now)
             self.term = max(self.term, min(rejoin.term + 1, _ID_END - 1))
             return True
         for d in rejoin.doubts:

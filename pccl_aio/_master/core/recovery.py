@@ -66,7 +66,12 @@ class Recovery:
         above every member's, and counting it made the members joiners)."""
         return max((r.term for _, r in self._rejoins.values() if r.accepted), default=0)
 
-    def add(self, conn: int, group: int, rejoin: m.Rejoin) -> None:
+    def add(self, conn: int, group: int, rejoin: m.Rejoin, now: float) -> None:
+        """A peer rejoined at ``now``. The first member of a ring starts the grace again: the
+        members' wait counts from the first of them, not from a peer that was waiting to join
+        (or whose claim was refused) and came back before them."""
+        if rejoin.accepted and rejoin.ring and not self._rings():
+            self.started = now
         self._rejoins[conn] = (group, rejoin)
 
     def members(self) -> list[int]:
