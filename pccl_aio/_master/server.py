@@ -297,7 +297,8 @@ class Master:
         rejoin = msg.rejoin if isinstance(msg, m.Hello) else None
         if rejoin is not None and isinstance(msg, m.Hello):  # a run it takes over frees its id
             self._handle(ms.Rejoining(msg, loop.time()))
-        conn = self.state.allocate(rejoin.peer_id if rejoin is not None else 0)
+        conn = self.state.allocate(rejoin.peer_id if rejoin is not None else 0,
+                                   refused=rejoin is not None and rejoin.peer_id == 0)
         self._sessions[conn] = admitted[1]
         self._writers[conn] = self._owners[conn] = writer
         self._handle(ms.Connected(conn, str(peername[0]), loop.time()))

@@ -418,3 +418,16 @@ def test_a_member_back_just_before_the_grace_of_a_waiting_peer_still_brings_the_
     acts = rejoin(h, 9)
     assert sorted(msgs(acts, m.Membership)) == sorted(RING)
     assert h.st.accepted() == sorted(RING) and h.st.pending() == [3]
+
+
+def test_a_refused_claim_gets_an_id_no_member_of_the_run_holds():
+    """A claim to rejoin without a valid seal (``MasterKeys.screen`` cuts it to peer id 0)
+    reaching a restarted master first got the lowest fresh id: a member's, who then came back
+    as a joiner under another id (``tests/process/test_insider.py``, in the full suite). Such
+    a claim gets an id from far above; the members' own ids and fresh ids stay as they were."""
+    h = fresh()
+    outsider = h.st.allocate(0, refused=True)
+    assert outsider >= 2**62
+    assert h.handle(ms.Connected(outsider, "127.0.0.1", h.now)) == []
+    assert h.st.allocate(0, refused=True) == outsider + 1
+    assert rejoin(h, 1) and h.st.allocate() == 10  # 1 keeps its id; fresh ids above the ring

@@ -29,6 +29,7 @@ from .recovery import Outcome, Recovery
 __all__ = ["Failover", "Master"]
 
 _ID_END = 2**63  # peer ids are below it (``_wire.fields.U63``)
+_REFUSED = 2**62  # ids of peers whose claim to rejoin was refused start here
 
 
 class Master(Protocol):
@@ -72,6 +73,7 @@ class Failover:
         self.grace = grace
         self._recovery: Recovery | None = None
         self._max_id = 0  # the highest peer id used or reported (fresh ids go above it)
+        self._refused = 0  # the last id given to a refused claim (``allocate``)
         self._owed: dict[int, dict[str, m.MasterToPeer]] = {}  # answers a rebuild owes
         self._fresh_run: float | None = None  # when a new peer started the run here
         self._random_run = False  # ... and its run id is one this master made up
@@ -88,9 +90,17 @@ class Failover:
         rec = self._recovery
         return None if rec is None else (sorted(rec.members()), sorted(rec.missing()))
 
-    def allocate(self, wanted: int, used: Container[int]) -> int:
+    def allocate(self, wanted: int, used: Container[int], refused: bool = False) -> int:
         """The peer id of a new connection: ``wanted`` (a rejoining peer's own) if not
-        ``used``, else one above every id used or reported."""
+        ``used``, else one above every id used or reported. ``refused``: a claim to rejoin
+        that this master did not believe (no valid seal): an id from far above (``_REFUSED``),
+        which no member of the run it may be about to rebuild holds (a low fresh id made a
+        member that came back a moment later a joiner under another id)."""
+        if refused:
+            self._refused = max(self._refused + 1, _REFUSED)
+            while self._refused in used:
+                self._refused += 1
+            return self._refused
         if not (0 < wanted < _ID_END) or wanted in used:
             wanted = self._max_id + 1
             if wanted >= _ID_END:  # claimed ids reached the top: the lowest free one

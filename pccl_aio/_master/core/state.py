@@ -113,9 +113,9 @@ class MasterState:
         """Registered peers waiting for admission."""
         return sorted(self._admission.joiners)
 
-    def allocate(self, wanted: int = 0) -> int:
+    def allocate(self, wanted: int = 0, refused: bool = False) -> int:
         """The peer id of a new connection (``Failover.allocate``)."""
-        return self._fo.allocate(wanted, self._peers)
+        return self._fo.allocate(wanted, self._peers, refused)
 
     def probe(self) -> m.ProbeAnswer:
         """What this master tells a ``Probe``: its term, run and member count."""
