@@ -5,6 +5,7 @@ and the other options checked by argparse (usage error, exit status 2), never a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -160,17 +162,30 @@ def test_bad_options_are_usage_errors(args, words):
     assert words in done.stderr and "Traceback" not in done.stderr
 
 
-async def test_the_heartbeat_interval_option_sets_the_masters_beacon():
-    """``--heartbeat-interval 0.2`` next to a 30 s timeout (whose default interval is 10 s): a
-    client that said ``Hello`` hears a ``MasterHeartbeat`` within a second."""
+@contextlib.asynccontextmanager
+async def _cli_master(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    """``python -m pccl_aio.master`` on 127.0.0.1 with an OS-chosen port and ``args``: the
+    process and the port its first log line names; at the end SIGTERM, and it exits 0."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pccl_aio.master", "--host", "127.0.0.1", "--port", "0",
-        "--heartbeat-timeout", "30", "--heartbeat-interval", "0.2",
+        sys.executable, "-m", "pccl_aio.master", "--host", "127.0.0.1", "--port", "0", *args,
         stderr=asyncio.subprocess.PIPE, env=ENV)
     try:
         assert proc.stderr is not None
         line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
-        port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))
+        yield proc, int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_the_heartbeat_interval_option_sets_the_masters_beacon():
+    """``--heartbeat-interval 0.2`` next to a 30 s timeout (whose default interval is 10 s): a
+    client that said ``Hello`` hears a ``MasterHeartbeat`` within a second."""
+    async with _cli_master("--heartbeat-timeout", "30", "--heartbeat-interval", "0.2") as (
+            _, port):
         reader, writer = await raw_master(port)
         writer.write(frame(m.encode(m.Hello(m.PROTOCOL_VERSION, 0, 40000))))
         loop = asyncio.get_running_loop()
@@ -180,31 +195,15 @@ async def test_the_heartbeat_interval_option_sets_the_masters_beacon():
             pass
         assert loop.time() - t0 < 1.0
         writer.close()
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
 
 
 async def test_log_level_is_case_insensitive():
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pccl_aio.master", "--host", "127.0.0.1", "--port", "0",
-        "--log-level", "debug", stderr=asyncio.subprocess.PIPE, env=ENV)
-    try:
+    async with _cli_master("--log-level", "debug") as (proc, port):
         assert proc.stderr is not None
-        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
-        port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))
         _, writer = await raw_master(port)
         line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
         assert " DEBUG pccl_aio.master: connection from 127.0.0.1:" in line
         writer.close()
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 @pytest.mark.parametrize(("args", "words"), [
