@@ -49,7 +49,7 @@ class MasterKeys:
         return msgspec.structs.replace(msg, **changes) if changes else msg
 
     def _keys_of(self, conn: int, ids: tuple[int, ...]) -> bytes:
-        """``conn``'s pair keys with the ring ``ids``, joined (``pair_key``)."""
+        """``conn``'s pair keys with the ring ``ids``, joined (``auth.pair_keys``)."""
         known, keys = self._pairs.get(conn, ((), b""))
         if ids[: len(known)] != known:
             known, keys = (), b""

@@ -19,7 +19,7 @@ that the keys differ (``DIFFER``), so both sides can say what to fix.
 Each side proves it knows the key over the other side's fresh nonce, so a recorded handshake
 replayed in either direction fails. The MACs cover the role and both peer ids, so a proof made
 for one connection is worth nothing on another. The key is the run secret's key for the master
-connection and the pair key the master issued for two peers (``pair_key``) for connections
+connection and the pair key the master issued for two peers (``pair_keys``) for connections
 between peers; in a run without a secret it is empty (the handshake then proves nothing, but
 keeps one code path). Both sides derive a session key from the transcript (``session_key``);
 the master wraps pair keys with it before sending them (``wrap``).
@@ -200,22 +200,16 @@ def session_key(key: bytes, opening: bytes, nonce: bytes) -> bytes:
     return _mac(key, b"session", opening, nonce)
 
 
-def pair_key(run_key: bytes, a: int, b: int) -> bytes:
-    """The key peers ``a`` and ``b`` share, from the master's private ``run_key`` (keyed
-    BLAKE2b: only the master derives them, one per member and ring peer at every epoch)."""
-    lo, hi = min(a, b), max(a, b)
-    return hashlib.blake2b(struct.pack("<QQ", lo, hi), key=run_key, digest_size=KEY_SIZE,
-                           person=b"pccl pair").digest()
-
-
 def pair_hasher(run_key: bytes) -> hashlib.blake2b:
-    """``pair_key``'s hash, keyed once with ``run_key`` (``pair_keys`` copies it per pair)."""
+    """The pair keys' hash, keyed once with the master's private ``run_key`` (``pair_keys``
+    copies it per pair)."""
     return hashlib.blake2b(key=run_key, digest_size=KEY_SIZE, person=b"pccl pair")
 
 
 def pair_keys(hasher: hashlib.blake2b, a: int, ids: Sequence[int]) -> bytes:
-    """``pair_key(run_key, a, b)`` for each ``b`` of ``ids``, joined (``hasher``:
-    ``pair_hasher(run_key)``; a copy of the keyed state per pair, not a fresh keying)."""
+    """The key peer ``a`` shares with each peer ``b`` of ``ids``, joined: keyed BLAKE2b of
+    (min, max) of the two ids (``hasher``: ``pair_hasher(run_key)``, copied per pair). Only
+    the master derives them, one per member and ring peer at every epoch."""
     out = []
     for b in ids:
         h = hasher.copy()

@@ -4,6 +4,9 @@ run issued for exactly those; anything else joins as a new peer."""
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import msgspec
 import pytest
 
@@ -60,14 +63,15 @@ def test_without_a_master_secret_nothing_is_sealed_or_screened():
 
 
 def test_the_pair_keys_a_member_gets_are_each_pairs_key_and_its_peer_gets_the_same():
-    """``pair_keys`` (one keyed state, copied per pair) gives ``pair_key``'s keys; ``cutter``
-    cuts them apart; a ring grown at its end keeps the keys it had; the two peers of a pair
-    unwrap one key."""
+    """``pair_keys`` (one keyed state, copied per pair) gives each pair's keyed BLAKE2b of
+    its two ids, lower first; ``cutter`` cuts them apart; a ring grown at its end keeps the
+    keys it had; the two peers of a pair unwrap one key."""
     run_key = b"k" * 32
     ids = [3, 9, 1, 12, 7]
     joined = auth.pair_keys(auth.pair_hasher(run_key), 9, ids)
     assert list(auth.cutter(len(ids)).unpack(joined)) == [
-        auth.pair_key(run_key, 9, i) for i in ids]
+        hashlib.blake2b(struct.pack("<QQ", min(9, i), max(9, i)), key=run_key,
+                        digest_size=32, person=b"pccl pair").digest() for i in ids]
     assert auth.cutter(0).unpack(b"") == ()
     keys = MasterKeys(True, b"")
     ring = [m.PeerAddr(p, "127.0.0.1", 1000 + p) for p in (4, 5, 6)]
