@@ -31,8 +31,10 @@ def dequantize_accumulate(
     algo: int,
 ) -> None: ...
 def sparse_compress(
-    dst: Buffer, src: Buffer, chunk: int, k: int, index_bits: int, bits: int, index_at: int,
-    code_at: int, scratch: Buffer,
+    dst: Buffer, pending: Buffer, chunk: int, k: int, index_bits: int, bits: int,
+    index_at: int, code_at: int, scratch: Buffer, src: Buffer | None = None,
+    err: Buffer | None = None,
+    decay: float = 1.0, first: int = 0, last: int = -1,
 ) -> None: ...
 def sparse_accumulate(
     dst: Buffer, part: Buffer, chunk: int, k: int, index_bits: int, bits: int, index_at: int,

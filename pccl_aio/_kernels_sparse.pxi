@@ -227,9 +227,12 @@ cdef void _feed(float* pending, const float* x, const float* err, float decay,
 cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t chunk,
                           Py_ssize_t k, int index_bits, int bits, uint32_t* scratch,
                           Py_ssize_t index_at, Py_ssize_t code_at, const float* src,
-                          const float* err, float decay) noexcept nogil:
-    """The part of ``x``; returns -1, or the first chunk whose largest magnitude is not
-    finite (then ``dst`` holds unspecified bytes). ``scratch``: 3 * chunk + 2 uint32s. With
+                          const float* err, float decay, Py_ssize_t first,
+                          Py_ssize_t last) noexcept nogil:
+    """Chunks ``first`` to ``last`` (excluded) of the part of ``x``; returns -1, or the first
+    chunk whose largest magnitude is not finite (then ``dst`` holds unspecified bytes).
+    ``first`` * k * bits and * index_bits must be whole bytes (the bits of other chunk ranges
+    are not touched: ranges may be written at once). ``scratch``: 3 * chunk + 2 uint32s. With
     ``src`` (not NULL), each chunk of ``x`` is first made ``err * decay + src`` (``_feed``:
     one pass over memory for the error feedback and the selection)."""
     cdef const uint32_t* raw = <const uint32_t*>x
@@ -242,9 +245,9 @@ cdef Py_ssize_t _compress(unsigned char* dst, float* x, Py_ssize_t n, Py_ssize_t
     cdef int64_t t
     cdef float s, v
     cdef double sd, half = ((1 << bits) - 1) / 2.0, levels = (1 << bits) - 1, q
-    wi.p, wi.acc, wi.n = dst + index_at, 0, 0
-    wc.p, wc.acc, wc.n = dst + code_at, 0, 0
-    for j in range((n + chunk - 1) // chunk):
+    wi.p, wi.acc, wi.n = dst + index_at + first * k * index_bits // 8, 0, 0
+    wc.p, wc.acc, wc.n = dst + code_at + first * k * bits // 8, 0, 0
+    for j in range(first, last):
         base = j * chunk
         m = n - base if n - base < chunk else chunk
         kk = k if k < m else m
@@ -303,18 +306,23 @@ def sparse_compress(unsigned char[::1] dst, const unsigned char[::1] pending, Py
                     Py_ssize_t k, int index_bits, int bits, Py_ssize_t index_at,
                     Py_ssize_t code_at, unsigned char[::1] scratch,
                     const unsigned char[::1] src=None, const unsigned char[::1] err=None,
-                    float decay=1.0):
-    """Write the part of ``pending`` (float32) into ``dst`` (zeroed, ``Layout.nbytes``);
+                    float decay=1.0, Py_ssize_t first=0, Py_ssize_t last=-1):
+    """Write the part of ``pending`` (float32) into ``dst`` (``Layout.nbytes``);
     with ``src`` and ``err`` (float32, as long), first ``pending = err * decay + src``
     (``pending`` must then be writable: the front passes its own buffer).
-    ``scratch`` holds 3 * ``chunk`` + 2 uint32s. ValueError if a chunk's largest magnitude is
-    not finite."""
-    cdef Py_ssize_t n = pending.shape[0] // 4, bad
+    ``scratch`` holds 3 * ``chunk`` + 2 uint32s. ``first``, ``last``: only those chunks
+    (``last`` -1: to the end; ``first`` a multiple of 8, so that calls on separate ranges,
+    from separate threads, write separate bytes). ValueError if a chunk's largest magnitude
+    is not finite."""
+    cdef Py_ssize_t n = pending.shape[0] // 4, bad, chunks = (n + chunk - 1) // chunk
     cdef const float* s = NULL
     cdef const float* e = NULL
+    if last < 0:
+        last = chunks
     if n == 0 or chunk < 2 or k < 1 or scratch.shape[0] < 4 * (3 * chunk + 2) \
             or not 1 <= bits <= 16 or not 1 <= index_bits <= 16 or code_at > dst.shape[0] \
-            or index_at > code_at or (src is None) != (err is None):
+            or index_at > code_at or (src is None) != (err is None) \
+            or not 0 <= first <= last <= chunks or first % 8:
         raise ValueError("sparse_compress: bad arguments")
     if src is not None:
         if src.shape[0] != pending.shape[0] or err.shape[0] != pending.shape[0]:
@@ -322,7 +330,7 @@ def sparse_compress(unsigned char[::1] dst, const unsigned char[::1] pending, Py
         s, e = <const float*>&src[0], <const float*>&err[0]
     with nogil:
         bad = _compress(&dst[0], <float*>&pending[0], n, chunk, k, index_bits, bits,
-                        <uint32_t*>&scratch[0], index_at, code_at, s, e, decay)
+                        <uint32_t*>&scratch[0], index_at, code_at, s, e, decay, first, last)
     if bad >= 0:
         raise ValueError(f"a kept value of chunk {bad} is not finite")
 

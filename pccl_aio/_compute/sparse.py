@@ -10,6 +10,8 @@ Needs numpy.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ from . import sparse_reference as ref
 from .ops import NO_EXTENSIONS, kernels
 from .sparse_reference import CODE_BITS, Layout
 
-__all__ = ["Layout", "accumulate", "checked", "compress", "layout", "scratch_size"]
+__all__ = ["Layout", "accumulate", "checked", "compress", "layout", "scratch_size", "spans"]
 
 MAX_CHUNK = 1 << 16
 
@@ -55,12 +57,15 @@ def checked(buf: Any, dtype: type[np.generic], count: int, name: str,
 
 def compress(dst: Any, src: Any, lay: Layout, scratch: NDArray[np.uint32] | None = None, *,
              error: NDArray[np.float32] | None = None,
-             pending: NDArray[np.float32] | None = None, decay: float = 1.0) -> None:
+             pending: NDArray[np.float32] | None = None, decay: float = 1.0,
+             threads: int = 1) -> None:
     """Write the part of ``src`` (float32, ``lay.n``) into ``dst`` (uint8, ``lay.nbytes``).
     With ``error`` and ``pending`` (float32, ``lay.n``): the part of ``pending = error * decay
     + src`` (float32, in that order), written there in the same pass. ``scratch``:
-    ``scratch_size(lay)`` uint32s to reuse. InvalidUsageError if a kept value (a chunk's
-    largest magnitude) is not finite."""
+    ``scratch_size(lay)`` uint32s per thread, to reuse. ``threads``: at most that many
+    threads share the chunks (``spans``; the same bytes), the calling one among them; it
+    blocks until all are done. InvalidUsageError if a kept value (a chunk's largest
+    magnitude) is not finite."""
     x = checked(src, np.float32, lay.n, "src", False)
     d = checked(dst, np.uint8, lay.nbytes, "dst", True)
     fed = error is not None and pending is not None
@@ -76,23 +81,61 @@ def compress(dst: Any, src: Any, lay: Layout, scratch: NDArray[np.uint32] | None
                 x = p
             d[:] = ref.compress(x, lay)
             return
-        if scratch is None or scratch.size < scratch_size(lay):
-            scratch = np.empty(scratch_size(lay), np.uint32)
-        d[:] = 0
-        args = (lay.chunk, lay.k, lay.index_bits, lay.bits, a, a + b, scratch.view(np.uint8))
-        if fed:
-            kernels().sparse_compress(d, p.view(np.uint8), *args, x.view(np.uint8),
-                                      e.view(np.uint8), decay)
-        else:
-            kernels().sparse_compress(d, x.view(np.uint8), *args)
+        parts = spans(lay, threads)
+        size = scratch_size(lay)
+        if scratch is None or scratch.size < size * len(parts):
+            scratch = np.empty(size * len(parts), np.uint32)
+        work = p if fed else x
+        feed = (x.view(np.uint8), e.view(np.uint8), decay) if fed else (None, None, 1.0)
+
+        def run(i: int) -> None:
+            kernels().sparse_compress(
+                d, work.view(np.uint8), lay.chunk, lay.k, lay.index_bits, lay.bits, a, a + b,
+                scratch[i * size:(i + 1) * size].view(np.uint8), *feed, *parts[i])
+
+        if len(parts) == 1:
+            run(0)
+        else:  # (the kernels release the GIL: the threads run at once)
+            others = [_pool().submit(run, i) for i in range(1, len(parts))]
+            try:
+                run(0)
+            finally:
+                failures = [f.exception() for f in others]
+            for exc in failures:
+                if exc is not None:
+                    raise exc
     except ValueError as exc:
         raise InvalidUsageError(f"cannot compress: {exc} (NaN or infinity in the input)") \
             from None
 
 
 def scratch_size(lay: Layout) -> int:
-    """uint32s of scratch ``compress`` works in."""
+    """uint32s of scratch ``compress`` works in, per thread."""
     return 3 * lay.chunk + 2
+
+
+MIN_SPAN = 64  # chunks a thread takes at least (256 Ki elements at chunk 4096)
+
+
+def spans(lay: Layout, threads: int) -> list[tuple[int, int]]:
+    """The chunk ranges ``compress`` gives to at most ``threads`` threads, and to at most
+    one per ``MIN_SPAN`` chunks (a thread's start costs more than a few small chunks take):
+    about equal, each starting at a multiple of 8 chunks (so that no two write one byte)."""
+    n = max(1, min(threads, lay.chunks // MIN_SPAN))
+    step = -(-lay.chunks // n // 8) * 8
+    return [(i, min(i + step, lay.chunks)) for i in range(0, lay.chunks, step)]
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The threads that share a compression with its caller (made at the first use)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) - 1),
+                                   thread_name_prefix="pccl_aio compress")
+    return _POOL
 
 
 def accumulate(dst: Any, part: Any, lay: Layout, sign: int = 1) -> None:

@@ -216,3 +216,55 @@ def test_a_non_contiguous_out_is_refused_not_written_to_a_copy():
     out = np.zeros((10, 20), np.float32)[:, :10]  # (reshape(-1) would copy it)
     with pytest.raises(pccl.InvalidUsageError, match="C-contiguous"):
         c.decompress(part, out)
+
+
+@pytest.mark.parametrize(("chunks", "threads"), [(1, 4), (63, 2), (128, 2), (130, 2),
+                                                 (200, 3), (1000, 4), (16384, 4), (100, 1)])
+def test_the_spans_cover_every_chunk_once_from_multiples_of_eight(chunks, threads):
+    lay = sparse.layout(chunks * 16, density=0.2, bits=2, chunk=16)
+    spans = sparse.spans(lay, threads)
+    assert len(spans) == max(1, min(threads, chunks // sparse.MIN_SPAN))
+    assert [a for a, _ in spans[1:]] == [b for _, b in spans[:-1]]  # contiguous
+    assert spans[0][0] == 0 and spans[-1][1] == chunks
+    assert all(a % 8 == 0 and b > a for a, b in spans)
+
+
+@pytest.mark.cython
+@pytest.mark.parametrize("impl_name", CY_IMPLS)
+@pytest.mark.parametrize(("chunk", "density", "bits", "threads"), [
+    (256, 0.01, 2, 2), (256, 0.011, 2, 3), (300, 0.05, 4, 4), (4096, 0.01, 2, 2)])
+def test_threads_write_the_bytes_of_one(impl_name, chunk, density, bits, threads):
+    """Chunk ranges compressed at once by several threads (bit offsets not multiples of 8
+    within a span: k * bits odd) give the bytes of one thread, and of the specification,
+    the fed pass included; a non-finite value in the last span raises."""
+    rng = np.random.default_rng(chunk + threads)
+    n = chunk * sparse.MIN_SPAN * threads + chunk // 3
+    lay = sparse.layout(n, density=density, bits=bits, chunk=chunk)
+    assert len(sparse.spans(lay, threads)) == threads
+    with kernels(impl_name):
+        for name, x in vectors(n, chunk, rng).items():
+            got = np.zeros(lay.nbytes, np.uint8)
+            sparse.compress(got, x, lay, threads=threads)
+            assert np.array_equal(got, ref.compress(x, lay)), name
+        err = rng.standard_normal(n).astype(np.float32)
+        pending = np.full(n, np.nan, np.float32)
+        sparse.compress(got, x, lay, error=err, pending=pending, decay=0.9, threads=threads)
+        want = err * np.float32(0.9) + x
+        assert pending.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+        assert np.array_equal(got, ref.compress(want, lay))
+        x[-1] = np.nan
+        with pytest.raises(pccl.InvalidUsageError, match="not finite"):
+            sparse.compress(got, x, lay, threads=threads)
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 2.0, "2"])
+def test_threads_must_be_a_positive_int(threads):
+    with pytest.raises(pccl.InvalidUsageError, match="threads"):
+        pccl.SparseCompressor(100, threads=threads)
+
+
+def test_a_compressor_uses_one_thread_per_span():
+    small = pccl.SparseCompressor(4096 * 10, threads=4)
+    big = pccl.SparseCompressor(4096 * 256, threads=4)
+    assert (small.threads, big.threads) == (1, 4)
+    assert pccl.SparseCompressor(4096 * 256, threads=1).threads == 1
