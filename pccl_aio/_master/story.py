@@ -174,6 +174,10 @@ class Story:
                     self.counts.votes[f"{msg.kind}_rejected"] += 1
                     self._note(logging.INFO, "vote_rejected", "%s votes rejected: %s",
                                msg.kind, msg.reason, peer=conn, kind=msg.kind)
+                case r.Superseded() if msg.reason == r.REBUILT_WITHOUT:
+                    self._note(logging.WARNING, "demoted", "peer %d rejoined as a member of a "
+                               "run rebuilt without it: it joins again", conn, peer=conn)
+                    continue
                 case r.Superseded():
                     self._note(logging.WARNING, "stepped_down", "stepping down: %s",
                                msg.reason or "a master of a higher term", term=msg.term)

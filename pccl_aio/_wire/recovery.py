@@ -85,9 +85,14 @@ class ProbeAnswer(Msg, frozen=True, tag=82):
     superseded: bool = False
 
 
+REBUILT_WITHOUT = "the run was rebuilt without this peer: it joins again as a new member"
+
+
 class Superseded(Msg, frozen=True, tag=83):
     """This master learned of a master of a higher ``term`` and stepped down: the session
-    ends, and the peer rejoins the run where it is now served."""
+    ends, and the peer rejoins the run where it is now served. Also (``reason``
+    ``REBUILT_WITHOUT``) to a peer that rejoined a restarted master as a member and is none
+    in the run rebuilt there: it joins that master again, as a new member."""
 
     term: U63
     reason: Reason = ""

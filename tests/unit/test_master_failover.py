@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pccl_aio._master.core import state as ms
 from pccl_aio._wire import messages as m
-from tests.unit.master_harness import PV, Harness, msgs, sent_to, sync_vote
+from pccl_aio._wire.recovery import REBUILT_WITHOUT
+from tests.unit.master_harness import PV, Harness, closes, msgs, sent_to, sync_vote
 
 RING = [7, 4, 9]  # the old master's ring order (peer ids)
 
@@ -98,9 +99,15 @@ def test_a_waiting_peer_rejoins_waiting_and_a_stale_ring_makes_a_joiner():
     rejoin(h, 7)
     rejoin(h, 3, ring=[], accepted=False)  # it was waiting to join
     rejoin(h, 5, ring=[5, 7], epoch=2)  # an old ring: it was dropped since
-    rejoin(h, 9)
+    acts = rejoin(h, 9)
     assert h.st.accepted() == sorted(RING)
-    assert h.st.pending() == [3, 5]
+    # 5 claimed to be a member: it is told it is none (it joins again, as a new member) and
+    # its session ends; 3 knew it was waiting and waits on
+    (told,) = sent_to(acts, 5)
+    assert told == m.Superseded(2, REBUILT_WITHOUT)
+    assert closes(acts) == [5] and sent_to(acts, 3) == []
+    assert h.st.pending() == [3]
+    assert sorted(msgs(acts, m.Membership)) == sorted(RING)  # the members are undisturbed
 
 
 def test_a_waiting_peers_rejoin_alone_does_not_rebuild_the_run():

@@ -23,6 +23,7 @@ from collections.abc import Container, Iterable
 from typing import Protocol
 
 from ..._wire import messages as m
+from ..._wire.recovery import REBUILT_WITHOUT
 from .events import Action, Send
 from .recovery import Outcome, Recovery
 
@@ -268,3 +269,8 @@ class Failover:
             out.extend(Send(c, m.CollectiveAbort(tag, seq, failed)) for tag, seq in items)
         out.extend(Send(c, m.SyncComplete(rev)) for c, rev in o.synced.items())
         out.extend(Send(c, m.SyncFailed(failed, True)) for c in o.sync_failed)
+        # a peer that rejoined as a member and is none (its ring or term is gone, or its id
+        # taken) would go on as one: it joins again, as a new member, and knows it
+        if o.demoted:
+            out.extend(Send(c, m.Superseded(self.term, REBUILT_WITHOUT)) for c in o.demoted)
+            self._master.close(o.demoted, "rebuilt without it", out)

@@ -34,7 +34,8 @@ class Outcome:
     send: ``complete``/``abort`` as conn -> [(tag, seq)], ``synced``/``sync_failed`` as
     conn -> revision; ``rounds``: the last round of each joint vote (and its answer), and
     ``owed``: the members that voted in it and missed the answer (their next vote of that
-    kind gets it at once: the others went on)."""
+    kind gets it at once: the others went on); ``demoted``: the joiners that rejoined as
+    members (their ring or term is gone, or their id taken: they must learn it)."""
 
     members: dict[int, int]
     rings: dict[int, list[int]]
@@ -49,6 +50,7 @@ class Outcome:
     rounds: dict[str, tuple[int, bool]] = dataclasses.field(default_factory=dict)
     owed: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     waiting: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    demoted: list[int] = dataclasses.field(default_factory=list)
 
 
 class Recovery:
@@ -120,6 +122,7 @@ class Recovery:
                 joiners.append(conn)
         out = Outcome(
             members=members, joiners=sorted(joiners),
+            demoted=sorted(c for c in joiners if self._rejoins[c][1].accepted),
             rings={g: [p for p in ring if p in members] for g, (_, ring) in rings.items()},
             epoch=max((r.epoch for _, r in self._rejoins.values()), default=0),
             max_seq=max((r.max_seq for _, r in self._rejoins.values()), default=0),
