@@ -197,9 +197,13 @@ async def test_each_python_block_runs(block: Block, tmp_path: Path):
 @pytest.mark.parametrize("peers", [2, 3])
 async def test_the_use_example_always_reduces(peers: int, staggered: bool, tmp_path: Path):
     """Staggered, the first peer waits alone, the second joins it; a third joins the two while
-    they reduce, so that run is longer (it must still be going when the third has started)."""
+    they reduce, so that run is longer: it must still be going when the third can be
+    admitted, which is at least the master's ``admission_interval`` (1 s) after the second's
+    batch, and after the third's first heartbeat (0.5 s after its ``Welcome``). At 200 steps
+    (~6 ms each here) the two sometimes finished first: the third was admitted at step
+    187-198, or after the end."""
     joiner = staggered and peers == 3
-    steps = 200 if joiner else 30
+    steps = 600 if joiner else 30
     for _ in range(4):  # (a race would show in some runs; 4 x 4 cases keep CI within bounds)
         head: list[str] = []
         results = await _run(USE, tmp_path, peers, staggered, steps, head)
