@@ -126,16 +126,17 @@ def spans(lay: Layout, threads: int) -> list[tuple[int, int]]:
     return [(i, min(i + step, lay.chunks)) for i in range(0, lay.chunks, step)]
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The threads that share a compression with its caller (made at the first use)."""
+    """The threads that share a compression with its caller (made at the first use in each
+    process: a child forked after it has none of its threads, and would wait forever)."""
     global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) - 1),
-                                   thread_name_prefix="pccl_aio compress")
-    return _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) - 1),
+                                                 thread_name_prefix="pccl_aio compress"))
+    return _POOL[1]
 
 
 def accumulate(dst: Any, part: Any, lay: Layout, sign: int = 1) -> None:

@@ -268,3 +268,29 @@ def test_a_compressor_uses_one_thread_per_span():
     big = pccl.SparseCompressor(4096 * 256, threads=4)
     assert (small.threads, big.threads) == (1, 4)
     assert pccl.SparseCompressor(4096 * 256, threads=1).threads == 1
+
+
+@pytest.mark.cython
+def test_a_child_forked_after_a_threaded_compress_compresses_on_its_own_threads():
+    """The pool's threads do not survive a fork: the child makes its own (else it waited for
+    threads that are not there)."""
+    import os
+
+    lay = sparse.layout(256 * sparse.MIN_SPAN * 2, density=0.01, bits=2, chunk=256)
+    x = np.random.default_rng(3).standard_normal(lay.n).astype(np.float32)
+    part = np.zeros(lay.nbytes, np.uint8)
+    sparse.compress(part, x, lay, threads=2)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: compress on two threads, write the part, exit
+        try:
+            got = np.zeros(lay.nbytes, np.uint8)
+            sparse.compress(got, x, lay, threads=2)
+            os.write(w, got.tobytes())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    assert data == part.tobytes()
