@@ -19,7 +19,7 @@ from .._net.credentials import client_context, run_key
 from .._net.handshake import HANDSHAKE_TIMEOUT, Gate
 from .._net.stream import FrameBudget, at_eof, own_socket, read_frame, set_nodelay
 from .._net.tasks import TaskSet
-from .._wire import auth
+from .._wire import auth, liveness
 from .._wire import messages as m
 from .._wire.address import parse_address
 from .._wire.framing import MAX_FRAME_SIZE, frame
@@ -110,8 +110,7 @@ class Master:
         self._others = [parse_address(a, "another master's") for a in others]
         self.host = host
         self._port = port
-        self.heartbeat_interval = (heartbeat_timeout / 3 if heartbeat_interval is None
-                                   else heartbeat_interval)
+        self.heartbeat_interval = liveness.interval(heartbeat_timeout, heartbeat_interval)
         if not 0 < self.heartbeat_interval < float("inf") or not heartbeat_timeout > 0:
             raise InvalidUsageError("heartbeat_interval and heartbeat_timeout must be positive")
         self.state = ms.MasterState(
@@ -249,10 +248,10 @@ class Master:
         self._apply(actions)
 
     async def _ticker(self) -> None:
-        """Every ``TICK`` s (or ``heartbeat_interval`` or a quarter of the timeout, if shorter)
-        a ``Tick``; a beacon to every peer once per ``heartbeat_interval``."""
+        """A ``Tick`` every ``liveness.period``; a beacon to every peer once per
+        ``heartbeat_interval``."""
         loop = asyncio.get_running_loop()
-        period = min(TICK, self.heartbeat_interval, self.state.heartbeat_timeout / 4)
+        period = liveness.period(self.heartbeat_interval, self.state.heartbeat_timeout)
         last = beaconed = loop.time()
         while True:
             await asyncio.sleep(period)
@@ -260,7 +259,8 @@ class Master:
             stood_still, last = now - last > self.state.heartbeat_timeout / 2, now
             if stood_still:
                 continue  # this master stood still (stopped, swapped): read what the peers
-            beacon = now - beaconed >= self.heartbeat_interval - period / 2  # sent meanwhile
+                # sent meanwhile first
+            beacon = liveness.due(now, beaconed, self.heartbeat_interval, period)
             beaconed = now if beacon else beaconed  # before judging their silence
             self._handle(ms.Tick(now, beacon))
             self.status.sample()
@@ -378,7 +378,6 @@ class Master:
 
 _HEARTBEAT = m.Heartbeat()
 _BEAT = m.encode(_HEARTBEAT)
-TICK = 0.5  # s between the master's ticks (silent peers, vote timers, fail-over)
 SUSPECT_GRACE = 0.1  # s a failure report waits for the suspect's control connection to close
 _BEFORE_HELLO = 64 << 10  # the largest frame a connection may send before its Hello
 _LARGE_FRAMES = 32 << 20  # bytes of frames above 64 KiB being received at once, all peers

@@ -21,6 +21,7 @@ from .._net.credentials import run_key
 from .._net.handshake import Gate
 from .._net.stream import local_address
 from .._types import SyncInfo, SyncStrategy, TopologyInfo
+from .._wire import liveness
 from .._wire import messages as m
 from . import deadline
 from .collective_calls import CollectiveCalls
@@ -114,8 +115,8 @@ class Communicator(CollectiveCalls):
         self.config = PeerConfig.parse(
             master, peer_group=peer_group, p2p_connections=p2p_connections,
             listen_host=listen_host, advertise_host=advertise_host,
-            heartbeat_interval=heartbeat_timeout / 3 if heartbeat_interval is None
-            else heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+            heartbeat_interval=liveness.interval(heartbeat_timeout, heartbeat_interval),
+            heartbeat_timeout=heartbeat_timeout,
             data_timeout=data_timeout, master_timeout=master_timeout, run_id=run_id or "",
             key=run_key(secret),
             ssl=ssl, ssl_server=ssl_server, replica=replica or "", replica_size=replica_size)

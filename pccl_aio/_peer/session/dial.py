@@ -26,7 +26,7 @@ from ..._errors import (
 from ..._net.handshake import HandshakeError, greet
 from ..._net.probe import probe
 from ..._net.stream import read_frame, set_nodelay
-from ..._wire import auth
+from ..._wire import auth, liveness
 from ..._wire import messages as m
 from ..._wire.framing import frame
 from ..core.config import PeerConfig
@@ -242,11 +242,11 @@ async def heartbeat(session: Session, cfg: PeerConfig, live: Callable[[], bool])
     """A ``Heartbeat`` on ``session`` after one check period (a joiner counts as pending
     once the master heard from it after its ``Hello``), then every ``heartbeat_interval``
     while ``live()``. Returns True once the master was silent (``session.heard``) for more
-    than ``heartbeat_timeout`` (checked every ``CHECK`` s, or a quarter of the timeout if
-    shorter): the connection is aborted; False once not live. Cancelling stops it."""
+    than ``heartbeat_timeout`` (checked every ``liveness.period``): the connection is
+    aborted; False once not live. Cancelling stops it."""
     loop = asyncio.get_running_loop()
     writer, beat = session.writer, frame(m.encode(m.Heartbeat()))
-    period = min(CHECK, cfg.heartbeat_interval, cfg.heartbeat_timeout / 4)
+    period = liveness.period(cfg.heartbeat_interval, cfg.heartbeat_timeout)
     beaten = -math.inf
     while live():
         await asyncio.sleep(period)  # the check's period
@@ -256,13 +256,10 @@ async def heartbeat(session: Session, cfg: PeerConfig, live: Callable[[], bool])
         if now - session.heard > cfg.heartbeat_timeout:
             writer.transport.abort()
             return True
-        if now - beaten >= cfg.heartbeat_interval - period / 2 and not writer.is_closing():
+        if liveness.due(now, beaten, cfg.heartbeat_interval, period) and not writer.is_closing():
             writer.write(beat)
             beaten = now
     return False
-
-
-CHECK = 0.5  # s between a peer's checks of the master's silence
 
 
 def close_quietly(writer: asyncio.StreamWriter | None) -> None:
