@@ -32,6 +32,11 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "streaming": ("streaming_diloco.py", ["--inner", "50", "--fragments", "3"]),
     "streaming uint4": ("streaming_diloco.py", ["--inner", "56", "--fragments", "3",
                                                 "--quant", "uint4"]),
+    # fewer bytes per inner step, for the churn row's budget (joiners' state is a third of it)
+    "streaming uint4 H=72": ("streaming_diloco.py", ["--inner", "72", "--fragments", "3",
+                                                     "--quant", "uint4"]),
+    "streaming uint4 H=96": ("streaming_diloco.py", ["--inner", "96", "--fragments", "3",
+                                                     "--quant", "uint4"]),
     "diloco sparse 1% 2-bit": ("diloco.py", ["--inner", "50", "--sparse", "0.01"]),
     "diloco sparse 5% 4-bit": ("diloco.py", ["--inner", "50", "--sparse", "0.05",
                                              "--sparse-bits", "4"]),
@@ -41,7 +46,9 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
                                             "--outer-lr", "1.0", "--sparse-decay", "0.95"]),
 }
 #: outer steps between evaluations, so that every run is evaluated every 50 inner steps
-EVAL_EVERY = {"ddp": 50, "streaming": 3, "streaming uint4": 3, "diloco sparse EF H=10": 5}
+EVAL_EVERY = {"ddp": 50, "streaming": 3, "streaming uint4": 3, "streaming uint4 H=72": 2,
+              "streaming uint4 H=96": 2,
+              "diloco sparse EF H=10": 5}
 
 
 def run(name: str, churn: float | None, args: argparse.Namespace) -> dict[str, Any]:
