@@ -103,7 +103,7 @@ _META_LIMIT = 2.0**1001
 PARALLEL_MIN_BYTES = 8 << 20
 KERNEL_THREADS = max(1, min(2, int(os.environ.get("PCCL_AIO_KERNEL_THREADS", "2") or 2),
                             os.cpu_count() or 1))
-_pool: ThreadPoolExecutor | None = None
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
 
 
 def kernels() -> ModuleType:
@@ -122,15 +122,28 @@ def _split(nbytes: int, size: int) -> int:
 
 
 def _in_two(cut: int, job: Callable[[int, int], None], total: int) -> None:
-    """Run ``job(0, cut)`` on the worker thread and ``job(cut, total)`` here; both finish."""
+    """Run ``job(0, cut)`` on a kernel thread and ``job(cut, total)`` here; both finish."""
+    run_all([lambda: job(cut, total), lambda: job(0, cut)])
+
+
+def run_all(jobs: list[Callable[[], None]]) -> None:
+    """Run ``jobs[0]`` on the calling thread and the others on the kernel threads (the
+    kernels release the GIL: they run at once); returns once every job finished, raising
+    the first failure. Blocks the calling thread meanwhile."""
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(1, thread_name_prefix="pccl_aio-kernel")
-    fut = _pool.submit(job, 0, cut)
+    if len(jobs) > 1 and (_pool is None or _pool[0] != os.getpid()):
+        # (made at the first use in each process: a child forked after a parent's use has
+        # none of its threads, and would wait for them forever)
+        _pool = (os.getpid(), ThreadPoolExecutor(max(1, (os.cpu_count() or 1) - 1),
+                                                 thread_name_prefix="pccl_aio-kernel"))
+    others = [_pool[1].submit(j) for j in jobs[1:]] if _pool is not None else []
     try:
-        job(cut, total)
+        jobs[0]()
     finally:
-        fut.result()
+        failures = [f.exception() for f in others]
+    for exc in failures:
+        if exc is not None:
+            raise exc
 
 
 def _bytes(buf: BufferLike, name: str, writable: bool) -> memoryview:

@@ -10,8 +10,7 @@ Needs numpy.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
+import functools
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ from numpy.typing import NDArray
 
 from .._errors import InvalidUsageError, RemoteProtocolError
 from . import sparse_reference as ref
-from .ops import NO_EXTENSIONS, kernels
+from .ops import NO_EXTENSIONS, kernels, run_all
 from .sparse_reference import CODE_BITS, Layout
 
 __all__ = ["Layout", "accumulate", "checked", "compress", "layout", "scratch_size", "spans"]
@@ -93,17 +92,7 @@ def compress(dst: Any, src: Any, lay: Layout, scratch: NDArray[np.uint32] | None
                 d, work.view(np.uint8), lay.chunk, lay.k, lay.index_bits, lay.bits, a, a + b,
                 scratch[i * size:(i + 1) * size].view(np.uint8), *feed, *parts[i])
 
-        if len(parts) == 1:
-            run(0)
-        else:  # (the kernels release the GIL: the threads run at once)
-            others = [_pool().submit(run, i) for i in range(1, len(parts))]
-            try:
-                run(0)
-            finally:
-                failures = [f.exception() for f in others]
-            for exc in failures:
-                if exc is not None:
-                    raise exc
+        run_all([functools.partial(run, i) for i in range(len(parts))])
     except ValueError as exc:
         raise InvalidUsageError(f"cannot compress: {exc} (NaN or infinity in the input)") \
             from None
@@ -125,18 +114,6 @@ def spans(lay: Layout, threads: int) -> list[tuple[int, int]]:
     step = -(-lay.chunks // n // 8) * 8
     return [(i, min(i + step, lay.chunks)) for i in range(0, lay.chunks, step)]
 
-
-_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The threads that share a compression with its caller (made at the first use in each
-    process: a child forked after it has none of its threads, and would wait forever)."""
-    global _POOL
-    if _POOL is None or _POOL[0] != os.getpid():
-        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) - 1),
-                                                 thread_name_prefix="pccl_aio compress"))
-    return _POOL[1]
 
 
 def accumulate(dst: Any, part: Any, lay: Layout, sign: int = 1) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from .._compute import sparse
+from .._compute import ops, sparse
 from .._errors import InvalidUsageError
 from .._types import ReduceInfo
 
@@ -59,7 +59,8 @@ class SparseCompressor:
     are checked (an index outside its chunk raises ``RemoteProtocolError`` on every peer).
 
     Bytes per element sent: ``nbytes / numel`` against 4 uncompressed (``ratio``).
-    ``threads`` (default: the CPUs, at most 4) share ``compress``'s chunks, each at least
+    ``threads`` (default: the CPUs, at most 4; one with ``PCCL_AIO_KERNEL_THREADS=1``)
+    share ``compress``'s chunks, each at least
     64 chunks (``threads`` reads how many a call uses); the bytes do not depend
     on it.
     """
@@ -68,8 +69,8 @@ class SparseCompressor:
                  decay: float = 1.0, threads: int | None = None) -> None:
         if not isinstance(decay, float | int) or not 0 <= decay <= 1:
             raise InvalidUsageError(f"decay must be in [0, 1], not {decay!r}")
-        if threads is None:
-            threads = min(MAX_THREADS, os.cpu_count() or 1)
+        if threads is None:  # (PCCL_AIO_KERNEL_THREADS=1: one, as for the other kernels)
+            threads = min(MAX_THREADS, os.cpu_count() or 1) if ops.KERNEL_THREADS > 1 else 1
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise InvalidUsageError(f"threads must be a positive int or None, not {threads!r}")
         self.layout = sparse.layout(numel, density=density, bits=bits, chunk=chunk)
