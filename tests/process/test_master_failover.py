@@ -176,3 +176,45 @@ async def test_a_master_that_stood_still_does_not_drop_the_peers_it_did_not_read
         assert [testing.control_plane(c).outage.count for c in comms] == [0, 0]
     finally:
         await asyncio.gather(*(c.close() for c in comms))
+
+
+async def test_a_frozen_peer_back_at_a_restarted_master_first_joins_again_as_new(procs):
+    """p2 is SIGSTOPped until the master drops it (2 s) and p0, p1 go on without it; then p0
+    and p1 are stopped too, the master is SIGKILLed and restarted, and p2 resumed: it reaches
+    the new master first, claiming its old ring. The rebuilt run is p0's and p1's (their ring
+    is newer), so the master tells p2 it is none of it and ends its session, and p2 joins
+    again as a new member: it raises ``new_member`` once, receives the state, and trains on
+    with the others (it used to go on believing it was a member)."""
+    master, port = await start_master(procs)
+    run = await three_peers(procs, f"127.0.0.1:{port}")
+    p0, p1, p2 = (run.peers[n] for n in ("p0", "p1", "p2"))
+    state: dict[str, Any] = {}
+
+    async def events(ev: Event) -> None:
+        if ev["revision"] >= 10 and ev["ws"] == 3 and not run.event_t:  # p2 in
+            run.mark()
+            p2.signal(signal.SIGSTOP)
+        elif run.event_t and ev["ws"] == 2 and "master2" not in state:  # p2 was dropped
+            for p in (p0, p1):
+                p.signal(signal.SIGSTOP)
+            master.signal(signal.SIGKILL)
+            await master.proc.wait()
+            state["master2"], _ = await start_master(procs, port, "master2",
+                                                     env={"PCCL_TEST_LOG": "WARNING"})
+            p2.signal(signal.SIGCONT)
+            while (await probe(port)).term < 2:  # p2's rejoin made the run's term 2
+                pass
+            for p in (p0, p1):
+                p.signal(signal.SIGCONT)
+
+    await run.drive(events)
+    run.check(rejoined=("p2",))
+    later = [e for e in run.logs["p2"] if e["t"] > run.event_t]
+    assert any("as a new member" in e.get("error", "") for e in later), run.story()
+    assert max(e.get("ws", 0) for e in later) == 3  # trained with p0 and p1 again
+    master2 = state["master2"]
+    master2.signal(signal.SIGKILL)
+    assert master2.proc.stderr is not None
+    log = (await master2.proc.stderr.read()).decode()
+    assert "of a run rebuilt without it" in log, log[-3000:]
+    await run.close()
