@@ -211,6 +211,9 @@ async def test_a_frozen_peer_back_at_a_restarted_master_first_joins_again_as_new
     run.check(rejoined=("p2",))
     later = [e for e in run.logs["p2"] if e["t"] > run.event_t]
     assert any("as a new member" in e.get("error", "") for e in later), run.story()
+    # its links to the others were opened under its old id: they are not used under the new
+    # one (a frame on one was another sender's to the receiver: an abort for everyone)
+    assert "not from its sender" not in run.story(), run.story()
     assert max(e.get("ws", 0) for e in later) == 3  # trained with p0 and p1 again
     master2 = state["master2"]
     master2.signal(signal.SIGKILL)

@@ -97,11 +97,14 @@ class DataPlane:
         await self.listener.start(host, tls=self.config.ssl_server)
 
     def on_membership(self, msg: m.Membership, peer_id: int) -> None:
-        """A new ring: close the links to peers that left it."""
+        """A new ring: close the links to peers that left it, and every link if this peer's
+        id changed (it rejoined as a new member: its links name the old id, and a frame on
+        one is another sender's to the receiver, which aborts the collective)."""
+        renamed = peer_id != self.peer_id
         self._ring, self.peer_id = list(msg.ring), peer_id
         alive = {p.peer_id for p in msg.ring}
         self._bandwidth = {p: b for p, b in self._bandwidth.items() if p in alive}
-        for pid in [p for p in self._links if p not in alive]:
+        for pid in [p for p in self._links if renamed or p not in alive]:
             self._links.pop(pid).close()
 
     async def link(self, peer_id: int) -> Link:
