@@ -115,7 +115,6 @@ def spans(lay: Layout, threads: int) -> list[tuple[int, int]]:
     return [(i, min(i + step, lay.chunks)) for i in range(0, lay.chunks, step)]
 
 
-
 def accumulate(dst: Any, part: Any, lay: Layout, sign: int = 1) -> None:
     """Add (``sign`` 1) or subtract (-1) the decoded ``part`` into ``dst`` (float32,
     ``lay.n``), in the part's order. RemoteProtocolError for a part that lists an index

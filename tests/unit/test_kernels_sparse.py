@@ -59,7 +59,7 @@ def test_the_kernels_write_the_bytes_of_the_specification(impl, n, chunk, densit
     lay = sparse.layout(n, density=density, bits=bits, chunk=chunk)
     for name, x in vectors(n, chunk, rng).items():
         want = ref.compress(x, lay)
-        got = np.zeros(lay.nbytes, np.uint8)
+        got = np.full(lay.nbytes, 0xA5, np.uint8)  # (every byte is written: parts are reused)
         sparse.compress(got, x, lay)
         assert np.array_equal(got, want), name
         base = rng.standard_normal(n).astype(np.float32)
@@ -243,7 +243,7 @@ def test_threads_write_the_bytes_of_one(impl_name, chunk, density, bits, threads
     assert len(sparse.spans(lay, threads)) == threads
     with kernels(impl_name):
         for name, x in vectors(n, chunk, rng).items():
-            got = np.zeros(lay.nbytes, np.uint8)
+            got = np.full(lay.nbytes, 0xA5, np.uint8)  # (every byte is written: parts reused)
             sparse.compress(got, x, lay, threads=threads)
             assert np.array_equal(got, ref.compress(x, lay)), name
         err = rng.standard_normal(n).astype(np.float32)
