@@ -148,8 +148,8 @@ async def greet(reader: Reader, writer: Writer, role: int,
                 key, opening, nonce, await reader.readexactly(auth.VERDICT.size))
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         raise HandshakeError(
-            "the other side closed the connection during the handshake (a wrong run secret, "
-            "TLS on one side only, or another version of pccl_aio)") from exc
+            "the other side closed the connection during the handshake (TLS on one side only, "
+            "another version of pccl_aio, or it stopped at that moment)") from exc
     if status != auth.OK:
         why = auth.STATUS.get(status, "not a pccl_aio handshake")
         if mismatch:

@@ -199,7 +199,9 @@ class Communicator(CollectiveCalls):
         (default 300 s; None waits for ever); each handshake is also bounded by
         ``heartbeat_timeout``; with several master addresses, it joins the one serving the
         run at the highest term. Raises ``MasterConnectionError`` (``VersionMismatchError``
-        for a master of another protocol version), ``PcclTimeoutError`` (a master that accepts
+        for a master of another protocol version), ``AuthenticationError`` (the secret or TLS
+        refused; a handshake the master closed without a verdict, as one killed at that moment
+        does, is tried twice more first), ``PcclTimeoutError`` (a master that accepts
         and does not answer, or no admission in time), ``InvalidUsageError`` if already
         connected or the listeners cannot bind. Cancelling closes everything opened so far;
         after a failure ``connect`` may be called again.

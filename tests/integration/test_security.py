@@ -298,6 +298,38 @@ async def test_tls_mismatches_fail_with_a_typed_error_within_a_second(ca):
             assert loop.time() - t0 < 1.0, (master_ctx, peer_ctx)
 
 
+async def test_a_master_gone_mid_handshake_is_tried_again_and_tls_on_one_side_is_not(ca):
+    """A master that hangs up mid-handshake (killed at that moment) is not taken for a
+    refusal: ``connect`` tries again and joins the master started next on that port. A
+    plain peer against a TLS master, which also hangs up, still fails with
+    ``AuthenticationError``, after two more tries (``dial.CLOSED_RETRIES``)."""
+    hung_up = asyncio.Event()
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # the peer's opening: the handshake has begun
+        writer.transport.abort()  # as a master SIGKILLed now would
+        hung_up.set()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with pccl.Communicator(f"127.0.0.1:{port}", **FAST) as c:
+        joining = asyncio.ensure_future(c.connect(attempts=30, backoff=0.05))
+        await asyncio.wait_for(hung_up.wait(), 10)
+        server.close()
+        await server.wait_closed()
+        async with pccl.Master("127.0.0.1", port):
+            await asyncio.wait_for(joining, 10)
+            assert c.world_size == 1
+    server_ctx, _ = _contexts(ca)
+    loop = asyncio.get_running_loop()
+    async with (pccl.Master("127.0.0.1", 0, ssl=server_ctx) as m,
+                pccl.Communicator(m.address, **FAST) as c):
+        t0 = loop.time()
+        with pytest.raises(pccl.AuthenticationError, match="closed the connection"):
+            await c.connect(attempts=10, backoff=0.05)
+        assert loop.time() - t0 < 2.0
+
+
 def test_tls_contexts_from_files(ca, tmp_path):
     cert = ca.issue_cert("127.0.0.1")
     cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))

@@ -92,11 +92,21 @@ async def _dial(cfg: PeerConfig, host: str, port: int
             await asyncio.wait_for(writer.wait_closed(), 1.0)
         if exc.status == auth.BAD_VERSION:
             raise VersionMismatchError(f"the master refused this peer: {exc}") from None
-        raise AuthenticationError(_refused(where, exc)) from None
+        cls = HandshakeClosed if exc.status == -1 else AuthenticationError
+        raise cls(_refused(where, exc)) from None
     except BaseException:
         writer.close()
         raise
     return reader, writer, key
+
+
+class HandshakeClosed(AuthenticationError):
+    """The master closed the connection during the handshake without a verdict: TLS on its
+    side only, another protocol, or a master that died (or was evicting handshakes) at that
+    moment; ``open_retrying`` tries again a few times before it believes the first."""
+
+
+CLOSED_RETRIES = 2  # handshakes closed without a verdict that open_retrying tries past
 
 
 _GIVE = ("give it the run's secret with Communicator(secret=...), $PCCL_AIO_SECRET_FILE or "
@@ -220,14 +230,19 @@ async def open_retrying(cfg: PeerConfig, hello: m.Hello, term: int, attempts: in
                         backoff: float) -> Session:
     """``open_session``, tried ``attempts`` times with exponential back-off while no master
     answers. Raises ``MasterConnectionError`` after the last, ``AuthenticationError`` and
-    ``VersionMismatchError`` at once, ``PcclTimeoutError`` (a master that accepts and never
-    answers) on the last attempt. Cancelling stops the attempt in progress."""
+    ``VersionMismatchError`` at once (a handshake closed without a verdict only after
+    ``CLOSED_RETRIES`` more: a master killed mid-handshake reads so too),
+    ``PcclTimeoutError`` (a master that accepts and never answers) on the last attempt.
+    Cancelling stops the attempt in progress."""
     last: Exception | None = None
+    closed = 0
     for i in range(attempts):
         try:
             return await open_session(cfg, hello, term)
         except (OSError, TimeoutError) as exc:
-            if isinstance(exc, (AuthenticationError, VersionMismatchError)) or (
+            if isinstance(exc, HandshakeClosed) and closed < CLOSED_RETRIES and i + 1 < attempts:
+                closed += 1
+            elif isinstance(exc, (AuthenticationError, VersionMismatchError)) or (
                     isinstance(exc, PcclTimeoutError) and i + 1 == attempts):
                 raise
             last = exc
