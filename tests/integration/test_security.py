@@ -325,9 +325,10 @@ async def test_a_master_gone_mid_handshake_is_tried_again_and_tls_on_one_side_is
     async with (pccl.Master("127.0.0.1", 0, ssl=server_ctx) as m,
                 pccl.Communicator(m.address, **FAST) as c):
         t0 = loop.time()
-        with pytest.raises(pccl.AuthenticationError, match="closed the connection"):
+        with pytest.raises(pccl.AuthenticationError, match="closed the connection") as caught:
             await c.connect(attempts=10, backoff=0.05)
         assert loop.time() - t0 < 2.0
+        assert type(caught.value) is pccl.AuthenticationError  # the public type, as before
 
 
 def test_tls_contexts_from_files(ca, tmp_path):

@@ -240,7 +240,9 @@ async def open_retrying(cfg: PeerConfig, hello: m.Hello, term: int, attempts: in
         try:
             return await open_session(cfg, hello, term)
         except (OSError, TimeoutError) as exc:
-            if isinstance(exc, HandshakeClosed) and closed < CLOSED_RETRIES and i + 1 < attempts:
+            if isinstance(exc, HandshakeClosed):
+                if closed == CLOSED_RETRIES or i + 1 == attempts:  # believed: the public type
+                    raise AuthenticationError(str(exc)) from None
                 closed += 1
             elif isinstance(exc, (AuthenticationError, VersionMismatchError)) or (
                     isinstance(exc, PcclTimeoutError) and i + 1 == attempts):
