@@ -131,12 +131,15 @@ def run_all(jobs: list[Callable[[], None]]) -> None:
     kernels release the GIL: they run at once); returns once every job finished, raising
     the first failure. Blocks the calling thread meanwhile."""
     global _pool
-    if len(jobs) > 1 and (_pool is None or _pool[0] != os.getpid()):
+    if len(jobs) == 1:
+        jobs[0]()
+        return
+    if _pool is None or _pool[0] != os.getpid():
         # (made at the first use in each process: a child forked after a parent's use has
         # none of its threads, and would wait for them forever)
         _pool = (os.getpid(), ThreadPoolExecutor(max(1, (os.cpu_count() or 1) - 1),
                                                  thread_name_prefix="pccl_aio-kernel"))
-    others = [_pool[1].submit(j) for j in jobs[1:]] if _pool is not None else []
+    others = [_pool[1].submit(j) for j in jobs[1:]]
     try:
         jobs[0]()
     finally:

@@ -60,9 +60,8 @@ class SparseCompressor:
 
     Bytes per element sent: ``nbytes / numel`` against 4 uncompressed (``ratio``).
     ``threads`` (default: the CPUs, at most 4; one with ``PCCL_AIO_KERNEL_THREADS=1``)
-    share ``compress``'s chunks, each at least
-    64 chunks (``threads`` reads how many a call uses); the bytes do not depend
-    on it.
+    share ``compress``'s chunks, each at least 64 chunks (``threads`` reads how many a call
+    uses); the bytes do not depend on it.
     """
 
     def __init__(self, numel: int, *, density: float = 0.01, bits: int = 2, chunk: int = 4096,

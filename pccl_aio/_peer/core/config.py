@@ -7,6 +7,7 @@ import ssl as _ssl
 from collections.abc import Sequence
 
 from ..._errors import InvalidUsageError
+from ..._wire import liveness
 from ..._wire.address import parse_address
 
 
@@ -19,7 +20,7 @@ class PeerConfig:
     p2p_connections: int | None = None  # None: chosen per link (``core/bdp.py``)
     listen_host: str = ""  # "": the interface that routes to the first master
     advertise_host: str = ""
-    heartbeat_interval: float = 5.0 / 3  # a third of the timeout
+    heartbeat_interval: float = liveness.interval(5.0, None)  # the default timeout's
     heartbeat_timeout: float = 5.0
     data_timeout: float = 10.0
     master_timeout: float = 60.0  # how long a lost master is waited for (0: not at all)
