@@ -25,14 +25,19 @@ PEER = str(HERE / "torch_pg_peer.py")
 WORLD = 3
 
 
-async def _results(procs: list, *args_per_rank: tuple[str, ...]) -> list[dict]:
+async def _results(procs: list, *args_per_rank: tuple[str, ...], reference: bool = False
+                   ) -> list[dict]:
+    """Each rank's JSON line; every rank exits 0 (a ``reference`` run's exit codes are
+    gloo's teardown, not ours: it is known to SIGABRT when a peer's socket closes first)."""
     ps = []
     for i, args in enumerate(args_per_rank):
         p = await spawn(f"rank{i}", PEER, *args, env={"OMP_NUM_THREADS": "1"})
         procs.append(p)
         ps.append(p)
     out = [json.loads(await p.line(timeout=90)) for p in ps]
-    assert await asyncio.gather(*(p.proc.wait() for p in ps)) == [0] * len(ps)
+    codes = await asyncio.gather(*(p.proc.wait() for p in ps))
+    if not reference:
+        assert codes == [0] * len(ps)
     return sorted(out, key=lambda r: r["rank"])
 
 
@@ -46,7 +51,8 @@ async def test_dist_collectives_match_gloo_and_ddp_replicas_agree(procs):
     async with pccl.Master("127.0.0.1", 0, admission_interval=0.0) as master:
         ours = await _results(procs, *[("pccl_aio", master.address, str(WORLD))] * WORLD)
     store = f"127.0.0.1:{_free_port()}"
-    theirs = await _results(procs, *[("gloo", store, str(WORLD), str(r)) for r in range(WORLD)])
+    theirs = await _results(procs, *[("gloo", store, str(WORLD), str(r)) for r in range(WORLD)],
+                            reference=True)
     assert [r["backend"] for r in ours] == ["pccl_aio"] * WORLD
     assert [r["world"] for r in ours] == [WORLD] * WORLD
     for mine, gloo in zip(ours, theirs):

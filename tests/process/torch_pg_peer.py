@@ -86,6 +86,10 @@ def main() -> None:
     result = {"rank": rank, "world": dist.get_world_size(), "backend": dist.get_backend(),
               "device": dev, **collectives(rank, world, dev), "ddp": ddp(rank, dev)}
     print(json.dumps(result), flush=True)
+    if backend == "gloo":
+        # every rank past its last collective before any tears down: gloo aborts (SIGABRT)
+        # when a pair's socket closes under a rank still inside teardown
+        dist.barrier()
     dist.destroy_process_group()
     if backend == "pccl_aio":
         group.comm.close()
