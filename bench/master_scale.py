@@ -27,7 +27,12 @@ For each P, a fresh master:
   ``coll_us`` per peer-collective (``net_us``: less the idle rate), and wall ms per
   collective, each the median over the windows (a 2-core machine's neighbours come and go;
   ``coll_us_all`` in the JSON: over all of them);
-- http: median of ``--gets`` GETs of ``/``, ``/status.json`` and ``/metrics``.
+- http: median of ``--gets`` GETs of ``/``, ``/status.json`` and ``/metrics``;
+- floor (``--floor``): the same lock step against a bare ``epoll`` loop in its own process
+  that answers each 12-byte frame with one (no asyncio, no codec, no state): two frames in
+  and two out per peer-collective, as the master's init, start, done and complete.
+  ``floor_us``: its CPU per peer-collective, what the syscalls of those four frames cost a
+  Python process here; ``coll_floor_x`` = ``coll_us`` / ``floor_us``.
 
 Ratios (``_x``) are against the first P of the run (the baseline): flat = O(1) per peer. A
 table, then one JSON line (also written to ``--json FILE``).
@@ -75,6 +80,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--log-level", default="info", help="the master's --log-level")
     p.add_argument("--root", help="directory holding the pccl_aio to measure (default: the "
                                   "one on this process's path)")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure a bare epoll loop's CPU for the same frames")
     p.add_argument("--json", metavar="FILE", help="also write the JSON object here")
     args = p.parse_args()
     if args.root:
@@ -180,6 +187,61 @@ async def collectives(swarm: Swarm, meter: Meter, seconds: float, windows: int,
     return out
 
 
+FLOOR = r"""
+import select, socket, sys, time
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(4096)
+print(srv.getsockname()[1], flush=True)
+conns, ep = {}, select.epoll()
+for _ in range(int(sys.argv[1])):
+    c = srv.accept()[0]
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conns[c.fileno()] = c
+    ep.register(c, select.EPOLLIN)
+sys.stdin.readline()
+t0, n = time.process_time(), 0
+while True:
+    for fd, _ in ep.poll():
+        data = conns[fd].recv(4096)
+        if not data:
+            print(time.process_time() - t0, n, flush=True)
+            sys.exit()
+        conns[fd].sendall(data)
+        n += len(data) // 12
+"""
+
+
+def floor_us(peers: int, seconds: float) -> float:
+    """CPU us per peer-collective of a bare epoll loop answering 2 frames of each of
+    ``peers`` connections per lock-step round (blocks ``seconds`` and more)."""
+    import socket
+
+    proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(peers)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    port = int(proc.stdout.readline())
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(peers)]
+    for s in socks:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    frame, k, t0 = b"\0" * 12, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(2):  # (init, start), then (done, complete)
+            for s in socks:
+                s.sendall(frame)
+            for s in socks:
+                if len(s.recv(12, socket.MSG_WAITALL)) != 12:
+                    raise SystemExit("FAILED: the floor loop closed a connection")
+        k += 1
+    for s in socks:
+        s.close()
+    cpu, frames = proc.stdout.readline().split()
+    proc.wait(30)
+    if int(frames) != 2 * k * peers:
+        raise SystemExit(f"FAILED: the floor loop answered {frames} frames, not {2 * k * peers}")
+    return float(cpu) / (k * peers) * 1e6
+
+
 async def http_ms(address: str, path: str, gets: int) -> float:
     """Median ms of ``gets`` GETs of ``path`` (connect, request, whole answer)."""
     host, port = address.rsplit(":", 1)
@@ -230,6 +292,9 @@ async def measure(args: argparse.Namespace, root: str, peers: int, key: bytes,
                                   ("get_json_ms", "status", "/status.json"),
                                   ("get_metrics_ms", "metrics", "/metrics")):
             row[name] = await http_ms(master.found[where], path, args.gets)
+        if args.floor:
+            row["floor_us"] = await asyncio.to_thread(floor_us, peers, args.seconds)
+            row["coll_floor_x"] = row["coll_us"] / row["floor_us"]
         if swarm.error:  # (one no phase waited on: e.g. a peer kicked while idle)
             raise SystemExit(f"FAILED: {swarm.error}")
     finally:
@@ -281,6 +346,10 @@ async def main(args: argparse.Namespace) -> None:
                 {"hello_s": ".3f", "admit_s": ".3f", "admit_cpu_ms": ".0f", "idle_pct": ".2f",
                  "coll_ms": ".2f", "coll_us": ".1f", "net_us": ".1f", "admit_x": ".2f",
                  "idle_x": ".2f", "coll_x": ".2f", "net_x": ".2f"})
+    if args.floor:
+        print()
+        print_table(rows, ["P", "coll_us", "floor_us", "coll_floor_x"],
+                    {"coll_us": ".1f", "floor_us": ".1f", "coll_floor_x": ".2f"})
     print()
     print_table(rows, ["P", "get_page_ms", "page_x", "get_json_ms", "get_metrics_ms",
                        "metrics_x"], {"page_x": ".2f", "metrics_x": ".2f"})
