@@ -28,7 +28,7 @@ WORLD = 3
 async def _results(procs: list, *args_per_rank: tuple[str, ...], reference: bool = False
                    ) -> list[dict]:
     """Each rank's JSON line; every rank exits 0 (a ``reference`` run's exit codes are
-    gloo's teardown, not ours: it is known to SIGABRT when a peer's socket closes first)."""
+    gloo's teardown, not ours: its rank 0 died of SIGABRT there once, after its digests)."""
     ps = []
     for i, args in enumerate(args_per_rank):
         p = await spawn(f"rank{i}", PEER, *args, env={"OMP_NUM_THREADS": "1"})

@@ -87,8 +87,8 @@ def main() -> None:
               "device": dev, **collectives(rank, world, dev), "ddp": ddp(rank, dev)}
     print(json.dumps(result), flush=True)
     if backend == "gloo":
-        # every rank past its last collective before any tears down: gloo aborts (SIGABRT)
-        # when a pair's socket closes under a rank still inside teardown
+        # every rank past its last collective before any tears down (a gloo rank 0 once
+        # died of SIGABRT in teardown, with the others' sockets closing)
         dist.barrier()
     dist.destroy_process_group()
     if backend == "pccl_aio":
