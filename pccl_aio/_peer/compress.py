@@ -16,6 +16,7 @@ from .._types import ReduceInfo
 __all__ = ["SparseCompressor"]
 
 MAX_THREADS = 4  # the default's cap: a compression is bound by memory beyond a few cores
+_NAN_BITS = 0x7FC00000  # a poisoned part's scales (float32's quiet NaN)
 
 
 class _Async(Protocol):
@@ -52,6 +53,13 @@ class SparseCompressor:
     decoded own part``). When the all-gather raises (a peer lost, the group changed, alone:
     ``TooFewPeersError``), the error buffer is unchanged and ``out`` holds unspecified values:
     call again. ``x`` is only read.
+
+    A check that fails on one peer's data fails the average on every peer, never only there
+    (the others would wait in the all-gather): a NaN or infinity in ``error * decay + x`` (a
+    chunk's kept value not finite), or an ``x`` or ``out`` this call refuses, makes this
+    peer send a *poisoned* part (every scale NaN), and every peer, having gathered it, raises
+    ``InvalidUsageError`` naming its rank; nothing is written to ``out`` and no error buffer
+    changes, and the group goes on with the next call.
 
     The error buffer is this peer's own (what it has not sent yet): it is not shared state,
     and a joiner starts with zeros (another peer's residual is no substitute; what the joiner
@@ -106,14 +114,39 @@ class SparseCompressor:
     def compress(self, x: Any) -> NDArray[np.uint8]:
         """This peer's part for ``x`` (the error buffer added in, not yet changed; the part is
         reused by the next call). Pure computation, on ``threads`` threads at most (the
-        calling one among them): blocks until it is done."""
+        calling one among them): blocks until it is done. A chunk whose kept value is not
+        finite gives the poisoned part (``decompress`` raises on it, on every peer);
+        InvalidUsageError for an ``x`` that is not float32 of ``numel`` elements."""
+        part, _ = self._compress(x, None)
+        return part
+
+    def _compress(self, x: Any, out: Any) -> tuple[NDArray[np.uint8], str | None]:
+        """The part for ``x``, and None; or the poisoned part and why (a non-finite kept
+        value; with ``out`` given, also an ``x`` or ``out`` refused: the checks of
+        ``decompress`` made before the exchange)."""
         src = np.asarray(x)
         if src.dtype != np.float32 or src.size != self.layout.n:
-            raise InvalidUsageError(f"x must be float32 with {self.layout.n} elements, "
-                                    f"not {src.dtype} x {src.size}")
-        sparse.compress(self._part, src.reshape(-1), self.layout, self._scratch,
-                        error=self._error, pending=self._pending, decay=self.decay,
-                        threads=self.threads)
+            problem = (f"x must be float32 with {self.layout.n} elements, not {src.dtype} x "
+                       f"{src.size}")
+            if out is None:
+                raise InvalidUsageError(problem)
+            return self._poisoned(), problem
+        try:
+            if out is not None:
+                sparse.checked(out, np.float32, self.layout.n, "out", True)
+            sparse.compress(self._part, src.reshape(-1), self.layout, self._scratch,
+                            error=self._error, pending=self._pending, decay=self.decay,
+                            threads=self.threads)
+        except InvalidUsageError as exc:
+            return self._poisoned(), str(exc)
+        return self._part, None
+
+    def _poisoned(self) -> NDArray[np.uint8]:
+        """The part that fails the exchange on every peer: every scale a NaN, the rest 0
+        (indices 0 are inside every chunk: the part is otherwise well formed)."""
+        a = self.layout.sections[0]
+        self._part[a:] = 0
+        self._part[:a].view("<u4")[:] = _NAN_BITS
         return self._part
 
     def decompress(self, gathered: Any, out: Any) -> None:
@@ -125,11 +158,26 @@ class SparseCompressor:
             raise InvalidUsageError(f"gathered must be uint8, a whole number of {self.nbytes}-"
                                     f"byte parts, not {parts.dtype} x {parts.size}")
         flat = sparse.checked(out, np.float32, self.layout.n, "out", True)
+        self._check_scales(parts, world, None)
         flat[:] = 0
         for r in range(world):
             sparse.accumulate(flat, parts[r * self.nbytes:(r + 1) * self.nbytes], self.layout)
         if world > 1:
             np.divide(flat, np.float32(world), out=flat)
+
+    def _check_scales(self, parts: NDArray[np.uint8], world: int, mine: str | None) -> None:
+        """InvalidUsageError (before anything is written) when a part has a scale that is not
+        finite: the same bytes, so the same verdict, on every peer. ``mine``: why this
+        peer's own part is poisoned, if it is."""
+        a, nb = self.layout.sections[0], self.nbytes
+        bad = [r for r in range(world) if not np.isfinite(
+            parts[r * nb:r * nb + a].view("<f4")).all()]
+        if bad or mine is not None:
+            ranks = ", ".join(map(str, bad)) or "?"
+            raise InvalidUsageError(
+                f"sparse average failed on every peer: the part of rank {ranks} is poisoned "
+                "(NaN or infinity in error * decay + x, or a call refused there)"
+                + (f"; here: {mine}" if mine is not None else ""))
 
     def commit(self) -> None:
         """Keep in the error buffer what the last ``compress`` did not send."""
@@ -144,11 +192,13 @@ class SparseCompressor:
     async def average(self, comm: _Async, x: Any, out: Any, *, tag: int = 0,
                       timeout: float | None = None) -> ReduceInfo:
         """Average ``x`` over ``comm``'s peer group into ``out`` (see the class). Blocks until
-        the all-gather ended; raises what it raises, the error buffer then unchanged.
-        Cancelling it cancels the all-gather (the error buffer unchanged)."""
-        part = self.compress(x)
+        the all-gather ended; raises what it raises, the error buffer then unchanged, and
+        InvalidUsageError on every peer when a part is poisoned (see the class). Cancelling
+        it cancels the all-gather (the error buffer unchanged)."""
+        part, mine = self._compress(x, out)
         gathered = self._buffers(comm.peer_group_world_size)
         info = await comm.all_gather(part, gathered, tag=tag, timeout=timeout)
+        self._check_scales(gathered, gathered.size // self.nbytes, mine)
         self.decompress(gathered, out)
         self.commit()
         return info
@@ -156,9 +206,10 @@ class SparseCompressor:
     def average_blocking(self, comm: _Blocking, x: Any, out: Any, *, tag: int = 0,
                          timeout: float | None = None) -> ReduceInfo:
         """``average`` on a ``pccl_aio.blocking.Communicator``; blocks the calling thread."""
-        part = self.compress(x)
+        part, mine = self._compress(x, out)
         gathered = self._buffers(comm.peer_group_world_size)
         info = comm.all_gather(part, gathered, tag=tag, timeout=timeout)
+        self._check_scales(gathered, gathered.size // self.nbytes, mine)
         self.decompress(gathered, out)
         self.commit()
         return info
