@@ -14,6 +14,7 @@ from .._errors import InvalidUsageError
 from .._log import FORMATS, LEVELS, configure
 from .._net.credentials import load_secret, tls_contexts
 from .server import Master
+from .status import Limits
 
 __all__ = ["main"]
 
@@ -35,6 +36,16 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
     return port
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -99,6 +110,16 @@ def _parser() -> argparse.ArgumentParser:
     obs.add_argument("--http-host", default="127.0.0.1",
                      help="interface of the HTTP ports; they have no authentication and show "
                           "the peers' addresses, so expose them with care")
+    obs.add_argument("--http-max-clients", type=_count, default=Limits().max_clients,
+                     metavar="N", help="connections each HTTP port serves at once; when all "
+                     "are held, a client from a new address takes the oldest of the "
+                     "address holding the most")
+    obs.add_argument("--http-per-address", type=_count, default=Limits().per_address,
+                     metavar="N", help="connections each HTTP port serves at once from one "
+                     "client address (an IPv6 /64); more are closed at once")
+    obs.add_argument("--http-head-timeout", type=_seconds, default=Limits().head_timeout,
+                     metavar="SECONDS", help="an HTTP client must send its whole request head "
+                     "within this long of connecting, or is closed")
     sec = p.add_argument_group("security (README, 'Security')")
     sec.add_argument("--secret-file", metavar="PATH",
                      help="file holding the run secret every peer must prove (default: "
@@ -138,6 +159,8 @@ async def _run_cli(args: argparse.Namespace) -> int:
                         vote_timeout=args.vote_timeout,
                         others=args.other_master, status_port=args.status_port,
                         metrics_port=args.metrics_port, http_host=args.http_host,
+                        http_limits=Limits(args.http_max_clients, args.http_per_address,
+                                           args.http_head_timeout),
                         master_secret=sealer)
     except InvalidUsageError as exc:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)

@@ -26,7 +26,7 @@ from .._wire.framing import MAX_FRAME_SIZE, frame
 from .core import state as ms
 from .core.records import is_loopback
 from .keys import MasterKeys
-from .status import Status, http_servers
+from .status import Limits, Status, http_servers
 from .story import Story
 from .watch import first_frame, watch
 
@@ -87,6 +87,9 @@ class Master:
             status port); None: none.
         http_host: the interface of those HTTP ports (default loopback: the page shows the
             peers' addresses and has no authentication).
+        http_limits: connections each HTTP port serves at once, in all and per client
+            address, and the deadline of a request's head (default ``Limits()``: 32, 4, 2 s;
+            README, "Security").
 
     ``status.snapshot()`` is the run at a glance as a dict (what ``/status.json`` serves),
     ``story`` the counters and recent events behind it; both are read-only views.
@@ -103,7 +106,8 @@ class Master:
                  others: Sequence[str] = (), status_port: int | None = None,
                  metrics_port: int | None = None, http_host: str = "127.0.0.1",
                  master_secret: str | bytes | None = None,
-                 vote_timeout: float | None = 600.0) -> None:
+                 vote_timeout: float | None = 600.0,
+                 http_limits: Limits | None = None) -> None:
         if run_id is not None and not (isinstance(run_id, str) and 0 < len(run_id) <= 128
                                        and run_id.isprintable()):
             raise InvalidUsageError(f"run_id must be 1-128 printable characters, not {run_id!r}")
@@ -137,7 +141,8 @@ class Master:
         self.story = Story(self.state)
         self.status = Status(self.state, self.story,
                              lambda: asyncio.get_running_loop().time(), lambda: self.address)
-        self._http = http_servers(self.status, http_host, status_port, metrics_port)
+        self._http = http_servers(self.status, http_host, status_port, metrics_port,
+                                  http_limits)
 
     @property
     def port(self) -> int:

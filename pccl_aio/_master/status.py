@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._net.http import HttpServer, Response, Route, check_port, request_host
+from .._net.http import HttpServer, Limits, Response, Route, check_port, request_host
 from .core.state import MasterState
 from .story import Story
 
-__all__ = ["Status", "http_servers", "metrics_hint"]
+__all__ = ["Limits", "Status", "http_servers", "metrics_hint"]
 
 _WINDOW = 10.0  # seconds the rates average over
 _RUNNING = 100  # running collectives listed at most
@@ -241,19 +241,20 @@ def _family(family: GaugeMetricFamily | CounterMetricFamily,
 
 
 def http_servers(status: Status, host: str, status_port: int | None,
-                 metrics_port: int | None) -> list[HttpServer]:
-    """One HTTP server per distinct port asked for (status and metrics may share one)."""
+                 metrics_port: int | None, limits: Limits | None = None) -> list[HttpServer]:
+    """One HTTP server per distinct port asked for (status and metrics may share one), each
+    within ``limits`` (connections at once, in all and per address; the head's deadline)."""
     check_port("status_port", status_port)
     check_port("metrics_port", metrics_port)
     if status_port is not None and status_port == metrics_port and status_port != 0:
-        return [HttpServer(status.routes(True, True), host, status_port,
+        return [HttpServer(status.routes(True, True), host, status_port, limits=limits,
                            name="pccl_aio master status and metrics")]
     out = []
     if status_port is not None:
-        out.append(HttpServer(status.routes(True, False), host, status_port,
+        out.append(HttpServer(status.routes(True, False), host, status_port, limits=limits,
                               name="pccl_aio master status page",
                               missing=metrics_hint(metrics_port is not None)))
     if metrics_port is not None:
-        out.append(HttpServer(status.routes(False, True), host, metrics_port,
+        out.append(HttpServer(status.routes(False, True), host, metrics_port, limits=limits,
                               name="pccl_aio master metrics"))
     return out

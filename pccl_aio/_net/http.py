@@ -3,14 +3,17 @@
 
 It answers ``GET`` and ``HEAD`` of a fixed set of paths, one request per connection
 (``Connection: close``), and nothing else; h11 parses the request and writes the response.
-A request line and headers above 8 KiB (h11's ``max_incomplete_event_size``), a head that
-takes longer than ``head_timeout``, a client slower than ``timeout`` in all, or one beyond
-``max_clients`` at once (``per_address`` from one address) get the connection closed (or a
-4xx/5xx): stalled clients hold a slot for seconds, and one address cannot hold them all.
-A route is a plain function called on the event loop, so it must be quick (it
-reads in-memory state): serving never blocks the loop for longer than a route takes.
-A route may read the request's ``Host`` (``request_host``); a path in ``missing`` is a 404
-whose body says where to look instead.
+A request line and headers above 8 KiB (h11's ``max_incomplete_event_size``), a head not in
+within ``head_timeout`` of the connection's arrival (one deadline: trickled bytes do not
+extend it), or a client slower than ``timeout`` in all get the connection closed (or a
+4xx/5xx). Connections are admitted fairly (``Limits``): one client address (an IPv6 /64)
+holds at most ``per_address`` at once, a surplus one is closed at once; with ``max_clients``
+held, a newcomer from a new address (or one holding two fewer than the busiest) takes the
+busiest address's oldest slot, so stalled clients, however many addresses they come from
+and however fast they reconnect, cannot keep a new address out. A route is a plain function
+called on the event loop, so it must be quick (it reads in-memory state): serving never
+blocks the loop for longer than a route takes. A route may read the request's ``Host``
+(``request_host``); a path in ``missing`` is a 404 whose body says where to look instead.
 ``close`` stops listening and cancels the connections being served.
 """
 
@@ -18,18 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import ipaddress
 import logging
 import re
 import ssl as _ssl
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
+from typing import NamedTuple
 
 import h11
 
 from .._errors import InvalidUsageError
 from .tasks import TaskSet
 
-__all__ = ["HttpServer", "Response", "Route", "check_port", "request_host"]
+__all__ = ["HttpServer", "Limits", "Response", "Route", "check_port", "client_key",
+           "request_host"]
 
 log = logging.getLogger("pccl_aio.http")
 
@@ -37,6 +43,7 @@ Response = tuple[str, bytes]  # content type, body
 Route = Callable[[], Response]
 
 _MAX_HEAD = 8192
+_BACKLOG = 1024  # a burst of connects must not overflow the accept queue (a dropped SYN: 1 s)
 _HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?")
 _request_host: contextvars.ContextVar[str] = contextvars.ContextVar("request_host", default="")
 
@@ -56,21 +63,71 @@ def check_port(name: str, port: object) -> int | None:
     return port
 
 
+class Limits(NamedTuple):
+    """What one HTTP port gives its clients: connections at once in all (``max_clients``)
+    and per client address (``per_address``), seconds from a connection's arrival to the
+    end of its request head (``head_timeout``) and to the end of its answer (``timeout``)."""
+
+    max_clients: int = 32
+    per_address: int = 4
+    head_timeout: float = 2.0
+    timeout: float = 10.0
+
+    def checked(self) -> Limits:
+        """These limits, or InvalidUsageError naming the one that is not positive."""
+        for name in ("max_clients", "per_address"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidUsageError(f"{name} must be a positive int, not {value!r}")
+        for name in ("head_timeout", "timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value < float("inf"):
+                raise InvalidUsageError(f"{name} must be a positive number of seconds, "
+                                        f"not {value!r}")
+        return self
+
+
+def client_key(address: str) -> str:
+    """Whom a connection from ``address`` counts against: the address itself, an IPv6
+    address's /64 (one host's usual share), an IPv4-mapped one's IPv4 address."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class _Client:
+    """One admitted connection: whom it counts against, its writer and its task."""
+
+    def __init__(self, key: str, writer: asyncio.StreamWriter, order: int) -> None:
+        self.key, self.writer, self.order = key, writer, order  # order: of arrival
+        self.task: asyncio.Task[None] | None = None
+
+
 class HttpServer:
     """Serve ``routes`` (path -> function returning (content type, body)) on host:port
-    (port 0: the OS picks one; ``port`` then tells it)."""
+    (port 0: the OS picks one; ``port`` then tells it), within ``limits``. ``stats`` counts
+    the connections ``shed`` (surplus of their address, or every slot held by addresses
+    holding no more than theirs), ``evicted`` (their slot given to a newcomer) and
+    ``stalled`` (no request head within ``head_timeout``, or no answer within ``timeout``)."""
 
     def __init__(self, routes: Mapping[str, Route], host: str = "127.0.0.1", port: int = 0, *,
-                 name: str = "pccl_aio http", timeout: float = 10.0, max_clients: int = 32,
-                 head_timeout: float = 2.0, per_address: int = 4,
+                 name: str = "pccl_aio http", limits: Limits | None = None,
                  ssl: _ssl.SSLContext | None = None,
                  missing: Mapping[str, str] | None = None) -> None:
         self.routes = dict(routes)
         self.missing = dict(missing or {})  # path -> the body of its 404 (a hint)
         self.host, self._port, self.name = host, port, name
-        self._timeout, self._max, self._ssl = timeout, max_clients, ssl
-        self._head_timeout, self._per_address = min(head_timeout, timeout), per_address
-        self._clients: dict[str, int] = {}  # address -> connections being served
+        self.limits, self._ssl = (limits or Limits()).checked(), ssl
+        self._held: dict[str, list[_Client]] = {}  # client key -> its connections, oldest first
+        self._count = self._arrivals = 0
+        self.stats = {"shed": 0, "evicted": 0, "stalled": 0}
         self._server: asyncio.Server | None = None
         self._tasks = TaskSet(name)
 
@@ -83,8 +140,10 @@ class HttpServer:
 
     async def start(self) -> None:
         """Listen (raises OSError if the address is taken)."""
-        self._server = await asyncio.start_server(self._on_client, self.host, self._port,
-                                                  ssl=self._ssl, limit=_MAX_HEAD)
+        self._server = await asyncio.start_server(
+            self._on_client, self.host, self._port, ssl=self._ssl, limit=_MAX_HEAD,
+            backlog=_BACKLOG,
+            ssl_handshake_timeout=self.limits.head_timeout if self._ssl else None)
         log.info("%s on http://%s:%d/ (%s)", self.name, self.host, self.port,
                  ", ".join(sorted(self.routes)))
 
@@ -98,18 +157,52 @@ class HttpServer:
             self._server = None
 
     def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        addr = str((writer.get_extra_info("peername") or ("?",))[0])
-        if len(self._tasks) >= self._max or self._clients.get(addr, 0) >= self._per_address:
-            writer.close()  # beyond max_clients (or per_address) at once: shed it
+        key = client_key(str((writer.get_extra_info("peername") or ("?",))[0]))
+        mine = len(self._held.get(key, ()))
+        if mine >= self.limits.per_address or (self._count >= self.limits.max_clients
+                                               and not self._evict(mine)):
+            self.stats["shed"] += 1
+            writer.close()
             return
-        self._clients[addr] = self._clients.get(addr, 0) + 1
-        self._tasks.spawn(self._serve(reader, writer, addr), name=f"{self.name} request")
+        self._arrivals += 1
+        client = _Client(key, writer, self._arrivals)
+        self._held.setdefault(key, []).append(client)
+        self._count += 1
+        client.task = self._tasks.spawn(self._serve(reader, writer, client),
+                                        name=f"{self.name} request")
+
+    def _evict(self, mine: int) -> bool:
+        """Free a slot for a newcomer whose address holds ``mine``: close the oldest
+        connection of the address holding the most (of those, the one whose oldest is
+        oldest), if that address holds two more than ``mine``, or any while ``mine`` is 0;
+        False if none does. (So a new address always gets a slot, and the addresses already
+        held settle within one of each other instead of taking turns evicting.)"""
+        busiest = max(self._held.values(), key=len, default=[])
+        if not busiest or (mine and len(busiest) < mine + 2):
+            return False
+        victim = min((held[0] for held in self._held.values() if len(held) == len(busiest)),
+                     key=lambda c: c.order)
+        self._forget(victim)
+        self.stats["evicted"] += 1
+        victim.writer.close()
+        if victim.task is not None:
+            victim.task.cancel()
+        return True
+
+    def _forget(self, client: _Client) -> None:
+        held = self._held.get(client.key, [])
+        if client in held:
+            held.remove(client)
+            self._count -= 1
+            if not held:
+                del self._held[client.key]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     addr: str) -> None:
+                     client: _Client) -> None:
+        limits = self.limits
         try:
-            async with asyncio.timeout(self._timeout):
-                async with asyncio.timeout(self._head_timeout):
+            async with asyncio.timeout(limits.timeout):
+                async with asyncio.timeout(min(limits.head_timeout, limits.timeout)):
                     conn, request = await _read_request(reader)
                 if conn is None:
                     return  # oversized or cut short: nothing to answer
@@ -117,12 +210,13 @@ class HttpServer:
                 head_only = request is not None and request.method == b"HEAD"
                 writer.write(_response(conn, status, headers, body, head_only))
                 await writer.drain()
-        except (TimeoutError, ConnectionError, h11.LocalProtocolError):
-            pass  # a slow or vanished client: nothing to answer
+        except TimeoutError:
+            self.stats["stalled"] += 1  # a client too slow: nothing to answer
+        except (ConnectionError, h11.LocalProtocolError):
+            pass  # a vanished client
         finally:
             writer.close()
-            if (left := self._clients.pop(addr, 1) - 1) > 0:
-                self._clients[addr] = left
+            self._forget(client)
 
     def _answer(self, request: h11.Request | None
                 ) -> tuple[HTTPStatus, dict[str, str], bytes]:

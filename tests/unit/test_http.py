@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from pccl_aio._net.http import HttpServer, request_host
+from pccl_aio._net.http import HttpServer, Limits, client_key, request_host
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -19,8 +19,8 @@ def boom() -> tuple[str, bytes]:
 
 @pytest.fixture
 async def server():
-    s = HttpServer({"/": lambda: ("text/html", b"<p>hi</p>"), "/boom": boom}, timeout=0.5,
-                   max_clients=2)
+    s = HttpServer({"/": lambda: ("text/html", b"<p>hi</p>"), "/boom": boom},
+                   limits=Limits(max_clients=2, timeout=0.5))
     await s.start()
     yield s
     await s.close()
@@ -68,7 +68,7 @@ async def test_oversized_slow_and_surplus_clients_are_closed(server):
 
 
 async def test_close_cancels_requests_being_served():
-    s = HttpServer({"/": lambda: ("text/plain", b"x")}, timeout=30)
+    s = HttpServer({"/": lambda: ("text/plain", b"x")}, limits=Limits(timeout=30))
     await s.start()
     r, w = await asyncio.open_connection("127.0.0.1", s.port)
     w.write(b"GET / HTTP/1.1\r\n")
@@ -132,3 +132,97 @@ async def test_stalled_clients_from_one_address_do_not_lock_the_page():
         assert loop.time() - t0 < 4.0
     finally:
         await s.close()
+
+
+async def stall(port: int, source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection from ``source`` (an address of 127/8, all of which Linux routes to lo)
+    that sends the start of a request head and never its end."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    writer.write(b"GET / HTTP/1.1\r\n")
+    return reader, writer
+
+
+async def test_a_new_address_takes_a_slot_of_the_busiest_when_all_are_held():
+    """Issue 45: 32 stalled connections from 8 addresses held every slot, and a client from
+    a ninth was shed until they timed out (and again, if they reconnected). With every slot
+    held, the newcomer takes the oldest slot of the address holding the most: it is answered
+    at once, and exactly that connection is closed."""
+    s = HttpServer({"/": lambda: ("text/plain", b"ok")}, limits=Limits(head_timeout=30))
+    await s.start()
+    loop = asyncio.get_running_loop()
+    try:
+        stalled = [await stall(s.port, f"127.0.0.{2 + i // 4}") for i in range(32)]
+        extra = await stall(s.port, "127.0.0.2")  # the 5th of its address: shed at once
+        assert await asyncio.wait_for(extra[0].read(), 5) == b""
+        for i in range(3):  # each newcomer takes the oldest slot of a busiest address
+            t0 = loop.time()
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port,
+                                                           local_addr=("127.0.0.100", 0))
+            writer.write(b"GET / HTTP/1.1\r\n\r\n")
+            assert (await asyncio.wait_for(reader.read(), 5)).endswith(b"\r\n\r\nok")
+            assert loop.time() - t0 < 1.0
+            writer.close()
+            # its slot, free again, is taken by a staller from a fresh address: all held
+            stalled.append(await stall(s.port, f"127.0.0.{20 + i}"))
+        assert s.stats == {"shed": 1, "evicted": 3, "stalled": 0}, s.stats
+        # the oldest of the busiest addresses went: 127.0.0.2's first, then (127.0.0.2
+        # holding three) 127.0.0.3's first, then 127.0.0.4's; the others are still held
+        gone = await asyncio.gather(*(closed_within(r, 0.3) for r, _ in stalled))
+        assert [i for i, g in enumerate(gone) if g] == [0, 4, 8]
+        for _, w in [*stalled, extra]:
+            w.close()
+    finally:
+        await s.close()
+
+
+async def closed_within(r: asyncio.StreamReader, seconds: float) -> bool:
+    """True if the server closed the connection within ``seconds`` (False: still open)."""
+    try:
+        return await asyncio.wait_for(r.read(), seconds) == b""
+    except TimeoutError:
+        return False
+
+
+async def test_the_head_deadline_is_not_extended_by_trickled_bytes():
+    """A client that sends its head a byte every 50 ms is closed at the head deadline from
+    its arrival (0.5 s here), not 0.5 s after its last byte."""
+    s = HttpServer({"/": lambda: ("text/plain", b"ok")}, limits=Limits(head_timeout=0.5))
+    await s.start()
+    loop = asyncio.get_running_loop()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+        t0 = loop.time()
+        head = b"GET / HTTP/1.1\r\n" + b"X-Slow: " + b"a" * 1000
+
+        async def trickle() -> None:
+            for byte in head:
+                writer.write(bytes([byte]))
+                await asyncio.sleep(0.05)  # the client's pace, not a synchronisation
+
+        sender = asyncio.ensure_future(trickle())
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert 0.4 < loop.time() - t0 < 1.0
+        sender.cancel()
+        writer.close()
+        assert s.stats["stalled"] == 1
+    finally:
+        await s.close()
+
+
+@pytest.mark.parametrize(("address", "key"), [
+    ("10.1.2.3", "10.1.2.3"),
+    ("::ffff:10.1.2.3", "10.1.2.3"),
+    ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+    ("2001:db8:1:2:ffff::1", "2001:db8:1:2::/64"),
+    ("fe80::1%eth0", "fe80::/64"),
+    ("?", "?"),
+])
+def test_a_client_counts_against_its_address_or_its_ipv6_64(address, key):
+    assert client_key(address) == key
+
+
+@pytest.mark.parametrize("bad", [Limits(max_clients=0), Limits(per_address=True),
+                                 Limits(head_timeout=0), Limits(timeout=float("inf"))])
+def test_limits_that_are_not_positive_are_refused(bad):
+    with pytest.raises(ValueError, match="must be a positive"):
+        HttpServer({}, limits=bad)
