@@ -27,7 +27,8 @@ cdef extern from "_kernels_simd.h" nogil:
     Py_ssize_t pccl_simd_bf16(uint16_t* d, const uint16_t* s, Py_ssize_t n, int prod)
     Py_ssize_t pccl_simd_f16(uint16_t* d, const uint16_t* s, Py_ssize_t n, int prod)
     Py_ssize_t pccl_simd_stream_copy(void* d, const void* s, Py_ssize_t n)
-    Py_ssize_t pccl_simd_minmax(const void* p, Py_ssize_t n, int dtype, float* mn, float* mx)
+    Py_ssize_t pccl_simd_minmax(const void* p, Py_ssize_t n, int dtype, float* mn, float* mx,
+                                int* bad)
     Py_ssize_t pccl_simd_quantize(void* q, int q_dtype, const void* x, int dtype, Py_ssize_t n,
                                   double a, double inv, double lo, double hi, double zp)
     Py_ssize_t pccl_simd_dequant_f32(float* d, const void* q, int q_dtype, Py_ssize_t n,
@@ -252,32 +253,52 @@ def quantize(unsigned char[::1] dst_q, const unsigned char[::1] src, int src_dty
     cdef Py_ssize_t n = _count(src.shape[0], src_dtype, True)
     cdef double mm[2]
     cdef double qmax = 255.0 if q_dtype == 0 else 15.0 if q_dtype == Q4 else 65535.0
-    cdef double lo, hi, a, inv = 0.0, zp = 0.0
+    cdef double lo, hi, a, inv = 0.0, zp = 0.0, first = 0.0, last = qmax
+    cdef bint poisoned
     _check_codes(n, dst_q.shape[0], q_dtype)
     if n == 0:
         return 0.0, 0.0
     with nogil:
-        _minmax(&src[0], n, src_dtype, mm)
-        mm[0] = min(max(mm[0], -QUANT_LIMIT), QUANT_LIMIT)
-        mm[1] = min(max(mm[1], -QUANT_LIMIT), QUANT_LIMIT)
-        if algo == MIN_MAX:  # (x - lo) * inv
-            lo = mm[0]
-            hi = mm[1]
-            a = lo
-        else:  # x * inv, zero point zp
-            lo = min(mm[0], 0.0)
-            hi = max(mm[1], 0.0)
-            a = 0.0
-        if hi - lo >= QUANT_MIN_SPAN:  # else inv == 0 and every code is 0, as in the reference
-            inv = qmax / (hi - lo)
-            if algo != MIN_MAX:
-                zp = ((-lo * inv + RINT_MAGIC) - RINT_MAGIC) + 0.0
-        if q_dtype == 0:
-            _quantize(<uint8_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, -zp, qmax - zp, zp)
-        elif q_dtype == Q4:
-            _quantize4(<uint8_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, -zp, qmax - zp, zp)
+        # a NaN, an infinity or a value beyond QUANT_LIMIT poisons the block (reference.py)
+        poisoned = (_minmax(&src[0], n, src_dtype, mm) or mm[0] < -QUANT_LIMIT
+                    or mm[1] > QUANT_LIMIT)
+        if poisoned:
+            memset(&dst_q[0], 0, (n + 1) // 2 if q_dtype == Q4 else n * (1 + (q_dtype == 2)))
         else:
-            _quantize(<uint16_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, -zp, qmax - zp, zp)
+            if algo == MIN_MAX:  # (x - lo) * inv
+                lo = mm[0]
+                hi = mm[1]
+                a = lo
+            else:  # x * inv, zero point zp
+                lo = min(mm[0], 0.0)
+                hi = max(mm[1], 0.0)
+                a = 0.0
+            if hi - lo >= QUANT_MIN_SPAN:  # else inv == 0 and every code is 0, as in numpy
+                inv = qmax / (hi - lo)
+                if algo != MIN_MAX:
+                    zp = ((-lo * inv + RINT_MAGIC) - RINT_MAGIC) + 0.0
+                # the end codes, unless one would decode to an infinity
+                if algo == MIN_MAX:
+                    first = 0.0 if _finite_in(_dq(0.0, algo, lo, hi, (hi - lo) / qmax, qmax),
+                                              src_dtype) else 1.0
+                    last = qmax if _finite_in(_dq(qmax, algo, lo, hi, (hi - lo) / qmax, qmax),
+                                              src_dtype) else qmax - 1.0
+                else:
+                    first = 0.0 if _finite_in(_dq(0.0, algo, hi - lo, zp, 0.0, qmax),
+                                              src_dtype) else 1.0
+                    last = qmax if _finite_in(_dq(qmax, algo, hi - lo, zp, 0.0, qmax),
+                                              src_dtype) else qmax - 1.0
+            if q_dtype == 0:
+                _quantize(<uint8_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, first - zp,
+                          last - zp, zp)
+            elif q_dtype == Q4:
+                _quantize4(<uint8_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, first - zp,
+                           last - zp, zp)
+            else:
+                _quantize(<uint16_t*>&dst_q[0], &src[0], n, src_dtype, a, inv, first - zp,
+                          last - zp, zp)
+    if poisoned:
+        return NAN, NAN
     if algo == MIN_MAX:
         return lo, hi
     return hi - lo, zp
@@ -311,7 +332,7 @@ def dequantize_accumulate(unsigned char[::1] dst, const unsigned char[::1] src_q
     with nogil:
         _dq_init(&t, dst_dtype, q_dtype, algo, p0, p1)
         start = 0
-        if dst_dtype == F32 and (op == SUM or op == AVG):  # the fused AVX2 loop
+        if dst_dtype == F32 and (op == SUM or op == AVG) and not t.poisoned:  # fused AVX2
             start = pccl_simd_dequant_f32(<float*>&dst[0], &src_q[0], q_dtype, n, algo, p0, p1,
                                           t.step, t.qmax, True)
         while start < n:

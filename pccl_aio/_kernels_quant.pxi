@@ -3,17 +3,21 @@
 
 # ---- minmax and quantize --------------------------------------------------------------
 
-cdef inline void _mm_update(float* mn, float* mx, float v) noexcept nogil:
+cdef inline void _mm_update(float* mn, float* mx, int* bad, float v) noexcept nogil:
     if v - v == 0:  # finite (inf - inf and NaN - NaN are NaN)
         mn[0] = v if v < mn[0] else mn[0]
         mx[0] = v if v > mx[0] else mx[0]
+    else:
+        bad[0] = 1
 
-cdef void _minmax(const unsigned char* p, Py_ssize_t n, int dtype, double* out) noexcept nogil:
-    """out = (min, max) of the finite values, (0, 0) if none; +0.0 for a zero."""
+cdef int _minmax(const unsigned char* p, Py_ssize_t n, int dtype, double* out) noexcept nogil:
+    """out = (min, max) of the finite values, (0, 0) if none; +0.0 for a zero. Returns 1
+    if a value is not finite, else 0."""
     cdef Py_ssize_t i, i0 = 0
     cdef float fmn = INFINITY, fmx = -INFINITY
     cdef double v, mn = INFINITY, mx = -INFINITY
     cdef const double* x64
+    cdef int bad = 0
     if dtype == F64:
         x64 = <const double*>p
         for i in range(n):
@@ -21,17 +25,19 @@ cdef void _minmax(const unsigned char* p, Py_ssize_t n, int dtype, double* out) 
             if v - v == 0:
                 mn = v if v < mn else mn
                 mx = v if v > mx else mx
+            else:
+                bad = 1
     else:
-        i0 = pccl_simd_minmax(p, n, dtype, &fmn, &fmx)
+        i0 = pccl_simd_minmax(p, n, dtype, &fmn, &fmx, &bad)
         if dtype == F32:
             for i in range(i0, n):
-                _mm_update(&fmn, &fmx, (<const float*>p)[i])
+                _mm_update(&fmn, &fmx, &bad, (<const float*>p)[i])
         elif dtype == BF16:
             for i in range(i0, n):
-                _mm_update(&fmn, &fmx, bf16_to_f32((<const uint16_t*>p)[i]))
+                _mm_update(&fmn, &fmx, &bad, bf16_to_f32((<const uint16_t*>p)[i]))
         else:
             for i in range(i0, n):
-                _mm_update(&fmn, &fmx, f16_to_f32((<const uint16_t*>p)[i]))
+                _mm_update(&fmn, &fmx, &bad, f16_to_f32((<const uint16_t*>p)[i]))
         mn = fmn
         mx = fmx
     if mn > mx:
@@ -39,6 +45,7 @@ cdef void _minmax(const unsigned char* p, Py_ssize_t n, int dtype, double* out) 
         mx = 0.0
     out[0] = mn + 0.0
     out[1] = mx + 0.0
+    return bad
 
 cdef inline double _code(double t, double lo, double hi) noexcept nogil:
     """rint(clamp(t, lo, hi)) with NaN -> lo; lo and hi are integers, |t| <= 2**51 after."""
@@ -98,6 +105,19 @@ cdef void _quantize4(uint8_t* q, const unsigned char* x, Py_ssize_t n, int dtype
         off += m
 
 
+cdef bint _finite_in(double v, int dtype) noexcept nogil:
+    """Is v, rounded as dequantize rounds into dtype (through float32), finite?"""
+    cdef float f
+    if dtype == F64:
+        return v - v == 0
+    f = <float>v
+    if dtype == F32:
+        return f - f == 0
+    if dtype == BF16:
+        return (f32_to_bf16(f) & 0x7FFF) < 0x7F80
+    return (f32_to_f16(f) & 0x7FFF) < 0x7C00
+
+
 # ---- dequantize -----------------------------------------------------------------------
 
 cdef inline double _dq(double q, int algo, double p0, double p1, double step,
@@ -111,6 +131,7 @@ cdef struct Dequant:
     int dtype
     int q_dtype
     int algo
+    int poisoned  # p0 is NaN: every value is the canonical NaN
     double p0
     double p1
     double step
@@ -129,7 +150,8 @@ cdef void _dq_init(Dequant* t, int dtype, int q_dtype, int algo, double p0,
     t.p1 = p1
     t.qmax = 255.0 if q_dtype == 0 else 15.0 if q_dtype == Q4 else 65535.0
     t.step = (p1 - p0) / t.qmax
-    if q_dtype == 0 or q_dtype == Q4:
+    t.poisoned = p0 != p0
+    if (q_dtype == 0 or q_dtype == Q4) and not t.poisoned:
         for i in range(256 if q_dtype == 0 else 16):
             t.tab64[i] = _dq(i, algo, p0, p1, t.step, t.qmax)
             t.tab32[i] = <float>t.tab64[i]
@@ -171,14 +193,31 @@ cdef void _dq_run4(const Dequant* t, unsigned char* d, const uint8_t* q,
         if n & 1:
             d16[n - 1] = t.tab16[q[h] & 15]
 
+cdef void _nan_fill(unsigned char* d, Py_ssize_t n, int dtype) noexcept nogil:
+    """d[0:n] = the canonical quiet NaN of dtype (a float one)."""
+    cdef Py_ssize_t i
+    if dtype == F64:
+        for i in range(n):
+            (<uint64_t*>d)[i] = 0x7FF8000000000000
+    elif dtype == F32:
+        for i in range(n):
+            (<uint32_t*>d)[i] = 0x7FC00000
+    else:
+        for i in range(n):
+            (<uint16_t*>d)[i] = 0x7FC0 if dtype == BF16 else 0x7E00
+
 cdef void _dq_run(const Dequant* t, unsigned char* d, const unsigned char* qp,
                   Py_ssize_t n) noexcept nogil:
-    """d[0:n] = D(q) cast to t.dtype; 8- and 4-bit codes are looked up in the tables."""
+    """d[0:n] = D(q) cast to t.dtype; 8- and 4-bit codes are looked up in the tables; a
+    poisoned block: the canonical NaN."""
     cdef Py_ssize_t i
     cdef const uint8_t* q8 = <const uint8_t*>qp
     cdef const uint16_t* q16 = <const uint16_t*>qp
     cdef uint16_t* h = <uint16_t*>d
     cdef Py_ssize_t i0 = 0
+    if t.poisoned:
+        _nan_fill(d, n, t.dtype)
+        return
     if t.q_dtype == Q4:  # the AVX2 loop does whole words of 8 codes (i0 is even)
         if t.dtype == F32:
             i0 = pccl_simd_dequant_f32(<float*>d, qp, Q4, n, t.algo, t.p0, t.p1, t.step,

@@ -118,31 +118,34 @@ PCCL_AVX Py_ssize_t pccl_f16_loop(uint16_t *d, const uint16_t *s, Py_ssize_t n,
 PCCL_AVX_FN pccl_avx2_f16(uint16_t *d, const uint16_t *s, Py_ssize_t n, int prod) {
     return prod ? pccl_f16_loop(d, s, n, 1) : pccl_f16_loop(d, s, n, 0);
 }
-/* min/max of the finite values: v + v * 0 is NaN for +-inf and NaN, and min/max_ps
-   return their second operand (the accumulator) when the first is NaN */
-PCCL_AVX void pccl_mm8(__m256 v, __m256 *mn, __m256 *mx) {
-    v = _mm256_add_ps(v, _mm256_mul_ps(v, _mm256_setzero_ps()));
+/* min/max of the finite values: z = v * 0 is NaN for +-inf and NaN (else +-0), v + z
+   too, and min/max_ps return their second operand (the accumulator) when the first is NaN;
+   the sum of the z stays NaN once one is (*bad: a value was not finite) */
+PCCL_AVX void pccl_mm8(__m256 v, __m256 *mn, __m256 *mx, __m256 *bad) {
+    __m256 z = _mm256_mul_ps(v, _mm256_setzero_ps());
+    v = _mm256_add_ps(v, z);
+    *bad = _mm256_add_ps(*bad, z);
     *mn = _mm256_min_ps(v, *mn);
     *mx = _mm256_max_ps(v, *mx);
 }
 PCCL_AVX Py_ssize_t pccl_mm_loop(const void *p, Py_ssize_t n, int dtype, float *mn,
-                                 float *mx) {  /* dtype 8 float16, 9 bfloat16, 10 float32 */
+                                 float *mx, int *bad) {  /* 8 float16, 9 bfloat16, 10 float32 */
     Py_ssize_t i = 0;
     float lo[8], hi[8];
-    __m256 vmn = _mm256_set1_ps(*mn), vmx = _mm256_set1_ps(*mx);
+    __m256 vmn = _mm256_set1_ps(*mn), vmx = _mm256_set1_ps(*mx), vbad = _mm256_setzero_ps();
     const __m256i himask = _mm256_set1_epi32((int)0xffff0000u);
     for (; i + 16 <= n; i += 16) {
         if (dtype == 8) {
             const __m128i *h = (const __m128i *)((const uint16_t *)p + i);
-            pccl_mm8(_mm256_cvtph_ps(_mm_loadu_si128(h)), &vmn, &vmx);
-            pccl_mm8(_mm256_cvtph_ps(_mm_loadu_si128(h + 1)), &vmn, &vmx);
+            pccl_mm8(_mm256_cvtph_ps(_mm_loadu_si128(h)), &vmn, &vmx, &vbad);
+            pccl_mm8(_mm256_cvtph_ps(_mm_loadu_si128(h + 1)), &vmn, &vmx, &vbad);
         } else if (dtype == 9) {
             __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
-            pccl_mm8(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), &vmn, &vmx);
-            pccl_mm8(_mm256_castsi256_ps(_mm256_and_si256(v, himask)), &vmn, &vmx);
+            pccl_mm8(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), &vmn, &vmx, &vbad);
+            pccl_mm8(_mm256_castsi256_ps(_mm256_and_si256(v, himask)), &vmn, &vmx, &vbad);
         } else {
-            pccl_mm8(_mm256_loadu_ps((const float *)p + i), &vmn, &vmx);
-            pccl_mm8(_mm256_loadu_ps((const float *)p + i + 8), &vmn, &vmx);
+            pccl_mm8(_mm256_loadu_ps((const float *)p + i), &vmn, &vmx, &vbad);
+            pccl_mm8(_mm256_loadu_ps((const float *)p + i + 8), &vmn, &vmx, &vbad);
         }
     }
     _mm256_storeu_ps(lo, vmn);
@@ -151,12 +154,15 @@ PCCL_AVX Py_ssize_t pccl_mm_loop(const void *p, Py_ssize_t n, int dtype, float *
         *mn = lo[k] < *mn ? lo[k] : *mn;
         *mx = hi[k] > *mx ? hi[k] : *mx;
     }
+    if (_mm256_movemask_ps(_mm256_cmp_ps(vbad, vbad, _CMP_UNORD_Q)))
+        *bad = 1;
     return i;
 }
 PCCL_AVX_FN pccl_avx2_minmax(const void *p, Py_ssize_t n, int dtype, float *mn,
-                             float *mx) {
-    return dtype == 8 ? pccl_mm_loop(p, n, 8, mn, mx)
-        : dtype == 9 ? pccl_mm_loop(p, n, 9, mn, mx) : pccl_mm_loop(p, n, 10, mn, mx);
+                             float *mx, int *bad) {
+    return dtype == 8 ? pccl_mm_loop(p, n, 8, mn, mx, bad)
+        : dtype == 9 ? pccl_mm_loop(p, n, 9, mn, mx, bad)
+        : pccl_mm_loop(p, n, 10, mn, mx, bad);
 }
 /* quantize: codes = rint(clamp((x - a) * inv, lo, hi)) + zp for dtype 8 float16,
    9 bfloat16, 10 float32 or 11 float64; q_dtype 0 uint8, 2 uint16, 12 uint4 (two per
@@ -309,7 +315,7 @@ PCCL_AVX_FN pccl_avx2_stream_copy(void *d, const void *s, Py_ssize_t n) {
 #define pccl_simd_f32(d, x, s, n, prod) PCCL_SIMD(f32(d, x, s, n, prod))
 #define pccl_simd_bf16(d, s, n, prod) PCCL_SIMD(bf16(d, s, n, prod))
 #define pccl_simd_f16(d, s, n, prod) PCCL_SIMD(f16(d, s, n, prod))
-#define pccl_simd_minmax(p, n, dt, mn, mx) PCCL_SIMD(minmax(p, n, dt, mn, mx))
+#define pccl_simd_minmax(p, n, dt, mn, mx, bad) PCCL_SIMD(minmax(p, n, dt, mn, mx, bad))
 #define pccl_simd_stream_copy(d, s, n) PCCL_SIMD(stream_copy(d, s, n))
 #define pccl_simd_quantize(q, qd, x, dt, n, a, inv, lo, hi, zp) \
     PCCL_SIMD(quantize(q, qd, x, dt, n, a, inv, lo, hi, zp))

@@ -241,14 +241,16 @@ def _check_elements(nbytes: int, size: int, name: str) -> int:
 
 
 def _check_meta(p0: float, p1: float) -> None:
-    for p in (p0, p1):
-        try:
-            ok = math.isfinite(p) and abs(float(p)) <= _META_LIMIT
-        except TypeError:
-            ok = False
-        if not ok:
-            raise InvalidUsageError(
-                f"quantization metadata must be finite numbers up to 2**1001, got {(p0, p1)!r}")
+    """Finite numbers up to 2**1001, or a NaN ``p0`` (a poisoned block: ``p1`` any number)."""
+    try:
+        finite = [math.isfinite(p) and abs(float(p)) <= _META_LIMIT for p in (p0, p1)]
+        ok = all(finite) or math.isnan(p0)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise InvalidUsageError(
+            f"quantization metadata must be finite numbers up to 2**1001 (or a NaN p0: a "
+            f"poisoned block), got {(p0, p1)!r}")
 
 
 def _run(total: int, size: int, job: Callable[[int, int], None]) -> None:
@@ -322,7 +324,9 @@ def minmax(src: BufferLike, dtype: int) -> tuple[float, float]:
 def quantize(dst_q: BufferLike, src: BufferLike, src_dtype: int, q_dtype: int, algo: int
              ) -> tuple[float, float]:
     """Quantize ``src`` into ``dst_q`` (one code per element; uint4: two per byte, element
-    2i in the low nibble); return the metadata pair."""
+    2i in the low nibble); return the metadata pair. A NaN, an infinity or a float64 value
+    beyond 2**1000 poisons the block: codes 0, metadata ``(nan, nan)``, which decodes to NaN
+    (``reference.py`` states the policy)."""
     d, s = _bytes(dst_q, "dst_q", True), _bytes(src, "src", False)
     n = _check_elements(s.nbytes, _float_itemsize(src_dtype, "src_dtype"), "src")
     algo = _algo(algo)

@@ -20,10 +20,17 @@ Semantics (the contract the Cython kernels match):
 * Quantization (``MIN_MAX`` and ``ZERO_POINT_SCALE``, to ``uint8``/``uint16`` codes with
   ``qmax`` = 255/65535; ``MIN_MAX`` also to ``uint4``, ``qmax`` = 15) computes in float64,
   rounds half to even (``np.rint``) and is described at :func:`quantize` /
-  :func:`dequantize`. NaN quantizes to code 0, +/-inf to the nearest end of the range;
-  non-finite values are ignored by :func:`minmax`. uint4 codes are packed two per byte:
-  element ``2i`` in the low nibble of byte ``i``, ``2i + 1`` in its high nibble; after an
-  odd count the last byte's high nibble is 0 (and is ignored when decoding).
+  :func:`dequantize`. uint4 codes are packed two per byte: element ``2i`` in the low nibble
+  of byte ``i``, ``2i + 1`` in its high nibble; after an odd count the last byte's high
+  nibble is 0 (and is ignored when decoding).
+* Non-finite values never become finite ones. A buffer quantized at once (a *block*: the
+  ring's segment) that holds a NaN, an infinity or (float64) a value beyond
+  ``QUANT_LIMIT`` is *poisoned*: its codes are all 0 and its metadata ``(NaN, NaN)``;
+  decoding a NaN ``p0`` gives the canonical NaN in every element (the accumulate reduces
+  with it: NaN for SUM/AVG/PROD, a NaN ``dst`` kept by MIN/MAX). The codes are limited so
+  that every one decodes to a finite value of the source dtype (a zero point's half step
+  beyond a range at the dtype's largest value would round to infinity).
+  :func:`minmax` (the finite elements) does not change.
 """
 
 from __future__ import annotations
@@ -64,8 +71,8 @@ NP_DTYPES: dict[int, type[np.generic]] = {
     int(dt): np.dtype(name).type for dt, name in NUMPY_STORAGE.items()}
 #: Canonical quiet NaN written by SUM, PROD and divide.
 CANONICAL_NAN_BITS = {F16: 0x7E00, BF16: 0x7FC0, F32: 0x7FC00000, F64: 0x7FF8000000000000}
-#: Quantization ranges are clamped to [-QUANT_LIMIT, QUANT_LIMIT] so that no intermediate
-#: overflows; only float64 data can exceed it, and such values quantize like +/-inf.
+#: Quantization ranges stay within [-QUANT_LIMIT, QUANT_LIMIT] so that no intermediate
+#: overflows; only float64 data can exceed it, and such a value poisons its block.
 QUANT_LIMIT = 2.0**1000
 #: A range narrower than this quantizes to a constant (all codes 0): ``qmax / span`` would
 #: overflow float64. The values then differ by less than 2**-1000.
@@ -245,31 +252,21 @@ def quantize(dst_q: Buffer, src: Buffer, src_dtype: int, q_dtype: int, algo: int
       Returns ``(span, zp)``; the span (not ``span / qmax``) is sent so that constants
       survive exactly (see :func:`dequantize`).
 
-    NaN gets code 0; +/-inf and values beyond QUANT_LIMIT get the nearest end code.
+    A code whose value (:func:`dequantize` into ``src_dtype``) would be infinite is not
+    used: the clamp's end moves in by one (``clamp(.., 1, qmax)`` or ``clamp(.., -zp + 1,
+    ..)``), a whole step from a value at that end instead of half of one.
+
+    A poisoned ``src`` (a NaN, an infinity, a value beyond QUANT_LIMIT) gets codes 0 and
+    ``(nan, nan)``.
     """
     x = _as_f64(src, src_dtype)
     qmax = float(QMAX[q_dtype])
-    mn, mx = (min(max(v, -QUANT_LIMIT), QUANT_LIMIT) for v in minmax(src, src_dtype))
-    with np.errstate(all="ignore"):
-        if algo == MIN_MAX:
-            lo, hi = mn, mx
-            meta = (lo, hi)
-            if hi - lo < QUANT_MIN_SPAN:
-                q = np.zeros_like(x)
-            else:
-                q = np.rint(_clamp((x - lo) * (qmax / (hi - lo)), 0.0, qmax))
-        elif algo == ZERO_POINT_SCALE:
-            lo, hi = min(mn, 0.0), max(mx, 0.0)
-            span = hi - lo
-            if span < QUANT_MIN_SPAN:
-                meta, q = (span, 0.0), np.zeros_like(x)
-            else:
-                inv = qmax / span
-                zp = float(np.rint(-lo * inv)) + 0.0
-                meta = (span, zp)
-                q = np.rint(_clamp(x * inv, -zp, qmax - zp)) + zp
-        else:
-            raise ValueError(f"unknown quantization algorithm {algo}")
+    with np.errstate(invalid="ignore"):
+        poisoned = not (np.abs(x) <= QUANT_LIMIT).all()  # (NaN compares False)
+    if poisoned:
+        q, meta = np.zeros_like(x), (float("nan"), float("nan"))
+    else:
+        q, meta = _codes(x, src_dtype, q_dtype, algo, qmax)
     if q_dtype == U4:
         np.frombuffer(dst_q, np.uint8)[...] = pack4(q)
     else:
@@ -277,12 +274,45 @@ def quantize(dst_q: Buffer, src: Buffer, src_dtype: int, q_dtype: int, algo: int
     return meta
 
 
-def _dequantized(src_q: Buffer, p0: float, p1: float, dst_dtype: int, q_dtype: int,
-                 algo: int, n: int) -> NDArray[Any]:
-    """The ``n`` values D(q) in the dst dtype (bfloat16 as bits)."""
-    codes = unpack4(src_q, n) if q_dtype == U4 else _view(src_q, q_dtype)
-    q = codes.astype(np.float64)
+def _codes(x: NDArray[np.float64], dtype: int, q_dtype: int, algo: int, qmax: float
+           ) -> tuple[NDArray[np.float64], tuple[float, float]]:
+    """The codes (as float64) and metadata of a block that is not poisoned."""
+    mn, mx = (min(max(v, -QUANT_LIMIT), QUANT_LIMIT) for v in minmax(x, F64))
+    with np.errstate(all="ignore"):
+        if algo == MIN_MAX:
+            lo, hi = mn, mx
+            meta = (lo, hi)
+            if hi - lo < QUANT_MIN_SPAN:
+                return np.zeros_like(x), meta
+            first, last = _usable(meta, dtype, q_dtype, algo)
+            return np.rint(_clamp((x - lo) * (qmax / (hi - lo)), first, last)), meta
+        if algo != ZERO_POINT_SCALE:
+            raise ValueError(f"unknown quantization algorithm {algo}")
+        lo, hi = min(mn, 0.0), max(mx, 0.0)
+        span = hi - lo
+        if span < QUANT_MIN_SPAN:
+            return np.zeros_like(x), (span, 0.0)
+        inv = qmax / span
+        zp = float(np.rint(-lo * inv)) + 0.0
+        first, last = _usable((span, zp), dtype, q_dtype, algo)
+        return np.rint(_clamp(x * inv, first - zp, last - zp)) + zp, (span, zp)
+
+
+def _usable(meta: tuple[float, float], dtype: int, q_dtype: int, algo: int
+            ) -> tuple[float, float]:
+    """The first and last codes that decode to finite values of ``dtype`` (0 and qmax,
+    unless one of them would round to infinity)."""
     qmax = float(QMAX[q_dtype])
+    ends = _decode(np.array([0.0, qmax]), meta[0], meta[1], dtype, algo, qmax)
+    wide = _widen(ends, dtype) if dtype != F64 else ends
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(wide.astype(np.float64))
+    return (0.0 if finite[0] else 1.0), (qmax if finite[1] else qmax - 1.0)
+
+
+def _decode(q: NDArray[np.float64], p0: float, p1: float, dst_dtype: int, algo: int,
+            qmax: float) -> NDArray[Any]:
+    """D(q) of float64 codes in the dst dtype (bfloat16 as bits)."""
     if algo == MIN_MAX:
         y = p0 + q * ((p1 - p0) / qmax)
     elif algo == ZERO_POINT_SCALE:
@@ -295,6 +325,18 @@ def _dequantized(src_q: Buffer, p0: float, p1: float, dst_dtype: int, q_dtype: i
         return _narrow(y.astype(np.float32), dst_dtype)
 
 
+def _dequantized(src_q: Buffer, p0: float, p1: float, dst_dtype: int, q_dtype: int,
+                 algo: int, n: int) -> NDArray[Any]:
+    """The ``n`` values D(q) in the dst dtype (bfloat16 as bits); a NaN ``p0`` (a
+    poisoned block): the canonical NaN in each."""
+    if p0 != p0:
+        bits = {F64: np.uint64, F32: np.uint32}.get(dst_dtype, np.uint16)
+        nan: NDArray[Any] = np.full(n, CANONICAL_NAN_BITS[dst_dtype], bits)
+        return nan.view(NP_DTYPES[dst_dtype])
+    codes = unpack4(src_q, n) if q_dtype == U4 else _view(src_q, q_dtype)
+    return _decode(codes.astype(np.float64), p0, p1, dst_dtype, algo, float(QMAX[q_dtype]))
+
+
 def dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtype: int,
                q_dtype: int, algo: int) -> None:
     """``dst[i] = D(q[i])``: computed in float64, rounded to float32, then to 16 bits.
@@ -303,6 +345,7 @@ def dequantize(dst: Buffer, src_q: Buffer, p0: float, p1: float, dst_dtype: int,
     * ZERO_POINT_SCALE with meta ``(span, zp)``: ``D(q) = ((q - zp) * span) / qmax``; a
       constant c (>= 0 or <= 0) has ``q - zp == +/-qmax``, so D gives back c exactly.
     The rounding of float16/bfloat16 destinations goes through float32 (two roundings).
+    A NaN ``p0`` (a poisoned block) gives the canonical NaN everywhere.
     """
     d = _view(dst, dst_dtype)
     d[...] = _dequantized(src_q, p0, p1, dst_dtype, q_dtype, algo, d.size)

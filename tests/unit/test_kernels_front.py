@@ -112,7 +112,9 @@ def test_ops_accepts_buffers_of_any_layout_and_dtype() -> None:
     lambda: _ops.quantize(bytes(4), np.zeros(4, np.float32), F32, U8, MIN_MAX),
     lambda: _ops.dequantize(np.zeros(4, np.float32), np.zeros(3, np.uint8), 0.0, 1.0, F32, U8, 1),
     lambda: _ops.dequantize(np.zeros(4, np.int32), np.zeros(4, np.uint8), 0.0, 1.0, 5, U8, 1),
-    lambda: _ops.dequantize(np.zeros(4, np.float32), np.zeros(4, np.uint8), np.nan, 1.0, F32, U8,
+    lambda: _ops.dequantize(np.zeros(4, np.float32), np.zeros(4, np.uint8), 1.0, np.nan, F32, U8,
+                            1),  # (a NaN p0 is a poisoned block's: test_kernels_nonfinite.py)
+    lambda: _ops.dequantize(np.zeros(4, np.float32), np.zeros(4, np.uint8), np.inf, 1.0, F32, U8,
                             1),
     lambda: _ops.dequantize(np.zeros(4, np.float32), np.zeros(4, np.uint8), 0.0, 1e308, F32, U8,
                             1),
