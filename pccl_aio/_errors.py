@@ -8,7 +8,8 @@
     ├── MasterConnectionError(PcclError, ConnectionError)
     │   └── VersionMismatchError                 master speaks another protocol version
     ├── PeerLostError(PcclError, ConnectionError) a collective was aborted: a peer left; retry
-    │   └── MasterLostError                        the master was lost meanwhile; retry
+    │   ├── MasterLostError                        the master was lost meanwhile; retry
+    │   └── MembershipChangedError                 the group is not the one the caller sized
     ├── TooFewPeersError(PcclError)               fewer than two peers in the peer group
     ├── KickedError(PcclError)                    the master closed our session
     ├── SharedStateError(PcclError)               shared-state sync could not complete
@@ -30,6 +31,7 @@ __all__ = [
     "KickedError",
     "MasterConnectionError",
     "MasterLostError",
+    "MembershipChangedError",
     "PcclError",
     "PcclTimeoutError",
     "PeerLostError",
@@ -109,6 +111,15 @@ class MasterLostError(PeerLostError):
     def __init__(self, *args: object, new_member: bool = False) -> None:
         super().__init__(*args)
         self.new_member = new_member
+
+
+class MembershipChangedError(PeerLostError):
+    """The peer group's membership is no longer the one the caller's work was sized by (a
+    ``pccl_aio.torch`` process group's ranks and size, a collective's ``ring=``): a peer was
+    lost or admitted since, or this peer rejoined the run as a new member. The collective
+    failed on every peer of its attempt (here with this error, on a peer that learnt of the
+    change later with ``PeerLostError``); a retry fails alike. Take the new membership first
+    (``pccl_aio.torch.renew_process_group()``, then build DDP again on it)."""
 
 
 class TooFewPeersError(PcclError):

@@ -27,6 +27,7 @@ from typing import Any
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
+from ._errors import InvalidUsageError
 from ._torch.ddp import DistributedDataParallel
 from ._torch.group import BACKEND, ProcessGroup, reduce_op
 from ._torch.hooks import AllReduceHook, HookState, ddp_comm_hook
@@ -36,15 +37,17 @@ from .blocking import Communicator
 
 __all__ = ["BACKEND", "AllReduceHook", "DistributedDataParallel", "HookState", "LocalGroup",
            "ProcessGroup", "Work", "ddp_comm_hook", "init_process_group", "local_group",
-           "reduce_op"]
+           "reduce_op", "renew_process_group"]
 
 _handing: list[ProcessGroup] = []  # the group ``init_process_group`` hands torch's factory
 
 
 def _factory(store: Any, rank: int, world_size: int, timeout: timedelta) -> ProcessGroup:
     if not _handing:
-        raise RuntimeError("the pccl_aio backend is created by pccl_aio.torch."
-                           "init_process_group(master, ...), not by dist.init_process_group")
+        raise InvalidUsageError(
+            "the pccl_aio backend is created by pccl_aio.torch.init_process_group(master, "
+            "...), not by dist.init_process_group; subgroups (dist.new_group, "
+            "new_subgroups, split_group) are not supported by pccl_aio")
     return _handing.pop()
 
 
@@ -64,14 +67,51 @@ def init_process_group(master: str, *, min_peers: int = 1, timeout: float | None
         comm.connect()
         if min_peers > 1:
             comm.wait_for_peers(min_peers, timeout=timeout)
-        group = ProcessGroup(comm)
-        _handing.append(group)
-        try:
-            dist.init_process_group(BACKEND, store=HashStore(), rank=group.rank(),
-                                    world_size=group.size())
-        finally:
-            _handing.clear()
+        group = _make_default(comm)
     except BaseException:
         comm.close()
         raise
     return group
+
+
+def renew_process_group(group: ProcessGroup | None = None) -> ProcessGroup:
+    """Take the peer group's present membership: a new ``ProcessGroup`` over ``group``'s
+    communicator (torch's default group if None), with the ranks and size of the peer group
+    as it is now, made torch's default group in its place when it was the default (torch's
+    other groups are destroyed with it, as ``dist.destroy_process_group()`` does). The old
+    group stops its thread; its collectives keep failing. Build DDP (or what else read the
+    old size) again on the new group. Call it on every surviving rank after
+    ``MembershipChangedError`` (from ``backward()``, a ``RuntimeError`` naming it;
+    ``group.membership_changed`` tells). Nothing is sent; does not block.
+    """
+    old = group if group is not None else _default()
+    if old is None:
+        raise InvalidUsageError("no pccl_aio group is torch's default: pass group=")
+    if old.comm.rank < 0:
+        raise InvalidUsageError("this peer is not a member of the run now (it rejoined as a "
+                                "new member, admitted by the others' update_topology())")
+    if old is _default():
+        dist.destroy_process_group()
+        new = _make_default(old.comm)
+    else:
+        new = ProcessGroup(old.comm)
+    old.close()
+    return new
+
+
+def _make_default(comm: Communicator) -> ProcessGroup:
+    """A group over ``comm`` made torch's default (through the registered factory)."""
+    group = ProcessGroup(comm)
+    _handing.append(group)
+    try:
+        dist.init_process_group(BACKEND, store=HashStore(), rank=group.rank(),
+                                world_size=group.size())
+    finally:
+        _handing.clear()
+    return group
+
+
+def _default() -> ProcessGroup | None:
+    """torch's default group, if it is a pccl_aio group."""
+    pg = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    return pg if isinstance(pg, ProcessGroup) else None

@@ -49,12 +49,13 @@ class CollectiveCalls:
         return [p.peer_id for p in ms.ring] if ms is not None else []
 
     # ---- barrier ----------------------------------------------------------------------------
-    def barrier_async(self, *, tag: int = 0) -> AllReduceHandle:
+    def barrier_async(self, *, tag: int = 0, ring: Sequence[int] | None = None
+                      ) -> AllReduceHandle:
         """Launch a barrier now and return an awaitable handle (``wait()``, ``cancel()``,
         ``started()``, as an all-reduce's). Raises ``InvalidUsageError`` (bad tag, tag in
-        flight) before anything is sent."""
+        flight) before anything is sent. ``ring``: as ``all_reduce_async``'s."""
         return self._reduce.launch_ranked(CollectiveKind.BARRIER, bytearray(0), None, None, tag,
-                                          None, 0, False)
+                                          None, 0, False, ring=ring)
 
     async def barrier(self, *, tag: int = 0, timeout: float | None = None) -> None:
         """Block until every peer of the group called ``barrier`` (with this ``tag``).
@@ -73,10 +74,12 @@ class CollectiveCalls:
 
     # ---- broadcast, all-gather, reduce-scatter ----------------------------------------------
     def broadcast_async(self, tensor: Any, *, root: int, tag: int = 0,
-                        restore_on_abort: bool = False) -> AllReduceHandle:
-        """Launch a broadcast now and return its handle (as ``all_reduce_async``'s)."""
+                        restore_on_abort: bool = False, ring: Sequence[int] | None = None
+                        ) -> AllReduceHandle:
+        """Launch a broadcast now and return its handle (as ``all_reduce_async``'s; ``root``
+        a rank of ``ring`` when given)."""
         return self._reduce.launch_ranked(CollectiveKind.BROADCAST, tensor, None, None, tag,
-                                          None, root, False, restore_on_abort)
+                                          None, root, False, restore_on_abort, ring)
 
     async def broadcast(self, tensor: Any, *, root: int, tag: int = 0,
                         restore_on_abort: bool = False,
@@ -101,10 +104,11 @@ class CollectiveCalls:
                                             None, root, True, restore_on_abort)
         return await handle.wait(limit)
 
-    def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0) -> AllReduceHandle:
+    def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0,
+                         ring: Sequence[int] | None = None) -> AllReduceHandle:
         """Launch an all-gather now and return its handle (as ``all_reduce_async``'s)."""
         return self._reduce.launch_ranked(CollectiveKind.ALL_GATHER, src, dst, None, tag, None,
-                                          0, False)
+                                          0, False, ring=ring)
 
     async def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
                          timeout: float | None = None) -> ReduceInfo:
@@ -122,11 +126,11 @@ class CollectiveCalls:
         return await handle.wait(limit)
 
     def reduce_scatter_async(self, src: Any, dst: Any, *, op: ReduceOp = ReduceOp.SUM,
-                             tag: int = 0, quantization: Quantization | None = None
-                             ) -> AllReduceHandle:
+                             tag: int = 0, quantization: Quantization | None = None,
+                             ring: Sequence[int] | None = None) -> AllReduceHandle:
         """Launch a reduce-scatter now and return its handle (as ``all_reduce_async``'s)."""
         return self._reduce.launch_ranked(CollectiveKind.REDUCE_SCATTER, src, dst, op, tag,
-                                          quantization, 0, False)
+                                          quantization, 0, False, ring=ring)
 
     async def reduce_scatter(self, src: Any, dst: Any, *, op: ReduceOp = ReduceOp.SUM,
                              tag: int = 0, quantization: Quantization | None = None,
@@ -147,16 +151,22 @@ class CollectiveCalls:
     # ---- all-reduce -------------------------------------------------------------------------
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None,
-                         restore_on_abort: bool = True) -> AllReduceHandle:
+                         restore_on_abort: bool = True,
+                         ring: Sequence[int] | None = None) -> AllReduceHandle:
         """Launch an all-reduce now and return an awaitable handle.
 
         The vote goes out before this returns, so several launches keep their order; every
         peer of the group must launch the same tags in the same order. Raises
         ``InvalidUsageError`` (bad argument, tag already in flight), ``TooFewPeersError``
         (group smaller than two) before anything is sent. ``restore_on_abort``: see
-        ``all_reduce``.
+        ``all_reduce``. ``ring``: the peer ids, in rank order, of the only ring it may run in
+        (``comm.ranks`` as the caller took it): if the group's ring is another when the
+        master starts it (a peer lost or admitted since), it fails with ``PeerLostError`` on
+        every peer, so that a caller who sized its work by a membership never gets a result
+        of another.
         """
-        return self._reduce.launch(src, dst, op, tag, quantization, restore_on_abort, False)
+        return self._reduce.launch(src, dst, op, tag, quantization, restore_on_abort, False,
+                                   ring)
 
     async def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None,

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._errors import InvalidUsageError, PcclError
+from .._errors import InvalidUsageError, MasterLostError, PcclError, SharedStateError
+from .._peer.state.core.shared_state import SharedState
 from .._types import Quantization
 from .group import ProcessGroup
 from .hooks import HookState, ddp_comm_hook
@@ -32,7 +33,9 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     default group when it is one). After ``backward()``: ``failed`` is True when a replica was
     lost mid-step (on every survivor alike): skip ``optimizer.step()``, call ``reset()`` and run
     the step again; else step and ``reset()``. ``ddp_options`` go to torch's DDP (not
-    ``process_group`` nor ``find_unused_parameters``)."""
+    ``process_group`` nor ``find_unused_parameters``). Before each step ``sync(state)``
+    admits joiners and syncs the state (a joiner, or a replica back from a freeze, receives
+    it there)."""
 
     def __init__(self, module: torch.nn.Module, group: ProcessGroup | None = None, *,
                  quantization: Quantization | None = None, **ddp_options: Any) -> None:
@@ -49,6 +52,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
                          **ddp_options)
         self.hook = HookState(group, quantization)
         self.register_comm_hook(self.hook, ddp_comm_hook)
+        self._voted = False  # (the first ``sync`` votes on nothing)
 
     @property
     def failed(self) -> bool:
@@ -63,6 +67,44 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
     def reset(self) -> None:
         """A new step: call it after each optimizer step, or skipped one."""
         self.hook.reset()
+
+    def sync(self, state: SharedState) -> int:
+        """Before each step, on every replica: admit the replicas waiting to join (a joint
+        vote: ``are_peers_pending``, then ``update_topology``), then make ``state`` (model,
+        optimizer state, step) identical on every replica, so that a joiner receives it;
+        bumps ``state.revision`` and returns the number of replicas of the step.
+
+        What a replica meets on the way is handled here, the same way on every replica: a
+        sync that failed on every peer is run again; a call the master's loss interrupted
+        (``MasterLostError``) is retried, that call and not the ones before it (the others
+        may have had its answer); a replica that rejoined as a new member (frozen, or cut
+        off, past the timeouts: ``MasterLostError.new_member``, seen here or by the hook)
+        skips the vote and syncs first, as a joiner does, receiving the run's state. The
+        first call of a replica votes on nothing (a joiner was just admitted; at the start
+        every replica makes it). Blocks; raises what ends the session
+        (``MasterConnectionError`` after ``master_timeout``, ``KickedError``,
+        ``DeadlockError``).
+        """
+        comm, hook = self.hook.group.comm, self.hook
+        stage = "sync" if hook.rejoined or not self._voted else "vote"
+        self._voted, hook.rejoined = True, False
+        while True:
+            try:
+                if stage == "vote":
+                    stage = "admit" if comm.are_peers_pending() else "sync"
+                elif stage == "admit":
+                    comm.update_topology()
+                    stage = "sync"
+                else:
+                    comm.sync_shared_state(state)
+                    break
+            except MasterLostError as exc:  # retry that call, or sync first as a joiner
+                if exc.new_member:
+                    stage = "sync"
+            except SharedStateError:  # (failed on every peer: again)
+                pass
+        state.revision += 1
+        return comm.peer_group_world_size
 
 
 def _default_group() -> ProcessGroup:

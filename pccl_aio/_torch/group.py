@@ -2,18 +2,23 @@
 
 Every method DDP, FSDP2, DTensor and the functional collectives call is a Python override that
 launches the matching pccl_aio collective (``all_reduce``, ``broadcast``, ``all_gather``,
-``reduce_scatter``, ``barrier``) through the blocking facade and returns a ``Work``
-(``work.py``). Launches return at once: ``allreduce`` (the call DDP's reducer makes from its
-autograd thread, once per bucket) is posted to the communicator's loop without waiting for it
-(``post``; a launch error surfaces at ``Work.wait()``), the others wait for the vote to go
-out; ``Work.wait()`` blocks. As with gloo, an all-reduce that failed leaves its tensor holding
-unspecified bytes (no copy is saved to restore it). Rank and size are the peer group's as
-they are now (they change with the membership, and a collective launched before a change
-raises ``PeerLostError``). Tags
-cycle through ``TAGS`` values, the same on every peer because torch makes every rank call
-the group's collectives in the same order; a tag that comes round again starts early on its
-ticket. CUDA tensors are staged through host memory by the communicator
-(``_peer/core/staging.py``); another device is an ``InvalidUsageError``.
+``reduce_scatter``, ``barrier``) on the communicator's loop without waiting for it (``post``;
+the call DDP's reducer makes from its autograd thread must return at once; a launch error
+surfaces at ``Work.wait()``) and returns a ``Work`` (``work.py``); ``Work.wait()`` blocks. As
+with gloo, a collective that failed leaves its output holding unspecified bytes.
+
+A group's rank and size are fixed when it is made, as torch assumes (its C++ side, DDP's
+reducer among it, reads the size given then): every collective is pinned to the group's
+ring (``ring=``), so once the peer group's membership changed (a peer lost or admitted, this
+peer rejoined as a new member) every collective fails on every peer, with
+``MembershipChangedError`` where the change is known, instead of computing a result of
+another world (DDP would divide a sum of two by three). ``pccl_aio.torch.renew_process_group``
+makes the group of the new membership. Tags cycle through ``TAGS`` values, the same on every
+peer because torch makes every rank call the group's collectives in the same order; a tag
+that comes round again starts early on its ticket. CUDA tensors are staged through host
+memory by the communicator (``_peer/core/staging.py``); another device is an
+``InvalidUsageError``. Calls pccl_aio does not offer (``reduce``, ``all_to_all``,
+``send``/``recv``) raise ``InvalidUsageError`` naming the call.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _register_process_group
 
-from .._errors import InvalidUsageError
+from .._errors import InvalidUsageError, MembershipChangedError, PeerLostError
 from .._peer.communicator import AllReduceHandle as AsyncHandle
 from .._peer.communicator import Communicator as AsyncCommunicator
 from .._peer.core import staging
@@ -68,13 +73,18 @@ class Named(dist.ProcessGroup):
 
 
 class ProcessGroup(Named):
-    """The fault-tolerant process group of one connected ``blocking.Communicator``."""
+    """The fault-tolerant process group of one connected ``blocking.Communicator``, for the
+    peer group's membership as it is when it is made (``members``)."""
 
     def __init__(self, comm: Communicator) -> None:
         if comm.rank < 0:
             raise InvalidUsageError("connect the communicator first (it has no rank yet)")
-        super().__init__(comm.rank, comm.peer_group_world_size)  # type: ignore[call-arg]
+        members = tuple(comm.ranks)
+        super().__init__(members.index(comm.peer_id), len(members))  # type: ignore[call-arg]
         self.comm = comm
+        #: the peer ids of the group in rank order: the ring every collective is pinned to
+        self.members = members
+        self._rank, self._peer = members.index(comm.peer_id), comm.peer_id
         self._tags = itertools.cycle(range(TAGS))
         self.completions = Completions()  # (the comm hook's works complete there too)
         # named and registered at once, for DeviceMesh.from_group (it finds groups by name);
@@ -84,16 +94,22 @@ class ProcessGroup(Named):
 
     # ---- what torch asks of a group ----------------------------------------------------------
     def rank(self) -> int:
-        return self.comm.rank
+        return self._rank
 
     def size(self) -> int:
-        return self.comm.peer_group_world_size
+        return len(self.members)
 
     def getBackendName(self) -> str:
         return BACKEND
 
     def __repr__(self) -> str:
         return f"pccl_aio.torch.ProcessGroup(rank={self.rank()}, size={self.size()})"
+
+    @property
+    def membership_changed(self) -> bool:
+        """The peer group is no longer ``members`` (as this peer knows it now): the group's
+        collectives fail; make the new one with ``pccl_aio.torch.renew_process_group``."""
+        return self.comm.peer_id != self._peer or tuple(self.comm.ranks) != self.members
 
     def close(self) -> None:
         """Stop the completion thread (the communicator is the caller's to close)."""
@@ -104,13 +120,32 @@ class ProcessGroup(Named):
               inline: bool = True) -> Work:
         """The work of ``handles``; ``inline=False`` where ``finish`` copies (it then runs on
         the completion thread, not the communicator's loop)."""
-        return Work(handles, finish, self.completions, inline)
+        return Work(handles, finish, self.completions, inline, self._typed)
+
+    def _typed(self, exc: BaseException) -> BaseException:
+        """A lost peer's error as a ``MembershipChangedError`` once the change is known."""
+        if isinstance(exc, PeerLostError) and not isinstance(exc, MembershipChangedError) \
+                and self.membership_changed:
+            changed = MembershipChangedError(
+                f"{exc}; the pccl_aio group's membership changed (this group: {self.size()} "
+                f"ranks, peer ids {list(self.members)}; the peer group now: "
+                f"{self.comm.peer_group_world_size}): make the group of the new membership "
+                "with pccl_aio.torch.renew_process_group() (and DDP again on it)")
+            changed.__cause__ = exc
+            return changed
+        return exc
 
     def post(self, make: Callable[[AsyncCommunicator], AsyncHandle]) -> AllReduceHandle:
         """Launch ``make(async_comm)`` on the communicator's loop without waiting for it
         (DDP's buckets are launched from its autograd thread, which must go on computing);
         a launch error surfaces in the work, at ``wait()``."""
         return self.comm._post(make)
+
+    def _launch(self, make: Callable[[AsyncCommunicator, tuple[int, ...]], AsyncHandle]
+                ) -> AllReduceHandle:
+        """Post ``make(async_comm, members)``: a collective pinned to the group's ring."""
+        members = self.members
+        return self.post(lambda c: make(c, members))
 
     def next_tag(self) -> int:
         """The tag of the next collective (the same sequence on every rank)."""
@@ -119,7 +154,7 @@ class ProcessGroup(Named):
     def allreduce(  # type: ignore[override]
             self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = reduce_op(opts if opts is not None else dist.ReduceOp.SUM)
-        hs = [self.post(_all_reduce(_cpu(t), op, next(self._tags))) for t in tensors]
+        hs = [self._launch(_all_reduce(_cpu(t), op, next(self._tags))) for t in tensors]
         return self._work(hs, lambda: tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -128,13 +163,12 @@ class ProcessGroup(Named):
     def broadcast(  # type: ignore[override]
             self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         root = opts.rootRank if opts is not None else 0
-        hs = [self.comm.broadcast_async(_cpu(t), root=root, tag=next(self._tags))
-              for t in tensors]
+        hs = [self._launch(_broadcast(_cpu(t), root, next(self._tags))) for t in tensors]
         return self._work(hs, lambda: tensors)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> Work:
-        h = self.comm.all_gather_async(_cpu(input), _cpu(output), tag=next(self._tags))
+        h = self._launch(_gather(_cpu(input), _cpu(output), next(self._tags)))
         return self._work([h], lambda: [output])
 
     _allgather_base = all_gather_single
@@ -146,7 +180,7 @@ class ProcessGroup(Named):
         for outs, t in zip(outputs, inputs, strict=True):
             flat = torch.empty(len(outs) * t.numel(), dtype=t.dtype)
             flats.append(flat)
-            hs.append(self.comm.all_gather_async(_cpu(t), flat, tag=next(self._tags)))
+            hs.append(self._launch(_gather(_cpu(t), flat, next(self._tags))))
 
         def finish() -> list[list[torch.Tensor]]:
             for outs, flat in zip(outputs, flats):
@@ -158,7 +192,7 @@ class ProcessGroup(Named):
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
-        hs = [self.comm.all_gather_async(_cpu(i), _cpu(o), tag=next(self._tags))
+        hs = [self._launch(_gather(_cpu(i), _cpu(o), next(self._tags)))
               for o, i in zip(outputs, inputs, strict=True)]
         return self._work(hs, lambda: outputs)
 
@@ -167,8 +201,7 @@ class ProcessGroup(Named):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> Work:
         op = reduce_op(opts if opts is not None else dist.ReduceOp.SUM)
-        h = self.comm.reduce_scatter_async(_cpu(input), _cpu(output), op=op,
-                                           tag=next(self._tags))
+        h = self._launch(_scatter(_cpu(input), _cpu(output), op, next(self._tags)))
         return self._work([h], lambda: [output])
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
@@ -180,34 +213,35 @@ class ProcessGroup(Named):
         hs = []
         for o, parts in zip(outputs, inputs, strict=True):
             flat = torch.cat([_cpu(p).reshape(-1) for p in parts])
-            hs.append(self.comm.reduce_scatter_async(flat, _cpu(o), op=op,
-                                                     tag=next(self._tags)))
+            hs.append(self._launch(_scatter(flat, _cpu(o), op, next(self._tags))))
         return self._work(hs, lambda: outputs)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
         op = reduce_op(opts if opts is not None else dist.ReduceOp.SUM)
-        hs = [self.comm.reduce_scatter_async(_cpu(i), _cpu(o), op=op, tag=next(self._tags))
+        hs = [self._launch(_scatter(_cpu(i), _cpu(o), op, next(self._tags)))
               for o, i in zip(outputs, inputs, strict=True)]
         return self._work(hs, lambda: outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced  # type: ignore[assignment]
 
     def barrier(self, opts: Any = None) -> Work:
-        return self._work([self.comm.barrier_async(tag=next(self._tags))], lambda: None)
+        tag = next(self._tags)
+        h = self._launch(lambda c, ring: c.barrier_async(tag=tag, ring=ring))
+        return self._work([h], lambda: None)
 
     def scatter(  # type: ignore[override]
             self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
                 opts: Any = None) -> Work:
         """Rank ``root``'s ``inputs[0]`` (one tensor per rank), rank r's to ``outputs[0]``
         on rank r: a broadcast of them all, each rank keeping its own."""
-        root, out, world = opts.rootRank if opts is not None else 0, outputs[0], self.size()
-        rank = self.rank()  # (at the launch: the rank is live)
+        root, out, world, rank = (opts.rootRank if opts is not None else 0, outputs[0],
+                                  self.size(), self.rank())
         if rank == root:
             flat = torch.cat([_cpu(t).reshape(-1) for t in inputs[0]])
         else:
             flat = torch.empty(world * out.numel(), dtype=out.dtype)
-        h = self.comm.broadcast_async(flat, root=root, tag=next(self._tags))
+        h = self._launch(_broadcast(flat, root, next(self._tags)))
 
         def finish() -> list[torch.Tensor]:
             out.copy_(flat.chunk(world)[rank].view(out.shape))
@@ -224,15 +258,53 @@ class ProcessGroup(Named):
             return self.allgather(outputs, inputs)
         t = inputs[0]
         flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
-        h = self.comm.all_gather_async(_cpu(t), flat, tag=next(self._tags))
+        h = self._launch(_gather(_cpu(t), flat, next(self._tags)))
         return self._work([h], lambda: outputs)
 
+    # ---- what pccl_aio does not offer: named, not torch's "no backend for device" -----------
+    def reduce(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
+        raise _unsupported("dist.reduce", "dist.all_reduce, then use the result on the root")
 
-def _all_reduce(t: torch.Tensor, op: ReduceOp, tag: int
-                ) -> Callable[[AsyncCommunicator], AsyncHandle]:
+    def alltoall(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
+        raise _unsupported("dist.all_to_all", "")
+
+    def alltoall_base(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
+        raise _unsupported("dist.all_to_all_single", "")
+
+    def send(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
+        raise _unsupported("dist.send / isend", "dist.broadcast from the sender")
+
+    def recv(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
+        raise _unsupported("dist.recv / irecv", "dist.broadcast from the sender")
+
+    recv_anysource = recv
+
+
+def _unsupported(call: str, instead: str) -> InvalidUsageError:
+    return InvalidUsageError(f"{call} is not supported by the pccl_aio backend"
+                             + (f" (use {instead})" if instead else ""))
+
+
+Make = Callable[[AsyncCommunicator, tuple[int, ...]], AsyncHandle]
+
+
+def _broadcast(t: torch.Tensor, root: int, tag: int) -> Make:
+    return lambda c, ring: c.broadcast_async(t, root=root, tag=tag, ring=ring)
+
+
+def _gather(src: torch.Tensor, dst: torch.Tensor, tag: int) -> Make:
+    return lambda c, ring: c.all_gather_async(src, dst, tag=tag, ring=ring)
+
+
+def _scatter(src: torch.Tensor, dst: torch.Tensor, op: ReduceOp, tag: int) -> Make:
+    return lambda c, ring: c.reduce_scatter_async(src, dst, op=op, tag=tag, ring=ring)
+
+
+def _all_reduce(t: torch.Tensor, op: ReduceOp, tag: int) -> Make:
     """torch's semantics: after a failure the tensor holds unspecified bytes (no copy is
     saved to restore it: a copy of every bucket DDP reduces)."""
-    return lambda c: c.all_reduce_async(t, op=op, tag=tag, restore_on_abort=False)
+    return lambda c, ring: c.all_reduce_async(t, op=op, tag=tag, restore_on_abort=False,
+                                              ring=ring)
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:

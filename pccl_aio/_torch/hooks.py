@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import GradBucket
 
-from .._errors import PcclError, SharedStateError, TooFewPeersError
+from .._errors import MasterLostError, PcclError, SharedStateError, TooFewPeersError
 from .._peer.state.core.shared_state import SharedState
 from .._types import Quantization, ReduceOp
 from .group import ProcessGroup
@@ -43,12 +43,18 @@ class HookState:
         self.group, self.quantization = group, quantization
         self.failed = False
         self.error: PcclError | None = None
+        #: this replica rejoined the run as a new member (``MasterLostError.new_member``: it
+        #: was frozen or cut off past the timeouts): its next sync receives the run's state
+        #: before it votes on anything, as a joiner's first does. Kept across ``reset()``.
+        self.rejoined = False
 
     def reset(self) -> None:
         """A new step (call it after each optimizer step or skipped one)."""
         self.failed, self.error = False, None
 
     def _lost(self, exc: PcclError) -> None:
+        if isinstance(exc, MasterLostError) and exc.new_member:
+            self.rejoined = True
         if not self.failed:
             self.failed, self.error = True, exc
 
@@ -68,18 +74,19 @@ def ddp_comm_hook(state: HookState, bucket: GradBucket
     except PcclError as exc:  # (the communicator is closed: the step is void)
         state._lost(exc)
         return done(buf).get_future()
-    fut = Work([handle], lambda: buf, group.completions, inline=True).get_future()
+    work = Work([handle], lambda: buf, group.completions, inline=True)
 
     def settle(f: torch.futures.Future[Any]) -> torch.Tensor:
-        try:
-            f.wait()
-        except TooFewPeersError:  # alone (at the launch or since): its own gradient
+        error = f.value()  # (the bucket, or the error itself: ``Work.settled``)
+        if isinstance(error, TooFewPeersError):  # alone (at the launch or since): its own
             pass
-        except PcclError as exc:  # aborted on every survivor alike: the step is void
-            state._lost(exc)
+        elif isinstance(error, PcclError):  # aborted on every survivor alike: step void
+            state._lost(error)
+        elif isinstance(error, BaseException):
+            raise error
         return buf
 
-    return fut.then(settle)
+    return work.settled().then(settle)
 
 
 class AllReduceHook(HookState):
@@ -126,9 +133,9 @@ class AllReduceHook(HookState):
         default group if None). Blocks; raises what the votes raise (``MasterLostError``...).
         """
         comm = self.group.comm
-        if self._voted and comm.are_peers_pending():
+        if self._voted and not self.rejoined and comm.are_peers_pending():
             comm.update_topology()
-        self._voted = True
+        self._voted, self.rejoined = True, False
         while True:
             failed = False
             try:

@@ -1,13 +1,20 @@
 """Work objects of the ``pccl_aio`` process group: a collective in flight, as torch sees it.
 
 ``Work.wait()`` blocks the calling thread until the collective ended and raises pccl_aio's
-typed errors (``PeerLostError``...) as they are; ``get_future()`` is a ``torch.futures.Future``
-completed when it ends (DDP's reducer chains on it), even if nobody calls ``wait()``. Each
-collective's end is signalled on the communicator's loop thread (``add_done_callback``): a
-work whose ``finish`` is trivial (``inline``: an all-reduce hands back its tensors) completes
-its future there, one thread hop from the loop to the waiting caller as with gloo; the others
-are handed to the group's ``Completions`` thread, which runs ``finish`` (copies outputs back)
-off the loop. Cancelling is not offered (torch has no cancel).
+typed errors (``PeerLostError``...) as they are. ``get_future()`` is a ``torch.futures.Future``
+completed when it ends (DDP's reducer chains on it), even if nobody calls ``wait()``; a
+failure completes it with an error torch's C++ side sees as one (its ``value()`` throws, so
+``backward()`` raises ``RuntimeError`` naming the typed error, as with gloo). A Python
+``Future.set_exception`` would not do: it stores the exception as the future's *value*, and
+DDP's reducer then took that object for the bucket's tensors (wrong gradients, or a
+segfault reading a tensor list that is empty). ``settled()`` is the Python-side future
+(value, or the exception object) for callers in this package.
+
+Each collective's end is signalled on the communicator's loop thread
+(``add_done_callback``): a work whose ``finish`` is trivial (``inline``: an all-reduce hands
+back its tensors) completes its futures there, one thread hop from the loop to the waiting
+caller as with gloo; the others are handed to the group's ``Completions`` thread, which runs
+``finish`` (copies outputs back) off the loop. Cancelling is not offered (torch has no cancel).
 """
 
 from __future__ import annotations
@@ -22,22 +29,26 @@ from torch._C._distributed_c10d import Work as _C10dWork
 
 from ..blocking import AllReduceHandle
 
-__all__ = ["Completions", "Work", "done"]
+__all__ = ["Completions", "Work", "done", "failed"]
 
 Finish = Callable[[], Any]  # after the collective: the future's value (copies outputs back)
+Typed = Callable[[BaseException], BaseException]  # the error the caller sees for one raised
 
 
 class Work(_C10dWork):
-    """One collective launched on the group (or several, ``wait`` waits for all)."""
+    """One collective launched on the group (or several, ``wait`` waits for all);
+    ``typed`` maps a collective's error to the one raised (the group's membership check)."""
 
     def __init__(self, handles: list[AllReduceHandle], finish: Finish,
-                 completions: Completions | None, inline: bool = False) -> None:
+                 completions: Completions | None, inline: bool = False,
+                 typed: Typed | None = None) -> None:
         super().__init__()
-        self._future: torch.futures.Future[Any] = torch.futures.Future()
+        self._settled: torch.futures.Future[Any] = torch.futures.Future()
+        self._future: torch.futures.Future[Any] = self._settled.then(_unwrap)
+        item = (handles, finish, self._settled, typed)
         if completions is None or not handles:
-            _complete(handles, finish, self._future)  # (nothing in flight: done now)
+            _complete(*item)  # (nothing in flight: done now)
             return
-        item = (handles, finish, self._future)
         left = len(handles)  # (decremented on the loop thread only)
 
         def ended(_: AllReduceHandle) -> None:
@@ -51,30 +62,30 @@ class Work(_C10dWork):
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until it ended; raises its typed error (``PeerLostError``, ...)."""
-        self._future.wait()
+        value = self._settled.wait()
+        if isinstance(value, BaseException):
+            raise value
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._settled.done()
 
     def is_success(self) -> bool:
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except Exception:
-            return False
-        return True
+        return self._settled.done() and not isinstance(self._settled.value(), BaseException)
 
     def exception(self) -> BaseException | None:
-        try:
-            self._future.value()
-        except Exception as exc:
-            return exc
-        return None
+        if not self._settled.done():
+            return None
+        value = self._settled.value()
+        return value if isinstance(value, BaseException) else None
 
     def get_future(self) -> torch.futures.Future[Any]:
         return self._future
+
+    def settled(self) -> torch.futures.Future[Any]:
+        """Completed when it ended with the result, or with the error object itself (not
+        raised): for chaining in Python without torch's ``RuntimeError`` wrapping."""
+        return self._settled
 
 
 def done(value: Any) -> Work:
@@ -82,19 +93,38 @@ def done(value: Any) -> Work:
     return Work([], lambda: value, None)
 
 
+def failed(exc: BaseException) -> Work:
+    """A work already failed with ``exc`` (a call refused before anything was sent)."""
+
+    def finish() -> Any:
+        raise exc
+
+    return Work([], finish, None)
+
+
+def _unwrap(settled: torch.futures.Future[Any]) -> Any:
+    """``get_future()``'s value: the result, or the error raised (torch's C++ side then
+    holds it as the future's error)."""
+    value = settled.value()
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+Item = tuple[list[AllReduceHandle], Finish, "torch.futures.Future[Any]", Typed | None]
+
+
 class Completions:
     """A daemon thread completing the futures of ended collectives (``finish`` off the loop)."""
 
     def __init__(self, name: str = "pccl_aio torch completions") -> None:
-        self._queue: queue.SimpleQueue[tuple[list[AllReduceHandle], Finish,
-                                             torch.futures.Future[Any]] | None] = (
-            queue.SimpleQueue())
+        self._queue: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def add(self, handles: list[AllReduceHandle], finish: Finish,
-            future: torch.futures.Future[Any]) -> None:
-        self._queue.put((handles, finish, future))
+            settled: torch.futures.Future[Any], typed: Typed | None = None) -> None:
+        self._queue.put((handles, finish, settled, typed))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -105,14 +135,14 @@ class Completions:
 
 
 def _complete(handles: list[AllReduceHandle], finish: Finish,
-              future: torch.futures.Future[Any]) -> None:
-    """Complete ``future`` with ``finish()``, or with the first handle's error (every handle
-    has ended: ``result()`` does not block)."""
+              settled: torch.futures.Future[Any], typed: Typed | None = None) -> None:
+    """Complete ``settled`` with ``finish()``, or with the first handle's error object
+    (every handle has ended: ``result()`` does not block)."""
     try:
         for h in handles:
             h.result()
         value = finish()
     except BaseException as exc:  # (the caller's wait() raises it)
-        future.set_exception(exc)
+        settled.set_result(typed(exc) if typed is not None else exc)
     else:
-        future.set_result(value)
+        settled.set_result(value)

@@ -40,7 +40,7 @@ def main() -> None:
     group = pt.init_process_group(addr, min_peers=world, heartbeat_interval=0.2,
                                   heartbeat_timeout=2.0, data_timeout=3.0)
     comm = group.comm
-    emit(event="joined", ws=group.size())
+    emit(event="joined", ws=comm.peer_group_world_size)
     torch.manual_seed(int(index))  # a different model on each: the first sync makes them one
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(),
                                 torch.nn.Linear(128, 8))
@@ -59,7 +59,7 @@ def main() -> None:
         except pccl.SharedStateError:
             continue  # every peer of the group got it: retry
         state.revision += 1
-        ws = group.size()  # the world this step runs in (the same on every replica)
+        ws = comm.peer_group_world_size  # the world of this step (the same on every replica)
         opt.zero_grad()
         net(torch.randn(16, 64, generator=data)).pow(2).mean().backward()
         if net.failed:  # every survivor skips this step alike, and runs it again

@@ -15,7 +15,8 @@ EXPECTED_ALL = {
     "AllReduceHandle", "AuthenticationError", "Buckets", "Communicator", "DataType",
     "DeadlockError", "InvalidUsageError",
     "KickedError", "Master",
-    "MasterConnectionError", "MasterLostError", "PcclError", "PcclTimeoutError", "PeerLostError",
+    "MasterConnectionError", "MasterLostError", "MembershipChangedError", "PcclError",
+    "PcclTimeoutError", "PeerLostError",
     "ProtocolError",
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
     "SharedState", "SharedStateError", "SparseCompressor", "SyncInfo", "SyncStrategy",
@@ -53,8 +54,8 @@ def test_version() -> None:
 
 
 ERRORS = ["AuthenticationError", "DeadlockError", "InvalidUsageError", "KickedError",
-          "MasterConnectionError", "MasterLostError", "PcclTimeoutError", "PeerLostError",
-          "ProtocolError", "RemoteProtocolError",
+          "MasterConnectionError", "MasterLostError", "MembershipChangedError",
+          "PcclTimeoutError", "PeerLostError", "ProtocolError", "RemoteProtocolError",
           "SharedStateError", "TooFewPeersError", "VersionMismatchError"]
 
 
@@ -92,6 +93,7 @@ def test_exception_tree_inside_pccl() -> None:
     assert issubclass(e.AuthenticationError, e.MasterConnectionError)
     assert issubclass(e.RemoteProtocolError, e.ProtocolError)
     assert not issubclass(e.PeerLostError, e.MasterConnectionError)
+    assert issubclass(e.MembershipChangedError, e.PeerLostError)  # (caught as a lost peer)
     assert e.PeerLostError.code == "RANK_CONNECTION_LOST"
     assert e.TooFewPeersError.code == "TOO_FEW_PEERS"
     assert e.InvalidUsageError.code == "INVALID_USAGE"

@@ -11,7 +11,7 @@ import torch.distributed as dist  # noqa: E402
 
 import pccl_aio as pccl  # noqa: E402
 import pccl_aio.torch as pt  # noqa: E402
-from pccl_aio._torch.work import Completions, Work  # noqa: E402
+from pccl_aio._torch.work import Completions, Work, failed  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -79,12 +79,12 @@ def test_a_work_of_several_collectives_completes_when_the_last_ended():
 
 def test_importing_registers_the_backend_and_only_init_process_group_makes_one():
     assert "pccl_aio" in dist.Backend.backend_list
-    with pytest.raises(RuntimeError, match="init_process_group"):
+    with pytest.raises(pccl.InvalidUsageError, match="init_process_group.*subgroups"):
         dist.init_process_group("pccl_aio", store=dist.HashStore(), rank=0, world_size=1)
 
 
 class _Comm:
-    rank, peer_group_world_size = 0, 2
+    rank, peer_group_world_size, peer_id, ranks = 0, 2, 7, [7, 9]
 
     def all_reduce_async(self, *a, **kw):
         raise AssertionError("nothing may be sent")
@@ -168,3 +168,56 @@ def test_distributed_data_parallel_refuses_what_it_sets_and_needs_a_pccl_group()
     if not dist.is_initialized():
         with pytest.raises(pccl.InvalidUsageError, match="init_process_group"):
             pt.DistributedDataParallel(_model())
+
+
+def test_a_failed_work_fails_torchs_future_as_an_error_and_ddp_backward_raises():
+    """The cause of the survivors' segfault: a Python ``Future.set_exception`` stores the
+    exception as the future's *value*, which DDP's C++ reducer took for the bucket's tensors
+    (an empty tensor list read at index 0). The future of a failed work now holds an error
+    torch's C++ side sees: ``backward()`` raises, naming the typed error, every time."""
+    work = failed(pccl.PeerLostError("peer 3 left the run"))
+    with pytest.raises(pccl.PeerLostError, match="peer 3"):
+        work.wait()
+    with pytest.raises(RuntimeError, match="PeerLostError: peer 3"):
+        work.get_future().wait()
+    assert isinstance(work.exception(), pccl.PeerLostError) and not work.is_success()
+
+    class Failing(pt.LocalGroup):
+        def allreduce(self, tensors, opts=None):
+            return failed(pccl.PeerLostError("peer 3 left the run"))
+
+    net = torch.nn.parallel.DistributedDataParallel(_model(), process_group=Failing())
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="PeerLostError: peer 3"):
+            net(torch.randn(4, 16)).sum().backward()
+
+
+def test_a_group_is_its_membership_when_made_and_says_when_that_changed():
+    comm = _Comm()
+    group = pt.ProcessGroup(comm)  # type: ignore[arg-type]
+    try:
+        assert group.members == (7, 9) and not group.membership_changed
+        lost = pccl.PeerLostError("all-reduce tag 1 aborted")
+        assert group._typed(lost) is lost  # (nothing changed: the error as it is)
+        comm.ranks = [7]  # peer 9 lost: the group keeps its size, torch's C++ side its own
+        assert group.membership_changed and (group.rank(), group.size()) == (0, 2)
+        typed = group._typed(lost)
+        assert isinstance(typed, pccl.MembershipChangedError) and typed.__cause__ is lost
+        assert "renew_process_group" in str(typed)
+        comm.ranks, comm.peer_id = [7, 9], 11  # rejoined as a new member under a new id
+        assert group.membership_changed
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize(("call", "args"), [
+    ("reduce", ([torch.zeros(2)],)), ("alltoall", ([], [])), ("alltoall_base", ()),
+    ("send", ([torch.zeros(2)], 1, 0)), ("recv", ([torch.zeros(2)], 1, 0)),
+])
+def test_calls_pccl_aio_lacks_name_the_backend_and_the_call(call, args):
+    group = pt.ProcessGroup(_Comm())  # type: ignore[arg-type]
+    try:
+        with pytest.raises(pccl.InvalidUsageError, match="not supported by the pccl_aio"):
+            getattr(group, call)(*args)
+    finally:
+        group.close()

@@ -40,7 +40,8 @@ from .rounds import Rounds
 class Spec(NamedTuple):
     """What a collective is beyond an all-reduce's arguments: its kind, a broadcast's root
     rank, and for a ranked kind the ring (peer ids in rank order) and epoch it was launched
-    in; ``copy_own``: an all-gather's input is not already its slot of the output."""
+    in (an all-reduce's ``ranks``: a ring it was pinned to, else empty); ``copy_own``: an
+    all-gather's input is not already its slot of the output."""
 
     kind: CollectiveKind = CollectiveKind.ALL_REDUCE
     root: int = 0
@@ -193,9 +194,11 @@ class Collective:
             self.env.registry.skip(seq)
             self.env.report(self.tag, seq, False, "cancelled")
             return
-        if self.kind.ranked and tuple(ring_ids) != self.spec.ranks:  # (the master aborts it first)
+        if ((self.kind.ranked or self.spec.ranks)  # (a ranked kind: the master aborts it first)
+                and tuple(ring_ids) != self.spec.ranks):
             self.env.registry.skip(seq)
-            self.env.report(self.tag, seq, False, "the ring changed since its launch")
+            self.env.report(self.tag, seq, False, "the ring is not the one it was launched for "
+                            f"({len(self.spec.ranks)} peers): the membership changed")
             return
         world, rank = len(ring_ids), ring_ids.index(me)
         ring = Ring(world, ring_ids[rank - 1], ring_ids[(rank + 1) % world])

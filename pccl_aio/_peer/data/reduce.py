@@ -34,9 +34,12 @@ class ReduceCalls:
         self._host = HostPool()  # host twins of device tensors (``core/staging.py``)
 
     def launch(self, src: Any, dst: Any, op: Any, tag: Any, quantization: Any,
-               restore_on_abort: Any, awaited: bool) -> AllReduceHandle:
-        """Check the arguments, then vote for one all-reduce; its handle."""
+               restore_on_abort: Any, awaited: bool,
+               ring: Sequence[int] | None = None) -> AllReduceHandle:
+        """Check the arguments, then vote for one all-reduce (``ring``: only in that ring,
+        ``pinned``); its handle."""
         self._check_usable()
+        spec = None if ring is None else Spec(ranks=pinned(ring))
         if not isinstance(restore_on_abort, bool):
             raise InvalidUsageError(
                 f"restore_on_abort must be True or False, not {restore_on_abort!r}")
@@ -53,7 +56,7 @@ class ReduceCalls:
                 raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
             self._check_group()
             coll = self._obs.watch(Collective(self._data, tag, s, d, op, in_place, quant,
-                                              restore=restore_on_abort))
+                                              restore=restore_on_abort, spec=spec))
             _staged(coll, stages)
             self._control.launch(coll, awaited)
         except BaseException:
@@ -63,14 +66,17 @@ class ReduceCalls:
 
     def launch_ranked(self, kind: CollectiveKind, src: Any, dst: Any, op: Any, tag: Any,
                       quantization: Any, root: Any, awaited: bool,
-                      restore: Any = False) -> AllReduceHandle:
+                      restore: Any = False, ring: Sequence[int] | None = None
+                      ) -> AllReduceHandle:
         """Check the arguments of a barrier, broadcast, all-gather or reduce-scatter against
-        the ring as it is now (``comm.ranks``), then vote for it in that ring; its handle
-        (done at once in a group of one)."""
+        the ring as it is now (``comm.ranks``), or ``ring`` (``pinned``) if given, then vote
+        for it in that ring; its handle (done at once in a group of one)."""
         self._check_usable()
-        ms = self._control.membership
+        ms, me = self._control.membership, self._control.peer_id
         ranks = [p.peer_id for p in ms.ring] if ms is not None else []
-        rank = ranks.index(self._control.peer_id) if ranks else 0
+        if ring is not None and me in (pin := pinned(ring)):
+            ranks = list(pin)  # (this peer in none of it: the start fails it for the group)
+        rank = ranks.index(me) if me in ranks else 0
         tag = args.tag(tag)
         stages = Stages(self._host)
         try:
@@ -109,6 +115,8 @@ class ReduceCalls:
         if tag in self._control.colls:
             raise InvalidUsageError(f"tag {tag} is already in flight on this peer")
         spec = Spec(kind, at, tuple(ranks), ms.epoch if ms is not None else 0, copy_own)
+        if world == 1 and ms is not None and len(ms.ring) > 1:
+            world = 0  # (pinned to a ring of one in a larger group: voted, failed at the start)
         coll = self._obs.watch(Collective(self._data, tag, s, d, reduce_op,
                                           kind == CollectiveKind.BROADCAST, quant,
                                           restore=restore is True, spec=spec))
@@ -163,6 +171,22 @@ class ReduceCalls:
         size = self._control.peer_group_world_size
         if size < 2:
             raise TooFewPeersError(f"peer group {self._group} has {size} peer(s)")
+
+
+def pinned(ring: Sequence[int]) -> tuple[int, ...]:
+    """A collective's ``ring=``: the peer ids, in rank order, of the only ring it may run in
+    (``comm.ranks`` as the caller last took it). The master starts it in the group's ring as
+    it is then; if that is another (a peer lost or admitted since, the order changed), every
+    peer of the attempt fails it for the group (``PeerLostError`` on every peer), so a
+    caller that sized its work by the pinned ring never gets a result of another world.
+    ``InvalidUsageError`` for what is not a non-empty sequence of distinct peer ids."""
+    if isinstance(ring, (str, bytes)) or not isinstance(ring, Sequence):
+        raise InvalidUsageError(f"ring must be a sequence of peer ids, not {ring!r}")
+    ids = tuple(ring)
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i > 0
+                          for i in ids) or len(set(ids)) != len(ids):
+        raise InvalidUsageError(f"ring must hold distinct positive peer ids, not {ring!r}")
+    return ids
 
 
 def _staged(coll: Collective, stages: Stages) -> None:
