@@ -12,13 +12,17 @@ import sys
 
 from .._errors import InvalidUsageError
 from .._log import FORMATS, LEVELS, configure
-from .._net.credentials import load_secret, tls_contexts
+from .._net.credentials import load_secret, run_key, tls_contexts
+from ..secret import keep
+from .keys import kept_secret_name
 from .server import Master
 from .status import Limits
 
-__all__ = ["main"]
+__all__ = ["STATE_DIR_ENV", "main", "master_secret", "parser", "state_dir"]
 
 log = logging.getLogger("pccl_aio.master")
+
+STATE_DIR_ENV = "PCCL_AIO_STATE_DIR"
 
 _DESCRIPTION = """\
 Run a pccl_aio master. Peers join a run through it (pccl_aio.Communicator("HOST:PORT")):
@@ -68,7 +72,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pccl_aio.master", description=_DESCRIPTION,
                                 epilog=_EPILOG, formatter_class=_Formatter)
     p.add_argument("--host", default="0.0.0.0",
@@ -127,7 +131,13 @@ def _parser() -> argparse.ArgumentParser:
     sec.add_argument("--master-secret-file", metavar="PATH",
                      help="file holding a second secret that only the run's masters hold: "
                           "memberships are sealed with it, and a restarted master believes "
-                          "a rejoining peer's id only with its seal")
+                          "a rejoining peer's id only with its seal; made (mode 0600) if "
+                          "there is none. Default, with a run secret: one kept in "
+                          f"${STATE_DIR_ENV}, else $XDG_STATE_HOME/pccl_aio, else "
+                          "~/.local/state/pccl_aio, named after the run secret")
+    sec.add_argument("--no-master-secret", action="store_true",
+                     help="seal no memberships: a restarted master believes what a rejoining "
+                          "peer says of its id and ring")
     sec.add_argument("--allow-any-advertise-host", action="store_true",
                      help="let peers advertise an address other than the one they connect "
                           "from (behind NAT or proxies)")
@@ -146,7 +156,7 @@ async def _run_cli(args: argparse.Namespace) -> int:
         context = (tls_contexts(args.tls_cert, args.tls_key, args.tls_ca)[0] if args.tls_cert
                    else None)
         secret = load_secret(args.secret_file)
-        sealer = load_secret(args.master_secret_file) if args.master_secret_file else None
+        sealer = master_secret(args, secret)
     except InvalidUsageError as exc:
         print(f"pccl_aio.master: {exc}", file=sys.stderr)
         return 2
@@ -183,6 +193,52 @@ async def _run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def state_dir() -> str:
+    """Where a master keeps what its restarted self needs: ``$PCCL_AIO_STATE_DIR``, else
+    ``$XDG_STATE_HOME/pccl_aio``, else ``~/.local/state/pccl_aio``."""
+    if folder := os.environ.get(STATE_DIR_ENV):
+        return folder
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                            "state")
+    return os.path.join(base, "pccl_aio")
+
+
+def master_secret(args: argparse.Namespace, secret: bytes | None) -> str | None:
+    """The master secret: none with ``--no-master-secret``, or without a run secret and a
+    ``--master-secret-file``; else the one in that file, or in the default file for the run
+    secret, made there on the first start. Raises InvalidUsageError if the file given cannot
+    be read or made, or holds a weak secret; a default file that cannot be kept is logged
+    (a warning: memberships are not sealed) and the master goes on without."""
+    if args.no_master_secret:
+        if args.master_secret_file:
+            raise InvalidUsageError("--no-master-secret and --master-secret-file exclude each "
+                                    "other")
+        return None
+    path = args.master_secret_file
+    if path is None and not secret:
+        return None
+    if path is None:
+        path = os.path.join(state_dir(), kept_secret_name(run_key(secret)))
+        given = False
+    else:
+        given = True
+    try:
+        sealer, made = keep(path)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if given:
+            raise InvalidUsageError(f"cannot keep the master secret in {path}: {why}") from exc
+        log.warning("cannot keep a master secret in %s (%s): memberships are not sealed, so a "
+                    "restarted master believes what a rejoining peer says of its id; give "
+                    "--master-secret-file PATH (or --no-master-secret)", path, why)
+        return None
+    run_key(sealer)  # a weak one (made by hand) is refused
+    log.info("%s the master secret in %s: memberships are sealed, and a restarted master "
+             "finds it there%s", "made" if made else "read", path,
+             " (give it to the run's other masters too)" if made else "")
+    return sealer
+
+
 def _why(exc: OSError) -> str:
     """``address already in use``: the system's words for ``exc``, without asyncio's frame."""
     text = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
@@ -191,12 +247,12 @@ def _why(exc: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: ``python -m pccl_aio.master`` (``--help`` says more)."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     try:
         configure(args.log_level, args.log_format)
     except ValueError as exc:  # from the environment (the options are checked by argparse)
-        parser.error(str(exc))
+        ap.error(str(exc))
     from .. import run
 
     return run(_run_cli(args))

@@ -4,6 +4,7 @@ that a restarted master checks before it believes a rejoining peer's id and ring
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import secrets
@@ -14,6 +15,14 @@ from .._wire import auth
 from .._wire import messages as m
 
 log = logging.getLogger("pccl_aio.security")
+
+
+def kept_secret_name(run_key: bytes) -> str:
+    """The name of the file a master keeps the master secret of a run in by default:
+    ``master-<tag>.secret``, the tag a one-way function of the run secret's key (``run_key``),
+    so each run secret has its own, and the name says nothing of the secret."""
+    tag = hmac.new(run_key, b"pccl_aio kept master secret", hashlib.sha256).hexdigest()
+    return f"master-{tag[:16]}.secret"
 
 
 class MasterKeys:

@@ -16,6 +16,7 @@ import trustme
 
 from tests.helpers import OTHER_SECRET, SECRET
 from tests.process.procs import HERE, Proc, spawn
+from tests.process.test_observability import MasterCli
 
 ROGUE = """
 import asyncio, sys, pccl_aio as pccl
@@ -36,10 +37,23 @@ async def _master(procs: list[Proc], *args: str, env: dict[str, str] | None = No
                     *args, env=env)
     procs.append(m)
     assert m.proc.stderr is not None
-    line = (await asyncio.wait_for(m.proc.stderr.readline(), 20)).decode()
-    port = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-    assert port is not None, line
+    lines = ""
+    while "listening on" not in lines:  # after the line on the master secret, if any
+        lines += (await asyncio.wait_for(m.proc.stderr.readline(), 20)).decode()
+    port = re.search(r"listening on 127\.0\.0\.1:(\d+)", lines)
+    assert port is not None, lines
     return m, f"127.0.0.1:{port.group(1)}"
+
+
+async def cli_master(procs: list[Proc], *args: str, env: dict[str, str] | None = None,
+                     port: int = 0) -> tuple[MasterCli, int]:
+    """``python -m pccl_aio.master`` on ``port`` (0: the OS's choice) with JSON logs (read as
+    they come) and ``args``, and the port it listens on."""
+    proc = await spawn("master", "-m", "pccl_aio.master", "--host", "127.0.0.1", "--port",
+                       str(port), "--log-format", "json", *args, env=env)
+    procs.append(proc)
+    master = MasterCli(proc)
+    return master, int((await master.wait(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
 
 
 async def _rogue(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -50,7 +64,8 @@ async def _rogue(*args: str, env: dict[str, str] | None = None) -> tuple[int, st
 
 async def test_cli_master_with_a_secret_file_admits_only_peers_with_the_secret(procs, tmp_path):
     (tmp_path / "secret").write_text(SECRET + "\n")
-    m, addr = await _master(procs, "--secret-file", str(tmp_path / "secret"))
+    m, addr = await _master(procs, "--secret-file", str(tmp_path / "secret"),
+                            env={"PCCL_AIO_STATE_DIR": str(tmp_path / "state")})
     env = {"PCCL_AIO_SECRET": SECRET}
     peers = []
     for i in range(2):
@@ -146,7 +161,8 @@ async def test_the_secret_cli_writes_an_owner_only_file_a_master_and_peers_use(t
     again = _secret_cli("--file", str(path))
     assert again.returncode == 1 and "cannot create" in again.stderr and "exists" in again.stderr
     assert path.read_text() == first  # never replaced
-    _, addr = await _master(procs, "--secret-file", str(path))
+    _, addr = await _master(procs, "--secret-file", str(path),
+                            env={"PCCL_AIO_STATE_DIR": str(tmp_path / "state")})
     rogue = await spawn("peer", "-c", ROGUE, addr, env={"PCCL_AIO_SECRET_FILE": str(path)})
     procs.append(rogue)
     assert (await rogue.line(timeout=30)).startswith("joined ")
