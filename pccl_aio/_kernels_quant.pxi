@@ -12,7 +12,8 @@ cdef inline void _mm_update(float* mn, float* mx, int* bad, float v) noexcept no
 
 cdef int _minmax(const unsigned char* p, Py_ssize_t n, int dtype, double* out) noexcept nogil:
     """out = (min, max) of the finite values, (0, 0) if none; +0.0 for a zero. Returns 1
-    if a value is not finite, else 0."""
+    if a value is not finite, else 0. (The AVX2 loop keeps infinities in its min and max and
+    flags NaN: one pass when every value is finite; else the finite ones are scanned again.)"""
     cdef Py_ssize_t i, i0 = 0
     cdef float fmn = INFINITY, fmx = -INFINITY
     cdef double v, mn = INFINITY, mx = -INFINITY
@@ -29,6 +30,12 @@ cdef int _minmax(const unsigned char* p, Py_ssize_t n, int dtype, double* out) n
                 bad = 1
     else:
         i0 = pccl_simd_minmax(p, n, dtype, &fmn, &fmx, &bad)
+        if fmn == -INFINITY or fmx == INFINITY:
+            bad = 1
+        if bad:  # the finite values again, without the AVX2 loop's infinities
+            i0 = 0
+            fmn = INFINITY
+            fmx = -INFINITY
         if dtype == F32:
             for i in range(i0, n):
                 _mm_update(&fmn, &fmx, &bad, (<const float*>p)[i])

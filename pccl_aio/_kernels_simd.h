@@ -118,13 +118,11 @@ PCCL_AVX Py_ssize_t pccl_f16_loop(uint16_t *d, const uint16_t *s, Py_ssize_t n,
 PCCL_AVX_FN pccl_avx2_f16(uint16_t *d, const uint16_t *s, Py_ssize_t n, int prod) {
     return prod ? pccl_f16_loop(d, s, n, 1) : pccl_f16_loop(d, s, n, 0);
 }
-/* min/max of the finite values: z = v * 0 is NaN for +-inf and NaN (else +-0), v + z
-   too, and min/max_ps return their second operand (the accumulator) when the first is NaN;
-   the sum of the z stays NaN once one is (*bad: a value was not finite) */
+/* min/max of the values but NaN (min/max_ps return their second operand, the accumulator,
+   when the first is NaN), infinities included; *bad is set when a value is NaN. The caller
+   reads an infinity from the min or max. */
 PCCL_AVX void pccl_mm8(__m256 v, __m256 *mn, __m256 *mx, __m256 *bad) {
-    __m256 z = _mm256_mul_ps(v, _mm256_setzero_ps());
-    v = _mm256_add_ps(v, z);
-    *bad = _mm256_add_ps(*bad, z);
+    *bad = _mm256_or_ps(*bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     *mn = _mm256_min_ps(v, *mn);
     *mx = _mm256_max_ps(v, *mx);
 }
@@ -154,7 +152,7 @@ PCCL_AVX Py_ssize_t pccl_mm_loop(const void *p, Py_ssize_t n, int dtype, float *
         *mn = lo[k] < *mn ? lo[k] : *mn;
         *mx = hi[k] > *mx ? hi[k] : *mx;
     }
-    if (_mm256_movemask_ps(_mm256_cmp_ps(vbad, vbad, _CMP_UNORD_Q)))
+    if (_mm256_movemask_ps(vbad))
         *bad = 1;
     return i;
 }
