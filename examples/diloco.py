@@ -9,15 +9,17 @@ One outer step: ``--inner`` (H) AdamW steps of a local copy of the global model 
 peer's batches (``--seed``), the pseudo-gradient ``global - local`` averaged over the group
 (one flat buffer, ``restore_on_abort=False``: after a lost peer it is recomputed and the
 survivors retry; ``--quant uint8`` sends it quantized, ``--sparse 0.01`` sparse with error
-feedback: ``pccl_aio.SparseCompressor``, parts all-gathered), then an outer SGD step with Nesterov
-momentum (lr 0.7, momentum 0.9, as in the DiLoCo paper) on the global model, whose ``.grad``
-is the averaged pseudo-gradient. The run makes ``--inner-steps / H`` outer steps.
+feedback: ``pccl_aio.SparseCompressor``, parts all-gathered, the error buffer shrunk as the
+inner learning rate decays), then an outer SGD step with Nesterov momentum (lr 0.7, momentum
+0.9, as in the DiLoCo paper) on the global model, whose ``.grad`` is the averaged
+pseudo-gradient. The run makes ``--inner-steps / H`` outer steps.
 
 The global model, the outer momentum and the step count are the shared state (``SharedState.
 from_module``), synced before every outer step: a joiner receives them there and continues
-from the run's step; the inner AdamW state stays local (a joiner starts it fresh). Lines as
-in ``charlm.py``; the digest is the global model's. ``diloco_asyncio.py`` is the same run
-written with the async API.
+from the run's step. The inner AdamW state is each peer's own (``allow_content_inequality``),
+and a joiner receives the state of the peer it syncs from; its error buffer starts empty.
+Lines as in ``charlm.py``; the digest is the global model's. ``diloco_asyncio.py`` is the same
+run written with the async API.
 
 At equal compute DiLoCo comes close to DDP while sending about 50 times fewer bytes: with 3
 peers and the defaults (5000 inner steps, H = 50), ``examples/ddp.py`` ended at a validation
@@ -57,8 +59,15 @@ class DiLoCo:
         for p in self.params:
             p.grad, at = self.flat[at:at + p.numel()].view_as(p), at + p.numel()
         self.count = torch.zeros(1, dtype=torch.int64)  # outer steps taken by the run
-        self.state = pccl.SharedState.from_module(self.model, self.outer,
-                                                  extra={"step": self.count})
+        # The inner AdamW's state stays this peer's own (not kept equal), but a joiner starts
+        # from the state of the peer it syncs from: a fresh AdamW's pseudo-gradients are 2-4x
+        # the others' for about 15 outer steps, and error feedback (--sparse) adds them up.
+        pccl.SharedState.from_module(self.local, self.inner)  # (makes AdamW's fresh state)
+        inner = {f"inner.{name}.{key}": t for name, p in self.local.named_parameters()
+                 for key, t in self.inner.state[p].items()}
+        self.state = pccl.SharedState.from_module(
+            self.model, self.outer, extra={"step": self.count, **inner},
+            allow_content_inequality=inner)
         self.quant = pccl.Quantization(algo=pccl.QuantAlgo.MIN_MAX, dtype=args.quant) \
             if args.quant != "none" else None
         self.sparse = pccl.SparseCompressor(  # (--sparse: this example's, not its subclasses')
@@ -86,7 +95,24 @@ class DiLoCo:
             loss.backward()
             self.inner.step()
             total += float(loss.detach())
+        if self.sparse is not None:
+            self.sparse.decay = self.residual_decay(k)
         return total / (self.inner_steps(k) - first)
+
+    def lr_sum(self, k: int) -> float:
+        """The inner learning rates of outer step ``k``'s inner steps, summed."""
+        return sum(charlm.lr_at(self.args.lr, i, self.args.inner_steps)
+                   for i in range(self.inner_steps(k - 1) + 1, self.inner_steps(k) + 1))
+
+    def residual_decay(self, k: int) -> float:
+        """The error buffer's decay before outer step ``k`` (``--sparse``): ``--sparse-decay``
+        times how much the inner learning rates shrank since the previous outer step (at most
+        1). The residual is displacement the inner AdamW proposed at the larger rates; kept
+        whole while the rate decays to zero it would go on moving the model after training
+        stopped doing so (the loss rose over the last tenth of the run)."""
+        decay = float(self.args.sparse_decay)
+        before = self.lr_sum(k - 1) if k > 1 else 0.0
+        return decay * min(1.0, self.lr_sum(k) / before) if before > 0 else decay
 
     @torch.no_grad()
     def pseudo_gradient(self) -> None:
@@ -142,7 +168,8 @@ def parse(argv: list[str] | None = None, doc: str = __doc__) -> argparse.Namespa
                     help="bits per kept value with --sparse")
     ap.add_argument("--sparse-chunk", type=int, default=4096, help="chunk size with --sparse")
     ap.add_argument("--sparse-decay", type=float, default=1.0,
-                    help="with --sparse: the error buffer's decay before each outer step")
+                    help="with --sparse: the error buffer's decay before each outer step "
+                    "(times the inner learning rate's shrink since the previous one)")
     args = ap.parse_args(argv)
     if args.sparse and args.quant != "none":
         ap.error("--sparse and --quant are exclusive")
