@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import copy
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
@@ -83,7 +83,7 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
             return fut.result()
         if self._cancelled and isinstance(exc, PeerLostError):
             raise asyncio.CancelledError(f"{self._what} cancelled") from exc
-        raise exc
+        raise detached(exc)
 
     def cancel(self) -> bool:
         """Abort the collective for the group; False if it already ended.
@@ -113,6 +113,7 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
         coll = self._coll
         self._awaiting(coll)
         what = self._what
+        verdict: PcclError
         try:
             return await deadline.within(asyncio.shield(coll.future), timeout, what)
         except asyncio.CancelledError:
@@ -121,13 +122,34 @@ class AllReduceHandle(Awaitable[ReduceInfo]):
             raise
         except PeerLostError as exc:
             if self._cancelled:
-                raise asyncio.CancelledError(f"{what} cancelled") from exc
-            raise
+                raise asyncio.CancelledError(f"{what} cancelled") from detached(exc)
+            verdict = exc
         except PcclTimeoutError as exc:
-            if coll.future.done():
-                raise
-            if not coll.cancelled:
-                coll.cancel()
-            with contextlib.suppress(PcclError):  # the verdict: the input is restored
-                return await asyncio.shield(coll.future)  # it completed after all
-            raise exc from None
+            if not coll.future.done():  # our deadline, not the collective's verdict
+                if not coll.cancelled:
+                    coll.cancel()
+                await asyncio.wait([coll.future])  # the verdict: the input is restored
+                fut = coll.future
+                if fut.cancelled() or fut.exception() is not None:
+                    raise exc from None
+                return fut.result()  # it completed after all
+            verdict = exc
+        except PcclError as exc:
+            verdict = exc
+        raise detached(verdict)  # (outside the handler: no implicit context)
+
+
+def detached(exc: BaseException) -> BaseException:
+    """The verdict ``exc`` (kept by the collective's future) to raise to a caller: a copy,
+    and ``exc`` itself without the frames it took on its way to the caller. Those frames hold
+    the collective (and the caller's handle), which holds ``exc``: raised as is, the
+    collective, its input's backup and buffers would wait in that cycle for a pass of the
+    garbage collector. ``exc`` itself if it cannot be copied."""
+    exc.__traceback__ = None
+    try:
+        out = copy.copy(exc)
+    except Exception:  # (a subclass whose arguments do not rebuild it)
+        return exc
+    out.__cause__, out.__context__ = exc.__cause__, exc.__context__
+    out.__suppress_context__ = exc.__suppress_context__
+    return out

@@ -18,6 +18,7 @@ from typing import cast
 from ..._net.handshake import connect
 from ..._net.stream import own_socket, set_nodelay
 from ..._net.tasks import TaskSet
+from ..._text import plural
 from ..._wire import auth
 from ..._wire import messages as m
 from ..._wire.data import HELLO, pack_hello
@@ -53,10 +54,12 @@ def send_window() -> int:
 
 
 class _Sender(asyncio.Protocol):
-    """One outgoing data connection; tells its link when it has room again."""
+    """One outgoing data connection; tells its link when it has room again. Once the
+    connection is gone it lets go of the link (the link holds it: a cycle would keep both,
+    and what they hold, until a garbage-collector pass)."""
 
     def __init__(self, link: Link) -> None:
-        self.link = link
+        self.link: Link | None = link
         self.transport: asyncio.Transport | None = None
         self.error: Exception | None = None
         self.paused = False
@@ -70,14 +73,17 @@ class _Sender(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.error = exc or ConnectionResetError("data connection closed")
         self.transport = None
-        self.link.wake()
+        link, self.link = self.link, None
+        if link is not None:
+            link.wake()
 
     def pause_writing(self) -> None:
         self.paused = True
 
     def resume_writing(self) -> None:
         self.paused = False
-        self.link.wake()
+        if self.link is not None:
+            self.link.wake()
 
     def data_received(self, data: bytes) -> None:
         pass  # the receiving side never writes
@@ -146,6 +152,8 @@ class Link:
         waiting only.
         """
         if self._ready is None:
+            if self._failed:  # closed
+                raise ConnectionError(f"the link to peer {self.peer_id} is closed")
             self._ready = self._tasks.spawn(self._connect(), name=f"pccl_aio link {self.peer_id}")
         try:
             await asyncio.shield(self._ready)
@@ -167,6 +175,7 @@ class Link:
             proto.transport.write(pack_hello(self.me, i))
             proto.queued = HELLO.size
 
+        error: BaseException | None = None  # the first connection's, raised below
         try:
             async with asyncio.timeout(self._timeout), asyncio.TaskGroup() as tg:
                 first = 0
@@ -182,9 +191,19 @@ class Link:
             for proto in opened:  # no half-open link: close what did connect
                 if proto.transport is not None:
                     proto.transport.abort()
-            if isinstance(exc, BaseExceptionGroup):  # the first connection's error
-                raise exc.exceptions[0] from None
-            raise
+            if not isinstance(exc, BaseExceptionGroup):
+                raise
+            error = exc.exceptions[0]
+            exc.__traceback__ = None  # (3.11's TaskGroup.__aexit__ frame holds the group)
+        if error is not None:
+            # Raised outside the handler, so that the group is not its context. The error's
+            # frames must not hold it, nor the group (which names this task, which keeps the
+            # error): a cycle would keep this link until a garbage-collector pass.
+            del tg
+            try:
+                raise error
+            finally:
+                error = None
         self.senders = opened
 
     def _choose(self, first: _Sender, connect_time: float) -> int:
@@ -194,10 +213,10 @@ class Link:
         self.rtt = rtt if rtt is not None else connect_time / 2
         window = send_window()
         k = bdp.choose_connections(self.rtt, self.bandwidth, window)
-        log.info("link to peer %d: RTT %.2f ms, bandwidth %s, window %d B -> %d connections",
+        log.info("link to peer %d: RTT %.2f ms, bandwidth %s, window %d B -> %s",
                  self.peer_id, self.rtt * 1e3,
                  "assumed" if self.bandwidth is None else f"{self.bandwidth / 1e6:.0f} Mbit/s",
-                 window, k)
+                 window, plural(k, "connection"))
         return k
 
     @property
@@ -260,8 +279,12 @@ class Link:
         return best, end
 
     def close(self) -> None:
-        if self._ready is not None and not self._ready.done():
-            self._ready.cancel()
+        """Abort every connection. The connect task is let go (its error's frames hold
+        this link: a cycle)."""
+        ready, self._ready = self._ready, None
+        if ready is not None and not ready.done():
+            ready.cancel()
+        self._failed = True  # (closed: never opened again)
         for s in self.senders:
             if s.transport is not None:
                 s.transport.abort()

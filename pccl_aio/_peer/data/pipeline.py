@@ -57,6 +57,7 @@ class Pipeline:
         self._last_rx = self._loop.time()  # of the last arrival (the data deadline's start)
         self.tx = self.rx = 0
         self._run: asyncio.Task[None] | None = None
+        self._ended = False  # the run task ended (reported)
         self._link: Link | None = None  # set once the run task has the link open
         self._outbox: collections.deque[Forward] = collections.deque()
         self._inbox: collections.deque[Arrival] = collections.deque()
@@ -96,6 +97,15 @@ class Pipeline:
         """Start the run task (the path may have taken stashed frames already)."""
         self._run = self._env.tasks.spawn(self._run_data(),
                                           name=f"pccl_aio collective {self.seq}")
+        self._run.add_done_callback(self._ran)
+
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        """The run task ended: let go of it (a cancelled one holds its error, whose frames
+        hold this pipeline: a cycle that would keep the attempt's buffers until a
+        garbage-collector pass)."""
+        self._ended = True
+        if self._run is task:
+            self._run = None
 
     def done_now(self) -> None:
         """A path with nothing to move (a barrier's) is done at its start: no task, no link."""
@@ -155,7 +165,7 @@ class Pipeline:
         (``active``), this reports it, so the master aborts the collective instead."""
         if self._stream_error is None:
             self._stream_error, self._suspect = reason, suspect
-            if active and self._run is not None and self._run.done():
+            if active and (self._ended or (self._run is not None and self._run.done())):
                 log.warning("collective tag=%d seq=%d: %s after it was reported done",
                             self._tag, self.seq, reason)
                 self._env.report(self._tag, self.seq, False, reason)
