@@ -38,6 +38,7 @@ from ._net.credentials import SECRET_ENV
 from ._peer.data.core.gather import GATHER_MAX
 from ._peer.state.core.shared_state import hash_bytes
 from ._peer.state.progress import progress_bar
+from ._text import plural
 
 
 def kernel_warning() -> str:
@@ -174,7 +175,7 @@ async def _control(args: argparse.Namespace, stop_file: str) -> int:
     secret = secrets.token_hex(16)  # a fresh run secret, handed to the peers' environment
     async with Master("127.0.0.1", 0, heartbeat_interval=0.2, heartbeat_timeout=2.0,
                       secret=secret, status_port=args.status_port) as master:
-        print(f"master on {master.address}; starting {args.peers} peers "
+        print(f"master on {master.address}; starting {plural(args.peers, 'peer')} "
               f"({args.count * 4 / 2**20:.2f} MiB float32 per all-reduce, {args.steps} steps)",
               flush=True)
         if master.status_address:
@@ -317,7 +318,7 @@ def _print_master(status: dict[str, Any]) -> None:
     aborted = ", ".join(f"{n} {why}" for why, n in sorted(c["aborted"].items())) or "none"
     gone = ", ".join(f"{n} {_DEPARTED.get(why, why)}"
                      for why, n in sorted(c["departures"].items())) or "none"
-    print(f"master saw: {c['joins']} peers joined, departures: {gone}; {c['completed']} "
+    print(f"master saw: {plural(c['joins'], 'peer')} joined, departures: {gone}; {c['completed']} "
           f"collectives completed, aborted: {aborted}; {c['syncs'].get('completed', 0)} "
           f"syncs, {c['sync_bytes'] / 2**20:.2f} MiB fetched", flush=True)
 

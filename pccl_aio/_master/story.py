@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from .. import _log
+from .._text import plural
 from .._types import DTYPE_ITEMSIZE, CollectiveKind, DataType
 from .._wire import messages as m
 from .._wire import recovery as r
@@ -319,10 +320,10 @@ class Story:
             self.counts.sync_bytes += nbytes
             keys = ", ".join(plan.keys[:4]) + (", ..." if len(plan.keys) > 4 else "")
             self._note(logging.INFO, "sync_fetch", "shared-state sync of group %d, revision "
-                       "%d: peer %d fetches %d keys (%s; %d B) from peers %s", group,
-                       msg.revision, c, len(plan.keys), keys, nbytes, sources, peer=c,
-                       group=group, revision=msg.revision, bytes=nbytes, sources=sources,
-                       keys=len(plan.keys))
+                       "%d: peer %d fetches %s (%s; %d B) from peers %s", group,
+                       msg.revision, c, plural(len(plan.keys), "key"), keys, nbytes, sources,
+                       peer=c, group=group, revision=msg.revision, bytes=nbytes,
+                       sources=sources, keys=len(plan.keys))
         if not msg.fetchers:
             log.debug("shared-state sync of group %d, revision %d: every peer holds the same "
                       "content", group, msg.revision, extra=self._ids(group=group))

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Callable, Collection, Iterable
 from typing import Literal, Protocol, TypeAlias
 
+from ..._text import plural
 from ..._wire.messages import VOTE_CALLS
 
 __all__ = ["GLOBAL", "HELD", "Board", "Deadlock", "Item", "conflict", "find", "scope_of"]
@@ -62,7 +63,7 @@ class Deadlock:
         parts = [f"peer {c} waits in " + " and ".join(self._call(i) for i in self.waits[c])
                  for c in peers[:_LISTED]]
         if len(peers) > _LISTED:
-            parts.append(f"and {len(peers) - _LISTED} more peers")
+            parts.append(f"and {plural(len(peers) - _LISTED, 'more peer')}")
         return ("deadlock: " + "; ".join(parts)
                 + "; all peers must make the same calls in the same order")
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from ..._compute import ops as _ops
 from ..._errors import DeadlockError, InvalidUsageError, PeerLostError
+from ..._text import plural
 from ..._types import CollectiveKind, QuantAlgo, Quantization, ReduceInfo, ReduceOp
 from ..core.buffers import Buffer
 from . import paths
@@ -198,7 +199,7 @@ class Collective:
                 and tuple(ring_ids) != self.spec.ranks):
             self.env.registry.skip(seq)
             self.env.report(self.tag, seq, False, "the ring is not the one it was launched for "
-                            f"({len(self.spec.ranks)} peers): the membership changed")
+                            f"({plural(len(self.spec.ranks), 'peer')}): the membership changed")
             return
         world, rank = len(ring_ids), ring_ids.index(me)
         ring = Ring(world, ring_ids[rank - 1], ring_ids[(rank + 1) % world])

@@ -15,6 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..._errors import PeerLostError
+from ..._text import plural
 from ..._wire import messages as m
 from .core.stats import PeerStats, size_class
 
@@ -95,9 +96,9 @@ class Observer:
         joined = [p for p in ring if p in new]
         what = [f"lost peer {_ids(lost)}"] if lost else []
         what += [f"peer {_ids(joined)} joined"] if joined else []
-        log.info("%s: ring of group %d is now %s (%d peers), world size %d",
+        log.info("%s: ring of group %d is now %s (%s), world size %d",
                  ", ".join(what) or "ring reordered", self.control.config.peer_group,
-                 _ids(ring), len(ring), msg.global_world_size,
+                 _ids(ring), plural(len(ring), "peer"), msg.global_world_size,
                  extra=self.control.ids(ring=ring, world=msg.global_world_size, lost=lost,
                                         joined=joined))
 

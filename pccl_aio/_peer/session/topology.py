@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..._errors import InvalidUsageError, PcclTimeoutError
+from ..._text import plural
 from ..._types import TopologyInfo
 from ..._wire import messages as m
 from .. import deadline
@@ -53,7 +54,7 @@ class TopologyCalls:
         except PcclTimeoutError as exc:
             raise PcclTimeoutError(
                 f"{exc}: peer group {self._group} has {control.peer_group_world_size} of the "
-                f"{n} peers wanted, and nobody else joined") from None
+                f"{plural(n, 'peer')} wanted, and nobody else joined") from None
 
     async def optimize_topology(self, timeout: float | None) -> TopologyInfo:
         self._check_usable()
