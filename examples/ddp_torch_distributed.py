@@ -40,6 +40,7 @@ def main(args: argparse.Namespace) -> int:
     step = torch.zeros(1, dtype=torch.int64)  # steps taken by the run
     state = pccl.SharedState.from_module(model, opt, extra={"step": step})
     last, val_loss = args.inner_steps, math.nan
+    counted = 0  # the group's collective bytes already in peer.sent
     with charlm.Peer(args, group.comm) as peer:
         peer.connect()  # waits for --min-peers
         while int(step) < last:
@@ -58,6 +59,9 @@ def main(args: argparse.Namespace) -> int:
             charlm.set_lr(opt, charlm.lr_at(args.lr, k, last))
             opt.step()
             step += 1
+            # what the DDP hook's all-reduces sent (their ReduceInfo stays in the hook)
+            total = group.comm.tx_bytes
+            peer.sent, counted = peer.sent + total - counted, total
             val_loss = charlm.evaluate(model, val, cfg) if charlm.evaluate_at(args, k, last) \
                 else math.nan
             peer.step(k, k, world, float(loss.detach()), val_loss, charlm.digest(params))

@@ -188,6 +188,19 @@ class Communicator(CollectiveCalls):
         without metrics."""
         return self._metrics.port
 
+    @property
+    def tx_bytes(self) -> int:
+        """Payload bytes this communicator's collectives sent since it was made, every kind
+        and every attempt (aborted ones included), counted as each ended; a collective made
+        for you (the ``pccl_aio.torch`` group's, its DDP hook's) counts too. Shared-state
+        transfers are not collectives: ``SyncInfo`` counts them."""
+        return sum(self._obs.stats.sent.values())
+
+    @property
+    def rx_bytes(self) -> int:
+        """Payload bytes this communicator's collectives received (as ``tx_bytes``)."""
+        return sum(self._obs.stats.received.values())
+
     # ---- session ----------------------------------------------------------------------------
     async def connect(self, attempts: int = 5, *, backoff: float = 0.2,
                       timeout: float | None = 300.0) -> None:
