@@ -9,7 +9,8 @@ steps, same seeds), reads each run's JSON summary (``runs/results/<name>/<stem>.
 writes the table to ``examples/RESULTS.md`` (between its ``<!-- results -->`` markers, the
 text around them is kept) and two plots of all runs to ``examples/results/``: validation loss
 against inner steps and against bytes sent per peer. Exits non-zero if a run failed (its
-digests disagreed, a peer crashed); the table still shows the others.
+digests disagreed, a peer crashed) or was not ok by the launcher's verdict (its final loss
+over 3 % above its best, no company); the table still shows the others.
 """
 
 from __future__ import annotations
@@ -79,25 +80,29 @@ def _mib(n: float) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """The Markdown table: loss, its gap to DDP's, bytes and the factor fewer, wall time."""
+    """The Markdown table: loss (final, and the run's best), its gap to DDP's, bytes and the
+    factor fewer, wall time, and the launcher's verdict (``ok``, else its first problem)."""
     base = {r["churned"]: r for r in results if r["name"] == "ddp" and r.get("ok")}
-    lines = ["| run | churn | final val loss | vs DDP | MiB sent per peer | fewer bytes "
-             "| wall s | kills / joins | digests agree |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| run | churn | final val loss | best | vs DDP | MiB sent per peer | fewer bytes "
+             "| wall s | kills / joins | digests agree | ok |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in results:
-        if not r.get("ok"):
+        if r.get("failure") or r.get("final_val_loss") is None:  # it did not finish
             lines.append(f"| {r['name']} | {'yes' if r['churned'] else 'no'} | FAILED: "
                          f"{(r.get('failure') or 'status ' + str(r['status'])).splitlines()[0]}"
-                         " | | | | | | |")
+                         " | | | | | | | | |")
             continue
         ref = base.get(r["churned"]) or base.get(False)  # (no DDP run with churn: without)
         loss, sent = r["final_val_loss"], r["bytes_sent_per_peer"]
         gap = f"{100 * (loss / ref['final_val_loss'] - 1):+.1f} %" if ref else "-"
         fewer = f"{ref['bytes_sent_per_peer'] / sent:.0f}x" if ref and sent else "-"
         churn = f"every {r['churn']:g} s" if r["churned"] else "no"
-        lines.append(f"| {r['name']} | {churn} | {loss:.4f} | {gap} | {_mib(sent)} | {fewer} | "
-                     f"{r['wall_seconds']:.0f} | {r['kills']} / {r['joins']} | "
-                     f"{'yes' if r['digests_agree'] else 'NO'} |")
+        best = r.get("best_val_loss")
+        ok = "yes" if r.get("ok") else "no: " + "; ".join(r.get("problems") or ["see its log"])
+        lines.append(f"| {r['name']} | {churn} | {loss:.4f} | "
+                     f"{'-' if best is None else f'{best:.4f}'} | {gap} | {_mib(sent)} | "
+                     f"{fewer} | {r['wall_seconds']:.0f} | {r['kills']} / {r['joins']} | "
+                     f"{'yes' if r['digests_agree'] else 'NO'} | {ok} |")
     return "\n".join(lines)
 
 

@@ -27,9 +27,17 @@ of shared state (its ``fetch done= total=`` lines), the bytes it received. DIR (
 ``<stem>.json`` (the summary, also printed as a table, and the plotted series) and ``logs/``
 (each process's output).
 
-The exit status is 0 when the run finished, every peer that was not killed exited 0 and every
-outer step had one digest across the peers; 1 otherwise (a peer failed, digests differ,
-``--timeout`` passed), with the reason on stderr; 128+n on signal n. Every child is killed
+The summary (the table, ``ok`` last) gives the best and the final validation loss, the share
+of outer steps that ran with company (world >= 2), and with churn the kills done, and a kill
+that came due but did not happen because the run ended first (or the first, when none did).
+``ok`` is no when the run failed, when its final validation loss is more than 3 % above its
+own best, or when it never had company (world 1 at every outer step); ``flags`` names a run
+that ran most of its outer steps alone and kills that did not happen.
+
+The exit status is 0 when the run finished, every peer that was not killed exited 0, every
+outer step had one digest across the peers and ``ok`` is yes; 1 otherwise (a peer failed,
+digests differ, ``--timeout`` passed, the loss or the company above), with the reason on
+stderr; 128+n on signal n. Every child is killed
 whenever the launcher ends, even by SIGKILL (Linux). Needs ``pip install 'pccl_aio[launch]'``
 (matplotlib, tqdm). An example is any script that takes those options and prints the line
 protocol of ``examples/charlm.py`` (``joined``, ``step``, ``done``, ... lines on stdout).
@@ -53,6 +61,7 @@ from pathlib import Path
 
 from ._launch.record import Record
 from ._launch.report import plot, summary, table, title
+from ._launch.verdict import judge
 
 
 def _positive(text: str) -> float:
@@ -125,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                  title(stem, args.peers, args.churn, launcher.kills, launcher.joins))
     info = summary(record, example=str(args.example), peers=args.peers,
                    replica_procs=args.replica_procs, churn=args.churn,
-                   seed=args.seed, kills=launcher.kills, joins=launcher.joins,
-                   late_replacements=launcher.late)
-    info.update(wall_seconds=round(wall, 2), ok=failure is None, failure=failure)
+                   seed=args.seed, kills=launcher.kills, kills_not_done=launcher.kills_not_done,
+                   joins=launcher.joins, late_replacements=launcher.late)
+    problems, flags = judge(info)
+    info.update(wall_seconds=round(wall, 2), flags=flags, ok=failure is None and not problems,
+                problems=problems, failure=failure)
     series = [[None if isinstance(v, float) and math.isnan(v) else v for v in row]
               for row in record.series()]  # (outer, inner, train, val, bytes per peer)
     paths["json"].write_text(json.dumps({**info, "series": series}, indent=2) + "\n",
@@ -137,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     if failure is not None:
         print(f"pccl_aio.launch: FAILED: {failure}", file=sys.stderr, flush=True)
         return 128 + launcher.interrupted if launcher.interrupted else 1
+    if problems:
+        print(f"pccl_aio.launch: not ok: {'; '.join(problems)}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

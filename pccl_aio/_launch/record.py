@@ -151,5 +151,13 @@ class Record:
                         sum(vals) / len(vals) if vals else math.nan, total))
         return out
 
+    def company(self) -> float | None:
+        """The share of the outer steps reported that ran with company: two replicas or more
+        (the largest ``world`` of that step's lines); None before any step line."""
+        worlds: dict[int, int] = {}
+        for s in self.steps:
+            worlds[s.outer] = max(worlds.get(s.outer, 0), s.world)
+        return sum(w >= 2 for w in worlds.values()) / len(worlds) if worlds else None
+
     def close(self) -> None:
         self._file.close()

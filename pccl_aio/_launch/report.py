@@ -77,16 +77,25 @@ def plot(record: Record, path: Path, title: str) -> bool:
 
 
 def summary(record: Record, **run: Any) -> dict[str, Any]:
-    """The JSON summary: ``run`` (example, peers, churn, ...) and what the record says."""
+    """The JSON summary: ``run`` (example, peers, churn, ...) and what the record says: the
+    final validation loss (of the ``done`` lines, else the last evaluated), the best one
+    (of every outer step evaluated and the final) and the share of outer steps that ran with
+    world >= 2 (``company_share``)."""
     series = record.series()
     done_vals = [float(f["val"]) for f in record.done.values()
                  if f.get("val", "nan") != "nan"]
     vals = [s[3] for s in series if not math.isnan(s[3])]
     final = sum(done_vals) / len(done_vals) if done_vals else vals[-1] if vals else None
     done_outer = [int(f["outer"]) for f in record.done.values() if f.get("outer", "").isdigit()]
+    outer = max([*done_outer, *(s[0] for s in series)], default=0)
+    evaluated = [(s[3], s[0]) for s in series if not math.isnan(s[3])]
+    best = min([*evaluated, *([(final, outer)] if final is not None else [])], default=None)
     return {**run,
-            "outer_steps": max([*done_outer, *(s[0] for s in series)], default=0),
+            "outer_steps": outer,
             "inner_steps": max((s[1] for s in series), default=0),
+            "company_share": record.company(),
+            "best_val_loss": None if best is None else best[0],
+            "best_val_outer": None if best is None else best[1],
             "final_val_loss": final,
             "bytes_sent_per_peer": round(series[-1][4]) if series else 0,
             "digests_agree": not record.disagreeing() if record.digests else None}
@@ -94,14 +103,27 @@ def summary(record: Record, **run: Any) -> dict[str, Any]:
 
 def table(summary: dict[str, Any]) -> str:
     """The summary as aligned ``name  value`` lines."""
-    def show(v: Any) -> str:
+    def show(k: str, v: Any) -> str:
+        if k == "company_share" and v is not None:
+            return f"{100 * v:.0f} % of the outer steps ran with world >= 2"
+        if k == "best_val_loss" and v is not None:
+            return f"{v:.4g} (outer step {summary.get('best_val_outer')})"
+        if k == "final_val_loss" and v is not None and summary.get("best_val_loss"):
+            return f"{v:.4g} ({100 * (v / summary['best_val_loss'] - 1):+.1f} % on the best)"
+        if k == "ok":
+            why = summary.get("problems") or ([] if summary.get("failure") is None else
+                                              ["the run failed (below)"])
+            return "yes" if v else "no" + (": " + "; ".join(why) if why else "")
         if isinstance(v, bool):
             return "yes" if v else "NO"
         if isinstance(v, float):
             return f"{v:.4g}"
+        if isinstance(v, list):
+            return "; ".join(map(str, v)) or "-"
         return "-" if v is None else str(v)
 
-    rows = [(k.replace("_", " "), show(v)) for k, v in summary.items()]
+    rows = [(k.replace("_", " "), show(k, v)) for k, v in summary.items()
+            if k not in ("problems", "best_val_outer")]
     if summary.get("churn"):
         rows = [(k, f"SIGKILL every {v} s" if k == "churn" else v) for k, v in rows]
     rows = [(k, f"{v} ({int(v) / 2**20:.2f} MiB)" if k.startswith("bytes") else v)

@@ -55,6 +55,7 @@ class Launcher(Starter):
         self.t0 = time.monotonic()
         self.next_seed = cfg.seed
         self.kills = self.joins = self.late = 0
+        self.due = False  # a kill came due, waiting for the group to be whole again
         self.outer = self.inner = self.world = 0
         self.val = math.nan
         self.total: int | None = None
@@ -108,7 +109,6 @@ class Launcher(Starter):
     async def _follow(self) -> str | None:
         deadline = None if self.cfg.timeout is None else self.t0 + self.cfg.timeout
         churn_at: float | None = None  # when the next kill is due
-        due = False  # a kill is due, waiting for the group to be whole again
         while any(c.code is None for c in self.children):
             wake = min((t for t in (deadline, churn_at) if t is not None), default=None)
             try:
@@ -124,13 +124,10 @@ class Launcher(Starter):
             failure = self._handle(child, what, text)
             if failure:
                 return failure
-            if self.cfg.churn and self.outer and churn_at is None and not due:
-                churn_at = time.monotonic() + self.cfg.churn  # the clock starts at step 1
-            if churn_at is not None and time.monotonic() >= churn_at:
-                churn_at, due = None, True
-            if due and self._may_kill():
+            churn_at = self.schedule(churn_at, time.monotonic())
+            if self.due and self._may_kill():
                 await self._kill_one()
-                due = False
+                self.due = False
             if self.ending:
                 self._stop_latecomers()
         return self._verdict()
@@ -219,11 +216,34 @@ class Launcher(Starter):
         return [s for s in seeds if all(c.code is None and c.stepped and not (
             c.done or c.killed or c.stopped) for c in self.replica(s))]
 
+    def schedule(self, churn_at: float | None, now: float) -> float | None:
+        """With churn: arm the clock at the first outer step and again after each kill, and
+        when its time came mark a kill due (``due``) unless kills are withheld by then; the
+        time the next kill comes due (None: not armed)."""
+        if self.cfg.churn and self.outer and churn_at is None and not self.due:
+            churn_at = now + self.cfg.churn
+        if churn_at is not None and now >= churn_at:
+            churn_at, self.due = None, not self._withheld()
+        return churn_at
+
+    def _withheld(self) -> bool:
+        """No kill after a peer finished, nor in the last quarter of the run's outer steps."""
+        return self.ending or (self.total is not None and
+                               self.outer >= _END_OF_CHURN * self.total)
+
     def _may_kill(self) -> bool:
         """One replica down at a time (every replacement took part before the next kill),
-        never after a peer finished, nor in the last quarter of the run's outer steps."""
-        late = self.total is not None and self.outer >= _END_OF_CHURN * self.total
-        return not self.ending and not late and len(self._active()) >= self.cfg.peers
+        none when withheld."""
+        return not self._withheld() and len(self._active()) >= self.cfg.peers
+
+    @property
+    def kills_not_done(self) -> int | None:
+        """With churn: the kill that came due and did not happen (the group was not whole
+        again when the run ended, or reached its last quarter), or the first one when none
+        happened (the run ended first); None without churn."""
+        if not self.cfg.churn:
+            return None
+        return 1 if self.due or not self.kills else 0
 
     async def _kill_one(self) -> None:
         """SIGKILL a random replica whole (each of its processes) and start a replacement."""

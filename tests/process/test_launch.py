@@ -1,5 +1,8 @@
 """``python -m pccl_aio.launch`` as a real process: a torch DiLoCo run with SIGKILL churn, a
-failing example, SIGTERM, and the bytes-per-peer arithmetic of its plot.
+failing example, SIGTERM, the bytes-per-peer arithmetic of its plot, and its verdict on what a
+run trained (``line_example.py`` prints the lines it is given): not ok when the final
+validation loss ends over 3 % above the best or the run never had company, flagged when the
+run ended before its first kill.
 
 The churn run checks what the launcher writes (CSV rows, PNG, JSON summary), that every outer
 step had one digest across the peers, that at least one peer was SIGKILLed and a replacement
@@ -26,6 +29,7 @@ from tests.process.procs import HERE
 
 ROOT = HERE.parent.parent
 DILOCO = str(ROOT / "examples" / "diloco.py")
+LINES = str(HERE / "line_example.py")  # prints the protocol lines it is given, no training
 
 
 async def _launch(*args: str, timeout: float = 150) -> tuple[int, str, str]:
@@ -128,6 +132,9 @@ async def test_launch_diloco_with_churn_writes_csv_png_and_json(tmp_path):
     assert summary["outer_steps"] == last and summary["inner_steps"] == 2000
     first_val = next(float(r["val"]) for r in steps if r["val"] != "nan")
     assert summary["final_val_loss"] < first_val - 0.3  # it trained through the churn
+    assert summary["best_val_loss"] <= summary["final_val_loss"] <= summary["best_val_loss"] * 1.03
+    assert 0.5 < summary["company_share"] <= 1 and summary["kills_not_done"] in (0, 1)
+    assert summary["problems"] == [] and isinstance(summary["flags"], list)
     assert summary["bytes_sent_per_peer"] > 0
     series = summary["series"]  # what the plot shows: one row per outer step
     assert [row[0] for row in series] == list(range(1, last + 1))
@@ -148,6 +155,45 @@ async def test_launch_diloco_with_churn_writes_csv_png_and_json(tmp_path):
         assert (peer, seed) in victims and peer_of[by_seed] == by_peer != peer, (lost, victims)
     assert not re.search(r"\] seed \d+: (lost|left) peer=", err), err[-4000:]
     assert "digests agree" in out and "kills" in out  # the table
+
+
+async def test_a_run_that_ends_clearly_worse_than_its_best_is_not_ok(tmp_path):
+    status, out, err = await _launch(LINES, "--peers", "2", "--out", str(tmp_path), "--",
+                                     "--vals", "4.0,2.0,2.1,2.5", timeout=60)
+    assert status == 1, (out, err[-3000:])
+    assert "not ok: the final validation loss 2.5000 is 25.0 % above the run's best, 2.0000 " \
+           "at outer step 2" in err, err[-3000:]
+    assert re.search(r"^ok +no: the final validation loss", out, re.M), out
+    summary = json.loads((tmp_path / "line_example.json").read_text())
+    assert summary["ok"] is False and summary["failure"] is None
+    assert (summary["best_val_loss"], summary["final_val_loss"]) == (2.0, 2.5)
+    assert summary["company_share"] == 1.0 and summary["kills_not_done"] is None
+
+
+async def test_within_3_percent_of_the_best_the_run_is_ok(tmp_path):
+    status, out, err = await _launch(LINES, "--peers", "2", "--out", str(tmp_path), "--",
+                                     "--vals", "4.0,2.0,2.05", timeout=60)
+    assert status == 0, (out, err[-3000:])
+    assert re.search(r"^ok +yes$", out, re.M) and re.search(r"^flags +-$", out, re.M), out
+
+
+async def test_a_run_that_never_had_company_is_not_ok(tmp_path):
+    status, out, err = await _launch(LINES, "--peers", "1", "--out", str(tmp_path), "--",
+                                     "--vals", "4.0,3.0", "--world", "1", timeout=60)
+    assert status == 1, (out, err[-3000:])
+    assert "not ok: the run never had company: world 1 at every outer step" in err, err[-3000:]
+    summary = json.loads((tmp_path / "line_example.json").read_text())
+    assert summary["company_share"] == 0.0 and summary["ok"] is False
+
+
+async def test_a_churn_run_that_ends_before_its_first_kill_is_flagged(tmp_path):
+    status, out, err = await _launch(LINES, "--peers", "2", "--churn", "30", "--out",
+                                     str(tmp_path), "--", "--vals", "4.0,3.0", timeout=60)
+    assert status == 0, (out, err[-3000:])
+    summary = json.loads((tmp_path / "line_example.json").read_text())
+    assert (summary["kills"], summary["kills_not_done"]) == (0, 1)
+    assert summary["flags"] == ["the run ended before its first kill (SIGKILL every 30 s)"]
+    assert re.search(r"^flags +the run ended before its first kill", out, re.M), out
 
 
 async def test_a_failing_example_fails_the_launch_fast_and_leaves_no_child(tmp_path):
