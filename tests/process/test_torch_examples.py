@@ -21,6 +21,9 @@ async def test_ddp_survives_a_sigkill_and_a_joiner(procs, master_proc, script):
                               "--eval-every", "50", kill_after=5, join=True)
     assert peers[0].done is not None and peers[0].done["outer"] == "600"
     assert len(peers[-1].steps) >= 5, peers[-1].steps  # the joiner took part
+    sent = [int(f["sent"]) for f in peers[0].lines if f["kind"] == "step"]
+    # the gradients' all-reduces count, in both (ddp_torch_distributed said 0: issue 45)
+    assert sent == sorted(sent) and sent[0] > 0 and sent[-1] > 600 * sent[0] // 2, sent[::100]
 
 
 @pytest.mark.timeout(180)
