@@ -188,9 +188,16 @@ def digest(tensors: Iterable[torch.Tensor]) -> str:
 
 
 # ---- command line ----------------------------------------------------------------------------
+def about(doc: str) -> str:
+    """A docstring's first paragraph on one line: an example's ``--help`` description (its
+    first line alone may end mid-sentence)."""
+    return " ".join(doc.split("\n\n", 1)[0].split())
+
+
 def parser(doc: str, **defaults: Any) -> argparse.ArgumentParser:
-    """The options every example takes; ``defaults`` overrides their defaults."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    """The options every example takes (``--help`` tells ``about(doc)``); ``defaults``
+    overrides their defaults."""
+    ap = argparse.ArgumentParser(description=about(doc))
     ap.add_argument("--master", default="127.0.0.1:48148", help="HOST:PORT")
     ap.add_argument("--seed", type=int, default=1, help="this peer's data-sampling seed")
     ap.add_argument("--inner-steps", type=int, default=5000,

@@ -205,7 +205,7 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n", 1)[0].split()))
     ap.add_argument("--master", default="127.0.0.1:48148")
     ap.add_argument("--seed", type=int, default=1, help="this peer's data shard")
     ap.add_argument("--steps", type=int, default=300, help="outer steps of the run")
