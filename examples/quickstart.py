@@ -40,8 +40,8 @@ data = torch.Generator().manual_seed(os.getpid())  # this peer's own samples
 
 with Communicator(MASTER) as comm:
     comm.connect()  # returns once admitted into the run
-    me, peers = f"peer {comm.peer_id}", comm.peer_group_world_size
-    print(f"{me}: joined the run ({peers} peers), at step {state.revision}", flush=True)
+    me, peers = f"peer {comm.peer_id}", 0  # the group size of its last sync (none yet)
+    print(f"{me}: joined the run; its first sync brings the run's step", flush=True)
     while state.revision < STEPS:
         if comm.peer_group_world_size < 2:  # alone: no step until another peer joins
             print(f"{me}: alone, waiting up to {PATIENCE:g} s for another peer", flush=True)
@@ -49,10 +49,10 @@ with Communicator(MASTER) as comm:
         if comm.are_peers_pending():  # a joint vote of every peer
             comm.update_topology()  # admit the newcomers
             continue  # and start the step over together
-        if comm.peer_group_world_size != peers:  # a peer joined, left or was killed
-            print(f"{me}: {peers} -> {comm.peer_group_world_size} peers", flush=True)
-            peers = comm.peer_group_world_size
         comm.sync_shared_state(state)  # newcomers receive model, optimizer and step
+        if comm.peer_group_world_size != peers:  # joined, or a peer joined, left or died
+            peers = comm.peer_group_world_size
+            print(f"{me}: a group of {peers} at step {state.revision}", flush=True)
         x = torch.randn(64, 16, generator=data)
         loss = (model(x) - x.sum(1, keepdim=True).sin()).pow(2).mean()
         opt.zero_grad()

@@ -243,19 +243,23 @@ async def test_the_torch_block_through_a_sigkill_and_a_joiner(tmp_path: Path, pr
             return p
 
         a = await start("a")
-        assert re.fullmatch(r"peer \d+: joined the run \(1 peers\), at step 0", await a.line())
+        assert re.fullmatch(r"peer \d+: joined the run; its first sync brings the run's step",
+                            await a.line())
         await _torch_line(a, r": alone, waiting up to 20 s for another peer$")
         b = await start("b")
-        await _torch_line(a, r": 1 -> 2 peers$")
+        await _torch_line(a, r": a group of 2 at step 0$")
         await _torch_line(b, r": step 50, loss ")
         c = await start("c")
-        await _torch_line(a, r": 2 -> 3 peers$")
+        await _torch_line(a, r": a group of 3 at step \d+$")
         b.signal(signal.SIGKILL)
-        await _torch_line(a, r": 3 -> 2 peers$")
+        await _torch_line(a, r": a group of 2 at step \d+$")
         (sa, da, _), (sc, dc, lc) = await asyncio.gather(_torch_done(a), _torch_done(c))
         assert await b.proc.wait() == -signal.SIGKILL
     assert sa == sc == 1500 and da == dc, (sa, sc, da, dc)
-    assert re.fullmatch(r"peer \d+: joined the run \(3 peers\), at step 0", lc[0]), lc
+    assert re.fullmatch(r"peer \d+: joined the run; its first sync brings the run's step",
+                        lc[0]), lc
+    resumed = re.fullmatch(r"peer \d+: a group of 3 at step (\d+)", lc[1])  # after its sync
+    assert resumed and int(resumed[1]) >= 50, lc  # the run's step (b had reached 50)
     assert any(re.search(r": step 1500, loss ", line) for line in lc), lc
 
 
