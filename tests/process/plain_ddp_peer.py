@@ -10,9 +10,9 @@ and DDP's average must be the mean over all WORLD ranks or over the first WORLD 
 last one stopped or killed), else the rank prints "wrong". Prints "step" per step; on an
 exception "raised" with its type and message, then takes the new membership
 (``renew_process_group``: "renewed", or "not_renewed" on a rank that is no member now; either
-exits if it is not in a group of two or more now), builds DDP again and trains 5 more steps; "done" at the end; exits 0. With STOP_AT,
-this rank prints "stopping" after that step and stops itself (SIGSTOP) for the test to
-resume or kill.
+exits if it is not in a group of two or more now), builds DDP again and trains 5 more steps;
+"done" at the end; exits 0. With STOP_AT, this rank prints "stopping" after that step and
+stops itself (SIGSTOP) for the test to resume or kill.
 """
 
 from __future__ import annotations

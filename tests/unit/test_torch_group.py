@@ -79,7 +79,7 @@ def test_a_work_of_several_collectives_completes_when_the_last_ended():
 
 def test_importing_registers_the_backend_and_only_init_process_group_makes_one():
     assert "pccl_aio" in dist.Backend.backend_list
-    with pytest.raises(pccl.InvalidUsageError, match="init_process_group.*subgroups"):
+    with pytest.raises(pccl.InvalidUsageError, match=r"init_process_group.*subgroups"):
         dist.init_process_group("pccl_aio", store=dist.HashStore(), rank=0, world_size=1)
 
 
