@@ -48,12 +48,12 @@ def main(args: argparse.Namespace) -> int:
             k = int(step) + 1  # the step this one makes
             if k > last:
                 break
-            world = dist.get_world_size()  # the replicas of this step
+            world = group.comm.peer_group_world_size  # the replicas of this step
             opt.zero_grad()
             loss = ddp(*charlm.batch(train, cfg, args.seed, k))
             loss.backward()
             if ddp.failed:  # a replica was lost mid-step: every survivor runs it again
-                peer.lost(k, group.size())
+                peer.lost(k, group.comm.peer_group_world_size)
                 ddp.reset()
                 continue
             charlm.set_lr(opt, charlm.lr_at(args.lr, k, last))
