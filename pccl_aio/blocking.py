@@ -229,10 +229,11 @@ class Communicator:
     def barrier(self, *, tag: int = 0, timeout: float | None = None) -> None:
         self._runner.call(self._comm.barrier(tag=tag, timeout=timeout))
 
-    def barrier_async(self, *, tag: int = 0) -> AllReduceHandle:
+    def barrier_async(self, *, tag: int = 0, ring: Sequence[int] | None = None
+                      ) -> AllReduceHandle:
         """Launch a barrier and return at once; the handle's ``wait()`` blocks until every
         peer of the group called it."""
-        return self._launch(lambda: self._comm.barrier_async(tag=tag))
+        return self._launch(lambda: self._comm.barrier_async(tag=tag, ring=ring))
 
     def _launch(self, make: Callable[[], _AsyncHandle]) -> AllReduceHandle:
         """``make()`` (an ``*_async`` launch) run on the loop thread; its blocking handle."""
@@ -268,18 +269,20 @@ class Communicator:
             tensor, root=root, tag=tag, restore_on_abort=restore_on_abort, timeout=timeout))
 
     def broadcast_async(self, tensor: Any, *, root: int, tag: int = 0,
-                        restore_on_abort: bool = False) -> AllReduceHandle:
+                        restore_on_abort: bool = False, ring: Sequence[int] | None = None
+                        ) -> AllReduceHandle:
         """Launch a broadcast and return at once; do not touch ``tensor`` until it ended."""
         return self._launch(lambda: self._comm.broadcast_async(
-            tensor, root=root, tag=tag, restore_on_abort=restore_on_abort))
+            tensor, root=root, tag=tag, restore_on_abort=restore_on_abort, ring=ring))
 
     def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
                    timeout: float | None = None) -> ReduceInfo:
         return self._runner.call(self._comm.all_gather(src, dst, tag=tag, timeout=timeout))
 
-    def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0) -> AllReduceHandle:
+    def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0,
+                         ring: Sequence[int] | None = None) -> AllReduceHandle:
         """Launch an all-gather and return at once; do not touch ``dst`` until it ended."""
-        return self._launch(lambda: self._comm.all_gather_async(src, dst, tag=tag))
+        return self._launch(lambda: self._comm.all_gather_async(src, dst, tag=tag, ring=ring))
 
     def reduce_scatter(self, src: Any, dst: Any, *, op: ReduceOp = ReduceOp.SUM,
                        tag: int = 0, quantization: Quantization | None = None,
@@ -288,11 +291,11 @@ class Communicator:
             src, dst, op=op, tag=tag, quantization=quantization, timeout=timeout))
 
     def reduce_scatter_async(self, src: Any, dst: Any, *, op: ReduceOp = ReduceOp.SUM,
-                             tag: int = 0, quantization: Quantization | None = None
-                             ) -> AllReduceHandle:
+                             tag: int = 0, quantization: Quantization | None = None,
+                             ring: Sequence[int] | None = None) -> AllReduceHandle:
         """Launch a reduce-scatter and return at once; do not touch ``dst`` until it ended."""
         return self._launch(lambda: self._comm.reduce_scatter_async(
-            src, dst, op=op, tag=tag, quantization=quantization))
+            src, dst, op=op, tag=tag, quantization=quantization, ring=ring))
 
     def all_reduce(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                    tag: int = 0, quantization: Quantization | None = None,
@@ -303,12 +306,13 @@ class Communicator:
 
     def all_reduce_async(self, src: Any, dst: Any = None, *, op: ReduceOp = ReduceOp.SUM,
                          tag: int = 0, quantization: Quantization | None = None,
-                         restore_on_abort: bool = True) -> AllReduceHandle:
+                         restore_on_abort: bool = True,
+                         ring: Sequence[int] | None = None) -> AllReduceHandle:
         """Launch an all-reduce and return at once; do not touch ``src``/``dst`` until the
         handle's ``wait()`` returned."""
         return self._launch(lambda: self._comm.all_reduce_async(
             src, dst, op=op, tag=tag, quantization=quantization,
-            restore_on_abort=restore_on_abort))
+            restore_on_abort=restore_on_abort, ring=ring))
 
     def all_reduce_multiple_with_retry(
             self, tensors: Sequence[Any], *, op: ReduceOp = ReduceOp.SUM,

@@ -4,6 +4,7 @@ an all-gather of the compressed parts (``pccl_aio.SparseCompressor``; needs nump
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,18 +20,26 @@ MAX_THREADS = 4  # the default's cap: a compression is bound by memory beyond a 
 _NAN_BITS = 0x7FC00000  # a poisoned part's scales (float32's quiet NaN)
 
 
+class _AsyncHandle(Protocol):
+    async def wait(self, timeout: float | None = None) -> ReduceInfo: ...
+
+
 class _Async(Protocol):
     @property
-    def peer_group_world_size(self) -> int: ...
-    async def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
-                         timeout: float | None = None) -> ReduceInfo: ...
+    def ranks(self) -> list[int]: ...
+    def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0,
+                         ring: Sequence[int] | None = None) -> _AsyncHandle: ...
+
+
+class _BlockingHandle(Protocol):
+    def wait(self, timeout: float | None = None) -> ReduceInfo: ...
 
 
 class _Blocking(Protocol):
     @property
-    def peer_group_world_size(self) -> int: ...
-    def all_gather(self, src: Any, dst: Any, *, tag: int = 0,
-                   timeout: float | None = None) -> ReduceInfo: ...
+    def ranks(self) -> list[int]: ...
+    def all_gather_async(self, src: Any, dst: Any, *, tag: int = 0,
+                         ring: Sequence[int] | None = None) -> _BlockingHandle: ...
 
 
 def _zeros(n: int) -> NDArray[np.float32]:
@@ -192,12 +201,15 @@ class SparseCompressor:
     async def average(self, comm: _Async, x: Any, out: Any, *, tag: int = 0,
                       timeout: float | None = None) -> ReduceInfo:
         """Average ``x`` over ``comm``'s peer group into ``out`` (see the class). Blocks until
-        the all-gather ended; raises what it raises, the error buffer then unchanged, and
-        InvalidUsageError on every peer when a part is poisoned (see the class). Cancelling
+        the all-gather ended; raises what it raises, the error buffer then unchanged (a
+        group that changed since the call: ``PeerLostError`` on every peer, the gather being
+        pinned to the ring its buffer was sized for), and InvalidUsageError on every peer
+        when a part is poisoned (see the class). Cancelling
         it cancels the all-gather (the error buffer unchanged)."""
         part, mine = self._compress(x, out)
-        gathered = self._buffers(comm.peer_group_world_size)
-        info = await comm.all_gather(part, gathered, tag=tag, timeout=timeout)
+        ranks = comm.ranks  # (the gather is pinned to the ring its buffer is sized for)
+        gathered = self._buffers(len(ranks))
+        info = await comm.all_gather_async(part, gathered, tag=tag, ring=ranks or None).wait(timeout)
         self._check_scales(gathered, gathered.size // self.nbytes, mine)
         self.decompress(gathered, out)
         self.commit()
@@ -207,8 +219,9 @@ class SparseCompressor:
                          timeout: float | None = None) -> ReduceInfo:
         """``average`` on a ``pccl_aio.blocking.Communicator``; blocks the calling thread."""
         part, mine = self._compress(x, out)
-        gathered = self._buffers(comm.peer_group_world_size)
-        info = comm.all_gather(part, gathered, tag=tag, timeout=timeout)
+        ranks = comm.ranks
+        gathered = self._buffers(len(ranks))
+        info = comm.all_gather_async(part, gathered, tag=tag, ring=ranks or None).wait(timeout)
         self._check_scales(gathered, gathered.size // self.nbytes, mine)
         self.decompress(gathered, out)
         self.commit()
