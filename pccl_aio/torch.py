@@ -1,5 +1,16 @@
 """PyTorch's ``torch.distributed`` on pccl_aio: the fault-tolerant process group.
 
+By name, a fixed world (torchrun, ``env://``, ``file://``; ``_torch/rendezvous.py``)::
+
+    import pccl_aio.torch
+    dist.init_process_group("pccl_aio")  # torch's ranks; rank 0 starts the run's master
+
+Rank 0's process hosts the master (unless ``$PCCL_AIO_MASTER`` names one): when it dies, the
+run's master dies with it. ``dist.destroy_process_group()`` closes the communicator (rank 0:
+after the other ranks left, then the master).
+
+The live membership, for replicas that join and leave::
+
     import torch.distributed as dist
     import pccl_aio.torch
 
@@ -28,14 +39,17 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
 from ._errors import InvalidUsageError
+from ._torch import rendezvous
 from ._torch.ddp import DistributedDataParallel
+from ._torch.fixed import FixedGroup
 from ._torch.group import BACKEND, ProcessGroup, reduce_op
 from ._torch.hooks import AllReduceHook, HookState, ddp_comm_hook
 from ._torch.local import LocalGroup, local_group
 from ._torch.work import Work
 from .blocking import Communicator
 
-__all__ = ["BACKEND", "AllReduceHook", "DistributedDataParallel", "HookState", "LocalGroup",
+__all__ = ["BACKEND", "AllReduceHook", "DistributedDataParallel", "FixedGroup", "HookState",
+           "LocalGroup",
            "ProcessGroup", "Work", "ddp_comm_hook", "init_process_group", "local_group",
            "reduce_op", "renew_process_group"]
 
@@ -43,12 +57,15 @@ _handing: list[ProcessGroup] = []  # the group ``init_process_group`` hands torc
 
 
 def _factory(store: Any, rank: int, world_size: int, timeout: timedelta) -> ProcessGroup:
-    if not _handing:
-        raise InvalidUsageError(
-            "the pccl_aio backend is created by pccl_aio.torch.init_process_group(master, "
-            "...), not by dist.init_process_group; subgroups (dist.new_group, "
-            "new_subgroups, split_group) are not supported by pccl_aio")
-    return _handing.pop()
+    """torch's creator for ``"pccl_aio"``: the live-membership group ``init_process_group``
+    hands it, else the by-name group met through torch's ``store`` (``_torch/rendezvous.py``;
+    blocks until every rank arrived, ``timeout`` at most)."""
+    if _handing:
+        return _handing.pop()
+    if dist.is_initialized():
+        raise InvalidUsageError("subgroups (dist.new_group, new_subgroups, split_group) are "
+                                "not supported by pccl_aio")
+    return rendezvous.create(store, rank, world_size, timeout)
 
 
 dist.Backend.register_backend(BACKEND, _factory, devices=["cpu"])
@@ -87,6 +104,9 @@ def renew_process_group(group: ProcessGroup | None = None) -> ProcessGroup:
     old = group if group is not None else _default()
     if old is None:
         raise InvalidUsageError("no pccl_aio group is torch's default: pass group=")
+    if isinstance(old, FixedGroup):
+        raise InvalidUsageError("a group made by dist.init_process_group('pccl_aio') is a "
+                                "fixed world: destroy it and init_process_group again")
     if old.comm.rank < 0:
         raise InvalidUsageError("this peer is not a member of the run now (it rejoined as a "
                                 "new member, admitted by the others' update_topology())")

@@ -76,15 +76,18 @@ class ProcessGroup(Named):
     """The fault-tolerant process group of one connected ``blocking.Communicator``, for the
     peer group's membership as it is when it is made (``members``)."""
 
-    def __init__(self, comm: Communicator) -> None:
+    def __init__(self, comm: Communicator, *, rank: int | None = None) -> None:
+        """``rank``: the rank torch knows this peer by, where it is not the peer's ring
+        position (the by-name group's, ``fixed.py``, which maps ranks to ring positions)."""
         if comm.rank < 0:
             raise InvalidUsageError("connect the communicator first (it has no rank yet)")
         members = tuple(comm.ranks)
-        super().__init__(members.index(comm.peer_id), len(members))  # type: ignore[call-arg]
+        rank = members.index(comm.peer_id) if rank is None else rank
+        super().__init__(rank, len(members))  # type: ignore[call-arg]
         self.comm = comm
-        #: the peer ids of the group in rank order: the ring every collective is pinned to
+        #: the peer ids of the group in ring order: the ring every collective is pinned to
         self.members = members
-        self._rank, self._peer = members.index(comm.peer_id), comm.peer_id
+        self._rank, self._peer = rank, comm.peer_id
         self._tags = itertools.cycle(range(TAGS))
         self.completions = Completions()  # (the comm hook's works complete there too)
         # named and registered at once, for DeviceMesh.from_group (it finds groups by name);
@@ -146,6 +149,12 @@ class ProcessGroup(Named):
         """Post ``make(async_comm, members)``: a collective pinned to the group's ring."""
         members = self.members
         return self.post(lambda c: make(c, members))
+
+    def launch_work(self, makes: list[Make], finish: Callable[[], Any],
+                    inline: bool = True) -> Work:
+        """Post each of ``makes`` pinned to the group's ring (``make(async_comm, members)``)
+        and return them as one ``Work`` (for groups built on this one, ``fixed.py``)."""
+        return self._work([self._launch(m) for m in makes], finish, inline)
 
     def next_tag(self) -> int:
         """The tag of the next collective (the same sequence on every rank)."""

@@ -1,0 +1,167 @@
+"""The by-name group (``dist.init_process_group("pccl_aio")``) in one process: ranks met
+through a torch store (``rendezvous.create``, one thread per rank), torch's ranks mapped onto a
+ring in another order (every collective with a root or block order against what torch's
+semantics give), the typed errors of a bad rank or a rank that never comes, and rank 0's
+teardown waiting for the others to leave before closing the master."""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from torch._C._distributed_c10d import HashStore  # noqa: E402
+
+import pccl_aio as pccl  # noqa: E402
+from pccl_aio import blocking  # noqa: E402
+from pccl_aio._torch import rendezvous  # noqa: E402
+from pccl_aio._torch.fixed import FixedGroup  # noqa: E402
+from tests.helpers import FAST  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+WORLD = 3
+
+
+def _rotated_groups(address: str) -> list[FixedGroup]:
+    """Three communicators admitted one after another (ring: admission order), given torch
+    ranks in another order: rank r at ring position ``(2, 0, 1)[r]``; in rank order."""
+    comms = [blocking.Communicator(address, **FAST) for _ in range(WORLD)]
+    comms[0].connect()
+    with ThreadPoolExecutor(WORLD) as pool:
+        for i in range(1, WORLD):
+            joining = pool.submit(comms[i].connect)
+            waits = [pool.submit(c.wait_for_peers, i + 1, timeout=20) for c in comms[:i]]
+            joining.result(timeout=20)
+            for w in waits:
+                w.result(timeout=20)
+    ring = comms[0].ranks
+    order = [ring[2], ring[0], ring[1]]
+    groups = sorted((FixedGroup(c, order) for c in comms), key=lambda g: g.rank())
+    assert [g.position for g in groups] == [(2, 0, 1)] * WORLD
+    assert [g.comm.rank for g in groups] == [2, 0, 1]
+    return groups
+
+
+def _all(works: list) -> None:
+    for w in works:
+        assert w.wait()
+
+
+def _root(r: int) -> dist.BroadcastOptions:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = r
+    return opts
+
+
+def test_torch_ranks_on_a_ring_in_another_order_give_torchs_results():
+    with blocking.Master("127.0.0.1", 0, admission_interval=0.0, **FAST) as master:
+        groups = _rotated_groups(master.address)
+        try:
+            xs = [torch.arange(4.0) + 10 * r for r in range(WORLD)]
+            everyone = torch.cat(xs)
+
+            outs = [torch.empty(4 * WORLD) for _ in groups]
+            _all([g.all_gather_single(o, x) for g, o, x in zip(groups, outs, xs)])
+            assert all(torch.equal(o, everyone) for o in outs)
+            lists = [[torch.empty(4) for _ in range(WORLD)] for _ in groups]
+            _all([g.allgather([ls], [x]) for g, ls, x in zip(groups, lists, xs)])
+            assert all(torch.equal(torch.cat(ls), everyone) for ls in lists)
+            outs = [torch.empty(4 * WORLD) for _ in groups]
+            _all([g.allgather_into_tensor_coalesced([o], [x]) for g, o, x in zip(groups, outs, xs)])
+            assert all(torch.equal(o, everyone) for o in outs)
+
+            for root in (0, 2):
+                bs = [x.clone() for x in xs]
+                _all([g.broadcast([b], _root(root)) for g, b in zip(groups, bs)])
+                assert all(torch.equal(b, xs[root]) for b in bs), root
+
+            parts = [torch.full((4,), 100.0 + r) for r in range(WORLD)]
+            got = [torch.empty(4) for _ in groups]
+            _all([g.scatter([o], [parts] if g.rank() == 1 else [], _root(1))
+                  for g, o in zip(groups, got)])
+            assert all(torch.equal(o, parts[r]) for r, o in enumerate(got))
+            gathered = [[torch.empty(4) for _ in range(WORLD)] for _ in groups]
+            _all([g.gather([ls] if g.rank() == 2 else [], [x], _root(2))
+                  for g, ls, x in zip(groups, gathered, xs)])
+            assert torch.equal(torch.cat(gathered[2]), everyone)
+
+            ys = [torch.arange(2.0 * WORLD) * (r + 1) for r in range(WORLD)]
+            total = sum(ys)
+            for how in ("single", "list", "coalesced"):
+                rs = [torch.empty(2) for _ in groups]
+                if how == "single":
+                    ws = [g.reduce_scatter_single(o, y) for g, o, y in zip(groups, rs, ys)]
+                elif how == "list":
+                    ws = [g.reduce_scatter([o], [list(y.chunk(WORLD))])
+                          for g, o, y in zip(groups, rs, ys)]
+                else:
+                    ws = [g.reduce_scatter_tensor_coalesced([o], [y])
+                          for g, o, y in zip(groups, rs, ys)]
+                _all(ws)
+                assert all(torch.equal(o, total[2 * r:2 * r + 2]) for r, o in enumerate(rs)), how
+
+            sums = [x.clone() for x in xs]
+            _all([g.allreduce([s]) for g, s in zip(groups, sums)])
+            assert all(torch.equal(s, sum(xs)) for s in sums)
+            with pytest.raises(pccl.InvalidUsageError, match="root 3"):
+                groups[0].broadcast([xs[0]], _root(3))
+        finally:
+            for g in groups:
+                g.close()
+                g.comm.close()
+
+
+def test_ranks_meet_through_the_store_and_rank_0_closes_the_master_after_the_others():
+    store = HashStore()
+    with ThreadPoolExecutor(WORLD) as pool:
+        futures = [pool.submit(rendezvous.create, store, r, WORLD, timedelta(seconds=30))
+                   for r in reversed(range(WORLD))]
+        groups = sorted((f.result(timeout=40) for f in futures), key=lambda g: g.rank())
+    assert [(g.rank(), g.size()) for g in groups] == [(r, WORLD) for r in range(WORLD)]
+    assert len({g.order for g in groups}) == 1 and groups[0].master is not None
+    assert all(g.master is None for g in groups[1:])
+    address = bytes(store.get("pccl_aio/0/master")).decode()
+    assert address == groups[0].master.address and address.startswith("127.0.0.1:")
+    sums = [torch.full((3,), float(r)) for r in range(WORLD)]
+    _all([g.allreduce([s]) for g, s in zip(groups, sums)])
+    assert all(torch.equal(s, torch.full((3,), 3.0)) for s in sums)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(groups[0].shutdown)  # lingers: the others are still members
+        assert not first.done() and not groups[0].comm.closed
+        for g in groups[1:]:
+            g.shutdown()
+        started = time.monotonic()
+        first.result(timeout=20)
+    assert time.monotonic() - started < 10 and groups[0].comm.closed
+    _refused(address)
+
+
+def _refused(address: str) -> None:
+    host, port = address.rsplit(":", 1)
+    with pytest.raises(ConnectionRefusedError), socket.create_connection((host, int(port)), 2):
+        pass
+
+
+@pytest.mark.parametrize(("rank", "world"), [(3, 3), (-1, 2), (0, 1)])
+def test_a_bad_rank_or_world_size_is_refused_before_anything_starts(rank, world):
+    store = HashStore()
+    with pytest.raises(pccl.InvalidUsageError, match=r"rank|world_size"):
+        rendezvous.create(store, rank, world, timedelta(seconds=5))
+    assert not store.check(["pccl_aio/ranks"])
+
+
+def test_ranks_that_never_come_time_out_typed_and_nothing_is_left_running():
+    store = HashStore()
+    started = time.monotonic()
+    with pytest.raises(pccl.PcclTimeoutError, match=r"1 of 2 ranks.*ranks \[1\]"):
+        rendezvous.create(store, 0, 2, timedelta(seconds=1.5))
+    assert time.monotonic() - started < 10
+    _refused(bytes(store.get("pccl_aio/0/master")).decode())  # rank 0's master: closed
+    with pytest.raises(pccl.PcclTimeoutError, match="rank 0's master address"):
+        rendezvous.create(HashStore(), 1, 2, timedelta(seconds=0.5))
