@@ -19,6 +19,7 @@ caller as with gloo; the others are handed to the group's ``Completions`` thread
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -62,13 +63,15 @@ class Work(_C10dWork):
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until it ended; raises its typed error (``PeerLostError``, ...)."""
-        value = self._settled.wait()
+        with contextlib.suppress(RuntimeError):  # (torch's wrapping of the typed error)
+            self._future.wait()  # (done after ``settled``: both are, once this returns)
+        value = self._settled.value()
         if isinstance(value, BaseException):
             raise value
         return True
 
     def is_completed(self) -> bool:
-        return self._settled.done()
+        return self._future.done()
 
     def is_success(self) -> bool:
         return self._settled.done() and not isinstance(self._settled.value(), BaseException)

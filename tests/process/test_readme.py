@@ -182,7 +182,7 @@ async def test_each_python_block_runs(block: Block, tmp_path: Path):
         assert len(said[0]) == 3 and [[(s, c) for s, _, c in x] for x in said] == [
             [(s, c) for s, _, c in said[0]]] * 2, results
     if block.section == "Use with torch.distributed":  # both replicas, the same weights
-        said = re.findall(r"^rank (\d) of 2: weights (\S+)$",
+        said = re.findall(r"^rank (\d) of 2: (step \d+, weights \S+)$",
                           "".join(out for _, out, _ in results), re.M)
         assert sorted(r for r, _ in said) == ["0", "1"], results
         assert said[0][1] == said[1][1], said

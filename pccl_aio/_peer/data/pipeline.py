@@ -63,8 +63,9 @@ class Pipeline:
         self._inbox: collections.deque[Arrival] = collections.deque()
         self._wake: asyncio.Future[None] | None = None
         self._failure: Exception | None = None  # raised while processing inline
-        self._stream_error: str | None = None  # the predecessor's frames broke the protocol
-        self._suspect = 0  # the peer whose data connection broke, if that failed it
+        # the predecessor's frames broke the protocol: why, and the peer whose data
+        # connection broke if that failed it (else 0)
+        self._stream_error: tuple[str, int] | None = None
         self._held: tuple[str, int] | None = None  # an early attempt's failure, not reported
 
     def sender(self, phase: int) -> int:
@@ -164,7 +165,7 @@ class Pipeline:
         reported success (a forged frame came first) and the caller still wants it
         (``active``), this reports it, so the master aborts the collective instead."""
         if self._stream_error is None:
-            self._stream_error, self._suspect = reason, suspect
+            self._stream_error = (reason, suspect)
             if active and (self._ended or (self._run is not None and self._run.done())):
                 log.warning("collective tag=%d seq=%d: %s after it was reported done",
                             self._tag, self.seq, reason)
@@ -184,8 +185,8 @@ class Pipeline:
             raise
         except Exception as exc:  # report, then wait for the master's abort
             log.debug("collective tag=%d seq=%d failed locally: %r", self._tag, self.seq, exc)
-            suspect = self._suspect or (self._sending_to() if isinstance(exc, ConnectionError)
-                                        else 0)
+            broke = self._stream_error[1] if self._stream_error is not None else 0
+            suspect = broke or (self._sending_to() if isinstance(exc, ConnectionError) else 0)
             # nothing at all from the peer waited on within the data timeout: it is named
             stalled = isinstance(exc, _Stalled) and not suspect and self._stalled_on() != 0
             if stalled:
@@ -228,7 +229,7 @@ class Pipeline:
         if self._failure is not None:
             raise self._failure
         if self._stream_error is not None:
-            raise PeerLostError(self._stream_error)
+            raise PeerLostError(self._stream_error[0])
 
     async def _wait(self) -> None:
         """Sleep until poked, or until the data deadline (counted from the last arrival, once
