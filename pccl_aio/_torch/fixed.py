@@ -74,7 +74,8 @@ class FixedGroup(ProcessGroup):
     # ---- collectives with a root -------------------------------------------------------------
     def broadcast(  # type: ignore[override]
             self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
-        return super().broadcast(tensors, self.ring_root(opts.rootRank if opts else 0))
+        root = opts.rootRank if opts is not None else 0
+        return super().broadcast(tensors, self.ring_root(root))
 
     def scatter(  # type: ignore[override]
             self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
