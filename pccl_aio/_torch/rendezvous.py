@@ -32,7 +32,9 @@ from .fixed import FixedGroup
 __all__ = ["MASTER_ENV", "create", "master_host"]
 
 MASTER_ENV = "PCCL_AIO_MASTER"
-ADMISSION_INTERVAL = 0.25  # the master's: ranks arriving together are admitted together
+#: the master's options: ranks arriving together are admitted together (0.25 s); no master
+#: secret (the run secret is read from the environment as usual)
+OPTIONS: dict[str, Any] = {"admission_interval": 0.25, "master_secret": ""}
 LINGER = 30.0  # at most, rank 0's wait at the end for the others to leave (``FixedGroup``)
 
 
@@ -88,16 +90,17 @@ def master_host(store: Any) -> str:
 
 def _start_master(host: str) -> tuple[Master, str]:
     """A master listening on ``host`` (the loopback for a local one; every interface when
-    ``host`` is not this machine's, published under this machine's name) and its address."""
+    ``host`` is not this machine's, published under this machine's name) and its address.
+    No master secret: this master is never restarted (it ends with rank 0's process)."""
     if _loopback(host):
         host = "127.0.0.1"
-    master = Master(host, 0, admission_interval=ADMISSION_INTERVAL)
+    master = Master(host, 0, **OPTIONS)
     try:
         master.start()
         return master, master.address
     except OSError:  # (not an address of this machine: rank 0 is not where the store is)
         master.close()
-    master = Master("0.0.0.0", 0, admission_interval=ADMISSION_INTERVAL)
+    master = Master("0.0.0.0", 0, **OPTIONS)
     master.start()
     return master, f"{socket.getfqdn()}:{master.port}"
 

@@ -1,9 +1,9 @@
 """Issue 46, by name: ``dist.init_process_group("pccl_aio")`` in real processes. Under
 torchrun (``env://``) a plain DDP script (``examples/torchrun_ddp.py``) trains with rank 0
-hosting the master and ends with one parameter digest on every rank; with ``file://`` init,
-explicit ranks and a master named by ``$PCCL_AIO_MASTER``, ranks admitted in reverse order
-(torch rank 0 last in the ring) give gloo's bytes for every collective with a root or a block
-order."""
+hosting the master (the run secret from ``$PCCL_AIO_SECRET``) and ends with one parameter
+digest on every rank; with ``file://`` init, explicit ranks and a master named by
+``$PCCL_AIO_MASTER``, ranks admitted in reverse order (torch rank 0 last in the ring) give
+gloo's bytes for every collective with a root or a block order."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import SECRET
 from tests.process.procs import HERE, MASTER, Proc, spawn
 
 pytest.importorskip("torch")
@@ -35,7 +36,7 @@ def _free_port() -> int:
 async def test_torchrun_trains_a_plain_ddp_script_by_name(procs):
     p = await spawn("torchrun", "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
                     "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-                    EXAMPLE, "--steps", "20", env=ENV)
+                    EXAMPLE, "--steps", "20", env={**ENV, "PCCL_AIO_SECRET": SECRET})
     procs.append(p)
     out, err = await asyncio.wait_for(p.proc.communicate(), 60)
     assert p.proc.returncode == 0 or _exit_abort(err.decode()), err.decode()[-3000:]
