@@ -13,16 +13,13 @@ import sys
 from .._errors import InvalidUsageError
 from .._log import FORMATS, LEVELS, configure
 from .._net.credentials import load_secret, run_key, tls_contexts
-from ..secret import keep
-from .keys import kept_secret_name
+from .kept import STATE_DIR_ENV, default_path, master_secret_in, state_dir
 from .server import Master
 from .status import Limits
 
 __all__ = ["STATE_DIR_ENV", "main", "master_secret", "parser", "state_dir"]
 
 log = logging.getLogger("pccl_aio.master")
-
-STATE_DIR_ENV = "PCCL_AIO_STATE_DIR"
 
 _DESCRIPTION = """\
 Run a pccl_aio master. Peers join a run through it (pccl_aio.Communicator("HOST:PORT")):
@@ -193,50 +190,22 @@ async def _run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def state_dir() -> str:
-    """Where a master keeps what its restarted self needs: ``$PCCL_AIO_STATE_DIR``, else
-    ``$XDG_STATE_HOME/pccl_aio``, else ``~/.local/state/pccl_aio``."""
-    if folder := os.environ.get(STATE_DIR_ENV):
-        return folder
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
-                                                            "state")
-    return os.path.join(base, "pccl_aio")
-
-
 def master_secret(args: argparse.Namespace, secret: bytes | None) -> str | None:
-    """The master secret: none with ``--no-master-secret``, or without a run secret and a
-    ``--master-secret-file``; else the one in that file, or in the default file for the run
-    secret, made there on the first start. Raises InvalidUsageError if the file given cannot
-    be read or made, or holds a weak secret; a default file that cannot be kept is logged
-    (a warning: memberships are not sealed) and the master goes on without."""
+    """The master secret: none ("") with ``--no-master-secret``; None without a run secret
+    and a ``--master-secret-file``; else the one in that file, or in the default file for the
+    run secret (``kept.py``), made there on the first start. Raises InvalidUsageError if the
+    file given cannot be read or made, or holds a weak secret; a default file that cannot be
+    kept is logged (a warning: memberships are not sealed) and the master goes on without."""
     if args.no_master_secret:
         if args.master_secret_file:
             raise InvalidUsageError("--no-master-secret and --master-secret-file exclude each "
                                     "other")
+        return ""
+    if args.master_secret_file is not None:
+        return master_secret_in(args.master_secret_file, True)
+    if not secret:
         return None
-    path = args.master_secret_file
-    if path is None and not secret:
-        return None
-    if path is None:
-        path = os.path.join(state_dir(), kept_secret_name(run_key(secret)))
-        given = False
-    else:
-        given = True
-    try:
-        sealer, made = keep(path)
-    except (OSError, ValueError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        if given:
-            raise InvalidUsageError(f"cannot keep the master secret in {path}: {why}") from exc
-        log.warning("cannot keep a master secret in %s (%s): memberships are not sealed, so a "
-                    "restarted master believes what a rejoining peer says of its id; give "
-                    "--master-secret-file PATH (or --no-master-secret)", path, why)
-        return None
-    run_key(sealer)  # a weak one (made by hand) is refused
-    log.info("%s the master secret in %s: memberships are sealed, and a restarted master "
-             "finds it there%s", "made" if made else "read", path,
-             " (give it to the run's other masters too)" if made else "")
-    return sealer
+    return master_secret_in(default_path(run_key(secret)), False) or ""
 
 
 def _why(exc: OSError) -> str:

@@ -23,6 +23,7 @@ from .._wire import auth, liveness
 from .._wire import messages as m
 from .._wire.address import parse_address
 from .._wire.framing import MAX_FRAME_SIZE, frame
+from . import kept
 from .core import state as ms
 from .core.records import is_loopback
 from .keys import MasterKeys
@@ -60,7 +61,9 @@ class Master:
         master_secret: a second secret, given to the run's masters only (never to peers):
             every ``Membership`` then carries a seal of the peer's place, and a restarted
             master believes a rejoining peer's id, term and ring only with a valid seal, so
-            no member can claim another's place (README, "Security"). None: no seals.
+            no member can claim another's place (README, "Security"). None: with a run
+            secret, the one kept in ``$PCCL_AIO_STATE_DIR`` (``_master/kept.py``; made there
+            on the first start, found there by a restarted master); "": no seals.
         handshake_timeout: a connection must complete the handshake within this many seconds.
         hello_timeout: ... and then say ``Hello`` within this many seconds.
         allow_any_advertise_host: accept a peer's ``advertise_host`` that is not the address
@@ -127,6 +130,8 @@ class Master:
         self._max_frame = max_frame_size
         self._budget = FrameBudget(_LARGE_FRAMES)
         self._key = run_key(secret)
+        if master_secret is None and self._key:  # (with a run secret: sealed by default)
+            master_secret = kept.master_secret_in(kept.default_path(self._key), False)
         self._keys = MasterKeys(bool(self._key), run_key(master_secret) if master_secret
                                 else b"")
         self._ssl = ssl

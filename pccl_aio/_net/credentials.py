@@ -1,9 +1,12 @@
-"""Where a run's credentials come from: the run secret (argument, file or environment) and
-TLS contexts made from PEM files."""
+"""Where a run's credentials come from: the run secret (argument, file or environment), TLS
+contexts made from PEM files, and secrets made (``make``) or kept in a file (``keep``, the
+master secret's: ``pccl_aio.secret`` re-exports both)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import ssl
 from typing import Final
 
@@ -71,3 +74,47 @@ def client_context(server: ssl.SSLContext | None) -> ssl.SSLContext | None:
     """How a master connects to the others: TLS if it serves TLS (verifying against the
     default CAs; the run secret is proved on top)."""
     return ssl.create_default_context() if server is not None else None
+
+
+def make() -> str:
+    """A fresh run secret: 32 random bytes as URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def keep(path: str | os.PathLike[str]) -> tuple[str, bool]:
+    """The secret in the file ``path`` and whether this call made it: if there is no such
+    file, a fresh secret (``make``) is written to it, readable by its owner only (mode 0600;
+    missing folders are made, mode 0700). The file appears whole or not at all: it is
+    written under another name and linked into place, so of several processes making it at
+    once, every one gets the one that was linked first. Raises OSError if it cannot be read
+    or made, ValueError if it is empty. Blocks on the file system only."""
+    path = os.fspath(path)
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            with open(path, encoding="utf-8") as f:
+                secret = f.read().strip()
+            if not secret:
+                raise ValueError(f"the secret file {path!r} is empty")
+            return secret, False
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        secret = make()
+        part = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(8)}")
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(secret + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(part, path)  # never over an existing file (os.replace would be)
+            except FileExistsError:
+                continue  # another process made it meanwhile: read theirs
+            folder_fd = os.open(folder, os.O_RDONLY)
+            try:  # the new name survives a crash of the machine
+                os.fsync(folder_fd)
+            finally:
+                os.close(folder_fd)
+            return secret, True
+        finally:
+            os.unlink(part)

@@ -11,6 +11,7 @@ import stat
 
 import pytest
 
+import pccl_aio as pccl
 from pccl_aio._errors import InvalidUsageError
 from pccl_aio._master import cli
 from pccl_aio._master.keys import kept_secret_name
@@ -73,7 +74,7 @@ def test_the_cli_keeps_a_master_secret_by_default_with_a_run_secret(tmp_path, mo
     path = tmp_path / "state" / kept_secret_name(auth.secret_key(SECRET))
     assert kept is not None and path.read_text() == kept + "\n"
     assert cli.master_secret(parse([]), SECRET.encode()) == kept  # found again
-    assert cli.master_secret(parse(["--no-master-secret"]), SECRET.encode()) is None
+    assert cli.master_secret(parse(["--no-master-secret"]), SECRET.encode()) == ""  # none
     given = tmp_path / "given.secret"
     assert cli.master_secret(parse(["--master-secret-file", str(given)]), None) \
         == given.read_text().strip()  # made at the path given, even without a run secret
@@ -88,7 +89,7 @@ def test_the_cli_keeps_a_master_secret_by_default_with_a_run_secret(tmp_path, mo
                           None)  # a file given that cannot be made (its folder is a file)
     monkeypatch.setenv(cli.STATE_DIR_ENV, str(tmp_path / "weak" / "sub"))
     with caplog.at_level(logging.WARNING, "pccl_aio.master"):  # the default: a warning
-        assert cli.master_secret(parse([]), OTHER_SECRET.encode()) is None
+        assert cli.master_secret(parse([]), OTHER_SECRET.encode()) == ""
     assert "cannot keep a master secret in" in caplog.text
     assert "memberships are not sealed" in caplog.text and "--master-secret-file" in caplog.text
 
@@ -102,3 +103,20 @@ def test_the_state_folder_follows_the_environment(monkeypatch, tmp_path):
     assert cli.state_dir() == str(tmp_path / "home" / ".local" / "state" / "pccl_aio")
     monkeypatch.setenv(cli.STATE_DIR_ENV, "/somewhere")
     assert cli.state_dir() == "/somewhere"
+
+
+def test_a_master_made_in_code_keeps_one_too_with_a_run_secret(tmp_path, monkeypatch):
+    """``pccl_aio.Master(secret=...)`` without ``master_secret``: the same kept file as the
+    command line's (a restarted master, in code or not, finds it); "" for none."""
+    monkeypatch.setenv(cli.STATE_DIR_ENV, str(tmp_path / "state"))
+    monkeypatch.delenv("PCCL_AIO_SECRET", raising=False)
+    path = tmp_path / "state" / kept_secret_name(auth.secret_key(SECRET))
+    pccl.Master("127.0.0.1", 0)  # no run secret: nothing kept
+    pccl.Master("127.0.0.1", 0, secret=SECRET, master_secret="")  # none asked for
+    assert not path.exists()
+    pccl.Master("127.0.0.1", 0, secret=SECRET)
+    made = path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert cli.master_secret(cli.parser().parse_args([]), SECRET.encode()) + "\n" == made
+    pccl.Master("127.0.0.1", 0, secret=SECRET)  # a restarted master: the same one
+    assert path.read_text() == made
