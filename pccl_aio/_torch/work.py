@@ -30,7 +30,7 @@ from torch._C._distributed_c10d import Work as _C10dWork
 
 from ..blocking import AllReduceHandle
 
-__all__ = ["Completions", "Work", "done", "failed"]
+__all__ = ["Completions", "Work", "done"]
 
 Finish = Callable[[], Any]  # after the collective: the future's value (copies outputs back)
 Typed = Callable[[BaseException], BaseException]  # the error the caller sees for one raised
@@ -94,15 +94,6 @@ class Work(_C10dWork):
 def done(value: Any) -> Work:
     """A work already completed with ``value`` (a call with nothing to do)."""
     return Work([], lambda: value, None)
-
-
-def failed(exc: BaseException) -> Work:
-    """A work already failed with ``exc`` (a call refused before anything was sent)."""
-
-    def finish() -> Any:
-        raise exc
-
-    return Work([], finish, None)
 
 
 def _unwrap(settled: torch.futures.Future[Any]) -> Any:

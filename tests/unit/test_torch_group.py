@@ -11,7 +11,7 @@ import torch.distributed as dist  # noqa: E402
 
 import pccl_aio as pccl  # noqa: E402
 import pccl_aio.torch as pt  # noqa: E402
-from pccl_aio._torch.work import Completions, Work, failed  # noqa: E402
+from pccl_aio._torch.work import Completions, Work  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -168,6 +168,15 @@ def test_distributed_data_parallel_refuses_what_it_sets_and_needs_a_pccl_group()
     if not dist.is_initialized():
         with pytest.raises(pccl.InvalidUsageError, match="init_process_group"):
             pt.DistributedDataParallel(_model())
+
+
+def failed(exc: BaseException) -> Work:
+    """A work already failed with ``exc``."""
+
+    def finish() -> None:
+        raise exc
+
+    return Work([], finish, None)
 
 
 def test_a_failed_work_fails_torchs_future_as_an_error_and_ddp_backward_raises():
