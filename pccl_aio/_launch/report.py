@@ -6,12 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .._text import plural
 from .record import Record
-
-
-def plural(n: int, word: str) -> str:
-    """``1 kill``, ``2 kills``."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def title(stem: str, peers: int, churn: float | None, kills: int, joins: int) -> str:

@@ -17,10 +17,11 @@ from typing import Any
 
 from .._net.credentials import SECRET_ENV, SECRET_FILE_ENV
 from .._peer.state.progress import ProgressFn, progress_bar
+from .._text import plural
 from .procs import Child as Child
 from .procs import die_with_parent
 from .record import Record, parse
-from .report import group_event, plural
+from .report import group_event
 from .start import Config as Config
 from .start import Starter
 
