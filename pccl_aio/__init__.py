@@ -32,6 +32,7 @@ from ._net.credentials import load_secret, tls_contexts
 from ._net.loops import new_loop
 from ._peer.communicator import AllReduceHandle, Communicator
 from ._peer.data.buckets import Buckets
+from ._peer.p2p.calls import TransferHandle
 from ._peer.state.core.shared_state import SharedState
 from ._peer.state.progress import progress_bar
 from ._types import (
@@ -43,6 +44,7 @@ from ._types import (
     SyncInfo,
     SyncStrategy,
     TopologyInfo,
+    TransferInfo,
 )
 from ._version import __version__
 
@@ -78,6 +80,8 @@ __all__ = [
     "SyncStrategy",
     "TooFewPeersError",
     "TopologyInfo",
+    "TransferHandle",
+    "TransferInfo",
     "VersionMismatchError",
     "__version__",
     "load_secret",

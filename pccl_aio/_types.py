@@ -29,6 +29,7 @@ __all__ = [
     "SyncInfo",
     "SyncStrategy",
     "TopologyInfo",
+    "TransferInfo",
 ]
 
 
@@ -264,6 +265,15 @@ class ReduceInfo(msgspec.Struct, frozen=True):
     world_size: int
     tx_bytes: int
     rx_bytes: int
+
+
+class TransferInfo(msgspec.Struct, frozen=True):
+    """What one point-to-point ``send`` or ``recv`` did: the other peer's id (for a receive
+    from any peer, the one that sent), the tag, and the payload bytes moved."""
+
+    peer: int
+    tag: int
+    nbytes: int
 
 
 class SyncInfo(msgspec.Struct, frozen=True):

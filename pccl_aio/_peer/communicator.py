@@ -34,16 +34,18 @@ from .data.receiver import Registry
 from .data.reduce import ReduceCalls
 from .observe.metrics import PeerMetrics, check_options
 from .observe.observer import Observer
+from .p2p.calls import PointToPoint
 from .session.control import ControlPlane
 from .session.topology import TopologyCalls
 from .state.core.shared_state import SharedState
 from .state.progress import ProgressFn
 from .state.sync import SharedStateSync
+from .transfer_calls import TransferCalls
 
 __all__ = ["AllReduceHandle", "Communicator"]
 
 
-class Communicator(CollectiveCalls):
+class Communicator(CollectiveCalls, TransferCalls):
     """One peer of a run.
 
     Args:
@@ -129,8 +131,10 @@ class Communicator(CollectiveCalls):
         self.gate = Gate("pccl_aio peer listener")  # both listeners' handshakes
         self._measure = Measurer(self.config, self._keys, self._control.report_measure,
                                  lambda peer, bits: self._data.set_bandwidth(peer, bits))
+        self._p2p = PointToPoint(self.config, self._keys, lambda: self._control.peer_id,
+                                 lambda peer: self._data.address(peer))
         self._data = DataPlane(self.config, self._control.report, self._keys, self.gate,
-                               registry, self._measure)
+                               registry, self._measure, self._p2p)
         self._sync = SharedStateSync(self._control, self.config, self._keys, self.gate)
         self._obs = Observer(self._control)
         self._metrics = PeerMetrics(self._control, self._obs.stats, *metrics)
@@ -259,6 +263,7 @@ class Communicator(CollectiveCalls):
     async def _shutdown(self) -> None:
         await self._measure.close()
         await self._control.close()
+        await self._p2p.close()
         await self._data.close()
         await self._sync.server.close()
         await self._metrics.close()
@@ -283,6 +288,7 @@ class Communicator(CollectiveCalls):
     def _on_membership(self, msg: m.Membership) -> None:
         self._keys.update(self._control.peer_id, msg, self._control.session)
         self._data.on_membership(msg, self._control.peer_id)
+        self._p2p.on_membership(msg)
         self._obs.on_membership(msg)
 
     # ---- votes ------------------------------------------------------------------------------

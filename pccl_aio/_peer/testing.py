@@ -16,11 +16,12 @@ from .communicator import Communicator
 from .data.dataplane import DataPlane
 from .data.measure import Measurer
 from .observe.core.stats import PeerStats
+from .p2p.calls import PointToPoint
 from .session.control import ControlPlane
 from .state.sync import SharedStateSync
 
 __all__ = ["control_plane", "crash", "data_plane", "hold_fetches", "measurer", "pair_key",
-           "record_sends", "shared_state_sync", "stats"]
+           "point_to_point", "record_sends", "shared_state_sync", "stats"]
 
 
 def control_plane(comm: Communicator) -> ControlPlane:
@@ -37,6 +38,11 @@ def data_plane(comm: Communicator) -> DataPlane:
     """The data plane of ``comm``: its listener (``listener.port``), links, receive table
     (``registry``) and scratch buffers; a collective's ``env`` is it."""
     return comm._data
+
+
+def point_to_point(comm: Communicator) -> PointToPoint:
+    """The point-to-point part of ``comm``: its ``mailbox`` (receives, stash), ``outbox``."""
+    return comm._p2p
 
 
 def shared_state_sync(comm: Communicator) -> SharedStateSync:

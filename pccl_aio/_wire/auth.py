@@ -41,9 +41,9 @@ VERSION: Final = 2  # 1: the server proved first (an oracle for guessing the sec
 NONCE_SIZE: Final = 32
 KEY_SIZE: Final = 32
 
-ROLE_MASTER, ROLE_DATA, ROLE_STATE, ROLE_MEASURE = 1, 2, 3, 4
+ROLE_MASTER, ROLE_DATA, ROLE_STATE, ROLE_MEASURE, ROLE_P2P = 1, 2, 3, 4, 5
 ROLES: Final = {ROLE_MASTER: "master", ROLE_DATA: "data", ROLE_STATE: "state transfer",
-                ROLE_MEASURE: "link measurement"}
+                ROLE_MEASURE: "link measurement", ROLE_P2P: "point-to-point"}
 
 OK, REFUSED, UNKNOWN_PEER, BAD_VERSION = 0, 1, 2, 3
 STATUS: Final = {OK: "accepted", REFUSED: "refused: wrong run secret",

@@ -21,7 +21,7 @@ EXPECTED_ALL = {
     "QuantAlgo", "Quantization", "ReduceInfo", "ReduceOp", "RemoteProtocolError",
     "SharedState", "SharedStateError", "SparseCompressor", "SyncInfo", "SyncStrategy",
     "TooFewPeersError",
-    "TopologyInfo", "VersionMismatchError",
+    "TopologyInfo", "TransferHandle", "TransferInfo", "VersionMismatchError",
     "__version__", "load_secret", "progress_bar", "run", "tls_contexts",
 }
 

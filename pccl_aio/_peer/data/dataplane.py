@@ -21,7 +21,7 @@ from ..core.config import PeerConfig
 from .core.scratch import ScratchPool
 from .keys import KeyRing
 from .link import Link
-from .listener import Listener
+from .listener import Acceptor, Listener
 from .measure import Measurer
 from .receiver import Registry
 
@@ -31,7 +31,8 @@ class DataPlane:
 
     def __init__(self, config: PeerConfig,
                  report: Callable[[int, int, bool, str, int, bool], None], keys: KeyRing,
-                 gate: Gate, registry: Registry, measure: Measurer) -> None:
+                 gate: Gate, registry: Registry, measure: Measurer,
+                 p2p: Acceptor | None = None) -> None:
         self.config = config
         self._report = report  # CollectiveDone to the master
         self.registry = registry  # shared with the control plane (its tickets' seqs)
@@ -39,7 +40,7 @@ class DataPlane:
         self.tasks = TaskSet("pccl_aio data plane")
         self.keys = keys
         self.listener = Listener(self.registry, keys.accepting(auth.ROLE_DATA), gate,
-                                 measure)
+                                 measure, p2p)
         self._links: dict[int, Link] = {}
         self._bandwidth: dict[int, float] = {}  # peer id -> measured bits/s (set_bandwidth)
         self._ring: list[m.PeerAddr] = []
@@ -107,6 +108,10 @@ class DataPlane:
         for pid in [p for p in self._links if renamed or p not in alive]:
             self._links.pop(pid).close()
 
+    def address(self, peer_id: int) -> m.PeerAddr | None:
+        """The listener of ring member ``peer_id`` (None: not in the ring)."""
+        return next((p for p in self._ring if p.peer_id == peer_id), None)
+
     async def link(self, peer_id: int) -> Link:
         """The open link to ``peer_id``, replacing a broken one. Raises ConnectionError if
         the peer is not in the ring or cannot be reached. Cancelling stops waiting only."""
@@ -114,7 +119,7 @@ class DataPlane:
         if link is None or link.broken:
             if link is not None:
                 link.close()
-            addr = next((p for p in self._ring if p.peer_id == peer_id), None)
+            addr = self.address(peer_id)
             if addr is None:
                 raise ConnectionError(f"peer {peer_id} is not in the ring")
             link = Link(addr, self.keys.key(peer_id), self.config, self.peer_id, self.tasks,

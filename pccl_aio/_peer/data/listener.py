@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from typing import Protocol
 
 from ..._net.handshake import Gate, Handoff, KeyFor
 from ..._net.tasks import TaskSet
@@ -15,13 +16,22 @@ from .measure import Measurer
 from .receiver import Registry, _Receiver
 
 
+class Acceptor(Protocol):
+    """Who takes the connections of another role (point-to-point, ``_peer/p2p``)."""
+
+    key_for: KeyFor
+
+    def accept(self, conn: Handoff, peer: int) -> None: ...
+
+
 class Listener:
     """The p2p listening socket of one communicator. ``key_for`` decides who may connect
     (``KeyRing.accepting``); ``gate`` bounds the handshakes and counts refusals; ``measure``
-    takes the link-measurement connections (None: refused like any unknown role)."""
+    takes the link-measurement connections (None: refused like any unknown role), ``p2p``
+    the point-to-point ones."""
 
     def __init__(self, registry: Registry, key_for: KeyFor, gate: Gate,
-                 measure: Measurer | None = None) -> None:
+                 measure: Measurer | None = None, p2p: Acceptor | None = None) -> None:
         self.registry = registry
         self.conns: set[_Receiver] = set()
         self._key_for, self._gate = key_for, gate
@@ -29,6 +39,7 @@ class Listener:
         self._tasks = TaskSet("pccl_aio data listener")
         self.port = 0
         self.measure = measure
+        self.p2p = p2p
 
     async def start(self, host: str, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
         """Listen on ``host:port`` (0: the OS chooses; ``port`` tells it), over TLS with ``tls``."""
@@ -48,11 +59,16 @@ class Listener:
         if admitted[0].role == auth.ROLE_MEASURE and self.measure is not None:
             self.measure.accept(conn)
             return
+        if admitted[0].role == auth.ROLE_P2P and self.p2p is not None:
+            self.p2p.accept(conn, admitted[0].client_id)
+            return
         conn.hand_over(_Receiver(self.registry, self.conns, peer=admitted[0].client_id))
 
     async def _role_key(self, opening: auth.Opening) -> bytes | None:
         if opening.role == auth.ROLE_MEASURE and self.measure is not None:
             return await self.measure.key_for(opening)
+        if opening.role == auth.ROLE_P2P and self.p2p is not None:
+            return await self.p2p.key_for(opening)
         return await self._key_for(opening)
 
     def abort(self) -> None:

@@ -1,0 +1,169 @@
+"""Point-to-point messages between two peers of a peer group: ``PointToPoint`` (the
+receiving ``Mailbox`` and its connections, the sending ``Outbox``) and the
+``TransferHandle`` a ``send_async``/``recv_async`` returns.
+
+Unlike the collectives, a send or receive involves two peers only and does not go through
+the master: the sender writes to its connection to the receiver (``outbox.py``), the
+receiver matches it to a posted receive (``mailbox.py``). Peers are named by peer id (stable
+across membership changes; ``comm.ranks[r]`` is rank r's). A peer that leaves the group (or
+whose connection is lost) fails the sends to it and the receives posted for it with
+``PeerLostError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+from ..._errors import InvalidUsageError, MasterConnectionError, PcclError, PeerLostError
+from ..._net.handshake import Handoff, KeyFor
+from ..._net.tasks import TaskSet
+from ..._types import TransferInfo, as_index
+from ..._wire import auth
+from ..._wire import messages as m
+from ..._wire.p2p import TAG_MAX, TAG_MIN
+from .. import deadline
+from ..core.buffers import as_buffer
+from ..core.config import PeerConfig
+from ..data.keys import KeyRing
+from .inbox import Inbox
+from .mailbox import Mailbox
+from .outbox import Outbox
+
+__all__ = ["PointToPoint", "TransferHandle"]
+
+
+class TransferHandle(Awaitable[TransferInfo]):
+    """A ``send_async`` or ``recv_async`` in flight: ``await handle`` (or ``wait()``) gives
+    its ``TransferInfo`` or raises ``PeerLostError`` (the other peer left, or the connection
+    was lost), ``InvalidUsageError`` (a message of another size than the receive's buffer).
+    ``cancel()`` withdraws a receive (its buffer then holds unspecified bytes) and stops
+    waiting for a send (bytes written stay written)."""
+
+    def __init__(self, future: asyncio.Future[Any], info: Callable[[Any], TransferInfo],
+                 tag: int, withdraw: Callable[[], None]) -> None:
+        self._future, self._info, self._withdraw = future, info, withdraw
+        self.tag = tag
+
+    def done(self) -> bool:
+        """It ended (completed, failed or cancelled)."""
+        return self._future.done()
+
+    async def started(self) -> bool:
+        """True (a transfer starts when it is made; for the collectives' handles' sake)."""
+        return True
+
+    def result(self) -> TransferInfo:
+        """Its outcome once ``done()``; ``InvalidUsageError`` before. Never blocks."""
+        if not self._future.done():
+            raise InvalidUsageError("the transfer is still running (wait() for it)")
+        return self._info(self._future.result())
+
+    def add_done_callback(self, fn: Callable[[TransferHandle], None]) -> None:
+        """Call ``fn(handle)`` on the event loop once it ended."""
+        self._future.add_done_callback(lambda _: fn(self))
+
+    def cancel(self) -> bool:
+        """Withdraw it; False if it already ended."""
+        if self._future.done():
+            return False
+        self._withdraw()
+        return True
+
+    async def wait(self, timeout: float | None = None) -> TransferInfo:
+        """Block until it ended; after ``timeout`` seconds withdraw it and raise
+        ``PcclTimeoutError``. Cancelling the wait withdraws it too."""
+        limit = deadline.check(timeout)
+        try:
+            await deadline.within(asyncio.shield(self._future), limit, "the transfer")
+        except BaseException:
+            if not self._future.done():
+                self._withdraw()
+            raise
+        return self.result()
+
+    def __await__(self) -> Generator[Any, None, TransferInfo]:
+        return self.wait().__await__()
+
+
+class PointToPoint:
+    """The point-to-point part of one communicator. ``me()``: this peer's id;
+    ``address(peer)``: a ring member's listener (None if not a member)."""
+
+    def __init__(self, config: PeerConfig, keys: KeyRing, me: Callable[[], int],
+                 address: Callable[[int], m.PeerAddr | None]) -> None:
+        self.mailbox = Mailbox()
+        self.inboxes: set[Inbox] = set()
+        self.key_for: KeyFor = keys.accepting(auth.ROLE_P2P)
+        self._tasks = TaskSet("pccl_aio point-to-point")
+        tls = config.ssl if config.ssl_server is not None else None
+        self.outbox = Outbox(me, address, keys.key, tls, config.data_timeout, self._tasks)
+        self._me, self._address = me, address
+        self._members: set[int] = set()
+        self._left: set[int] = set()  # peer ids that were members (a send to one: lost)
+
+    def accept(self, conn: Handoff, peer: int) -> None:
+        """A connection from ``peer`` passed its handshake: read its messages."""
+        conn.hand_over(Inbox(self.mailbox, self.inboxes, peer))
+
+    def _peer(self, peer: object, what: str, any_ok: bool = False) -> int | None:
+        if peer is None and any_ok:
+            return None
+        pid = as_index(peer)
+        if pid is not None and pid in self._left:
+            raise PeerLostError(f"peer {pid} left the peer group")
+        if pid is None or pid == self._me() or self._address(pid) is None:
+            raise InvalidUsageError(
+                f"{what} must be the peer id of another member of this peer group "
+                f"(comm.ranks), not {peer!r}")
+        return pid
+
+    def send_async(self, tensor: Any, peer: object, tag: object) -> TransferHandle:
+        """Send ``tensor``'s bytes to ``peer``; ``InvalidUsageError`` before anything is
+        sent for a bad argument, ``PeerLostError`` for a peer that left the group."""
+        pid, t = self._peer(peer, "peer"), _tag(tag)
+        assert pid is not None
+        view = as_buffer(tensor, writable=False).view
+        fut = self.outbox.send(pid, t, view)
+        return TransferHandle(fut, lambda _: TransferInfo(pid, t, view.nbytes), t,
+                              lambda: _cancel(fut))
+
+    def recv_async(self, tensor: Any, peer: object, tag: object) -> TransferHandle:
+        """Receive into ``tensor`` from ``peer`` (None: any member)."""
+        pid, t = self._peer(peer, "peer", any_ok=True), _tag(tag)
+        view = as_buffer(tensor, writable=True, what="receive buffer").view
+        recv = self.mailbox.post(pid, t, view)
+        return TransferHandle(recv.future, lambda got: TransferInfo(got[0], t, got[1]), t,
+                              lambda: self.mailbox.withdraw(recv))
+
+    def on_membership(self, msg: m.Membership) -> None:
+        alive = {p.peer_id for p in msg.ring}
+        self._left |= self._members - alive
+        self._members = alive
+        self.mailbox.on_ring(alive)
+        self.outbox.on_ring(alive)
+
+    def rx_bytes(self) -> int:
+        return sum(c.rx_bytes for c in self.inboxes)
+
+    async def close(self, exc: PcclError | None = None) -> None:
+        """Fail what is in flight (``MasterConnectionError``: the communicator closed), drop
+        every connection and wait for the connecting tasks to end."""
+        exc = exc or MasterConnectionError("the communicator is closed")
+        self.mailbox.close(exc)
+        self.outbox.close(exc)
+        for c in list(self.inboxes):
+            c.close()
+        await self._tasks.close()
+
+
+def _cancel(fut: asyncio.Future[Any]) -> None:
+    fut.cancel()
+
+
+def _tag(tag: object) -> int:
+    t = as_index(tag)
+    if t is None or not TAG_MIN <= t <= TAG_MAX:
+        raise InvalidUsageError(f"tag must be an int of 64 bits, not {tag!r}")
+    return t
