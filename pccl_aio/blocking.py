@@ -28,14 +28,24 @@ from ._errors import InvalidUsageError
 from ._master.blocking import Master
 from ._net.loopthread import LoopThread, finalize
 from ._net.loopthread import owned as _owned
-from ._peer.communicator import AllReduceHandle as _AsyncHandle
 from ._peer.communicator import Communicator as _AsyncCommunicator
 from ._peer.core.config import PeerConfig
 from ._peer.data.buckets import Buckets as _AsyncBuckets
+from ._peer.data.handle import CollectiveHandle as _AsyncHandle
+from ._peer.p2p import threaded
+from ._peer.p2p.threaded import TransferHandle
 from ._peer.state.core.shared_state import SharedState
-from ._types import Quantization, ReduceInfo, ReduceOp, SyncInfo, SyncStrategy, TopologyInfo
+from ._types import (
+    Quantization,
+    ReduceInfo,
+    ReduceOp,
+    SyncInfo,
+    SyncStrategy,
+    TopologyInfo,
+    TransferInfo,
+)
 
-__all__ = ["AllReduceHandle", "Buckets", "Communicator", "Master"]
+__all__ = ["AllReduceHandle", "Buckets", "Communicator", "Master", "TransferHandle"]
 
 _HERE = frozenset({__file__})  # a traceback leaves this module's wrappers out
 
@@ -235,6 +245,14 @@ class Communicator:
         peer of the group called it."""
         return self._launch(lambda: self._comm.barrier_async(tag=tag, ring=ring))
 
+    def all_to_all(self, src: Sequence[Any], dst: Sequence[Any], *, tag: int = 0,
+                   timeout: float | None = None) -> ReduceInfo:
+        return self._runner.call(self._comm.all_to_all(src, dst, tag=tag, timeout=timeout))
+
+    def all_to_all_async(self, src: Sequence[Any], dst: Sequence[Any], *, tag: int = 0,
+                         ring: Sequence[int] | None = None) -> AllReduceHandle:
+        return self._launch(lambda: self._comm.all_to_all_async(src, dst, tag=tag, ring=ring))
+
     def _launch(self, make: Callable[[], _AsyncHandle]) -> AllReduceHandle:
         """``make()`` (an ``*_async`` launch) run on the loop thread; its blocking handle."""
 
@@ -323,6 +341,28 @@ class Communicator:
             tensors, op=op, max_in_flight=max_in_flight, first_tag=first_tag,
             max_attempts=max_attempts, quantization=quantization,
             restore_on_abort=restore_on_abort, timeout=timeout))
+
+    def send(self, tensor: Any, peer: int, *, tag: int = 0,
+             timeout: float | None = None) -> TransferInfo:
+        return self._runner.call(self._comm.send(tensor, peer, tag=tag, timeout=timeout))
+
+    def recv(self, tensor: Any, peer: int | None, *, tag: int = 0,
+             timeout: float | None = None) -> TransferInfo:
+        return self._runner.call(self._comm.recv(tensor, peer, tag=tag, timeout=timeout))
+
+    def send_async(self, tensor: Any, peer: int, *, tag: int = 0) -> TransferHandle:
+        return threaded.launch(self._runner, lambda: self._comm.send_async(tensor, peer, tag=tag))
+
+    def recv_async(self, tensor: Any, peer: int | None, *, tag: int = 0) -> TransferHandle:
+        return threaded.launch(self._runner, lambda: self._comm.recv_async(tensor, peer, tag=tag))
+
+    def _post_transfer(self, make: Callable[[_AsyncCommunicator], Any]) -> TransferHandle:
+        """``make(async_comm)`` (a ``send_async``/``recv_async``) queued on the loop thread
+        without waiting, as ``_post`` (for torch's threads, which must not block)."""
+        if self.closed:
+            raise InvalidUsageError("the communicator is closed")
+        comm = self._comm
+        return threaded.post(self._runner, lambda: make(comm))
 
     def sync_shared_state(self, state: SharedState,
                           strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR, *,

@@ -24,7 +24,6 @@ from .._types import SyncInfo, SyncStrategy, TopologyInfo
 from .._wire import liveness
 from .._wire import messages as m
 from . import deadline
-from .collective_calls import CollectiveCalls
 from .core.config import PeerConfig
 from .data.dataplane import DataPlane
 from .data.handle import AllReduceHandle
@@ -45,7 +44,7 @@ from .transfer_calls import TransferCalls
 __all__ = ["AllReduceHandle", "Communicator"]
 
 
-class Communicator(CollectiveCalls, TransferCalls):
+class Communicator(TransferCalls):
     """One peer of a run.
 
     Args:

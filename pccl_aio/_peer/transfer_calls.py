@@ -3,16 +3,19 @@ and their ``*_async`` forms (``p2p/calls.py`` does the work)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._types import TransferInfo
+from .._types import ReduceInfo, ReduceOp, TransferInfo
+from .collective_calls import CollectiveCalls
+from .p2p import exchange
 from .p2p.calls import PointToPoint, TransferHandle
+from .p2p.exchange import TaskHandle
 
 __all__ = ["TransferCalls"]
 
 
-class TransferCalls:
+class TransferCalls(CollectiveCalls):
     """Messages between two peers of a peer group, named by peer id (``comm.ranks[r]`` is
     rank r's; a peer id does not change when the ring does). No master takes part: these
     cost one connection's round trip, not a collective's.
@@ -54,3 +57,29 @@ class TransferCalls:
         """``recv_async(...)`` and wait for it (``PcclTimeoutError`` after ``timeout`` s).
         Cancelling withdraws the receive (``tensor`` then holds unspecified bytes)."""
         return await self.recv_async(tensor, peer, tag=tag).wait(timeout)
+
+    # ---- all-to-all -------------------------------------------------------------------------
+    def all_to_all_async(self, src: Sequence[Any], dst: Sequence[Any], *, tag: int = 0,
+                         ring: Sequence[int] | None = None) -> TaskHandle:
+        """Launch an all-to-all and return its handle at once: ``src[j]`` (a tensor per rank
+        of the ring) goes to rank j, which receives it in its ``dst[r]`` (r: this peer's
+        rank). Blocks may differ in size (``all_to_all_single``'s unequal splits): ``dst[j]``
+        here must have the size of ``src[r]`` on rank j. Every pair of peers exchanges one
+        message each way, then the group agrees on the outcome with a one-byte all-reduce
+        of ``tag``: every peer completes, or every peer raises (``PeerLostError``...).
+        ``ring``: as ``all_reduce_async``'s (default: the ring now). Raises
+        ``InvalidUsageError`` before anything is sent for a bad argument."""
+        self._check_usable()
+        pinned = tuple(ring) if ring is not None else tuple(self.ranks)
+        return exchange.all_to_all(self._p2p, self._agree, self._control.peer_id, pinned,
+                                   src, dst, tag)
+
+    async def all_to_all(self, src: Sequence[Any], dst: Sequence[Any], *, tag: int = 0,
+                         timeout: float | None = None) -> ReduceInfo:
+        """``all_to_all_async(...)`` and wait for it (``PcclTimeoutError`` after ``timeout``
+        s, failing it for every peer). Cancelling fails it for every peer too."""
+        return await self.all_to_all_async(src, dst, tag=tag).wait(timeout)
+
+    def _agree(self, flag: bytearray, op: ReduceOp, tag: int, ring: tuple[int, ...]
+               ) -> Any:
+        return self.all_reduce_async(flag, op=op, tag=tag, ring=ring)

@@ -151,3 +151,57 @@ async def test_a_member_sending_garbage_is_cut_off_and_the_others_go_on(peers):
     await asyncio.gather(a.send(np.arange(4, dtype=np.int32), b.peer_id),
                          b.recv(out, a.peer_id, timeout=10))
     assert (out == np.arange(4)).all()
+
+
+async def test_all_to_all_moves_each_block_to_its_rank(peers):
+    comms = await peers(3)
+    ring = comms[0].ranks
+    by_rank = sorted(comms, key=lambda c: ring.index(c.peer_id))
+    # rank r sends r*10 + j (j + 1 elements) to rank j: unequal blocks
+    srcs = [[np.full(j + 1 + r, r * 10 + j, np.int64) for j in range(3)] for r in range(3)]
+    dsts = [[np.empty(r + 1 + j, np.int64) for j in range(3)] for r in range(3)]
+    hs = [c.all_to_all_async(s, d, tag=5) for c, s, d in zip(by_rank, srcs, dsts)]
+    infos = await asyncio.wait_for(asyncio.gather(*hs), 20)
+    for r in range(3):
+        for j in range(3):
+            assert (dsts[r][j] == j * 10 + r).all() and len(dsts[r][j]) == r + 1 + j
+    assert infos[0].world_size == 3 and infos[0].tx_bytes == 8 * (2 + 3)
+    # the same tag again, with float32 and empty blocks
+    srcs2 = [[np.full(4 if j != r else 0, r, np.float32) for j in range(3)] for r in range(3)]
+    dsts2 = [[np.empty(4 if j != r else 0, np.float32) for j in range(3)] for r in range(3)]
+    await asyncio.wait_for(asyncio.gather(
+        *(c.all_to_all(s, d, tag=5) for c, s, d in zip(by_rank, srcs2, dsts2))), 20)
+    assert all((dsts2[r][j] == j).all() for r in range(3) for j in range(3))
+
+
+async def test_an_all_to_all_that_fails_on_one_rank_fails_on_every_rank(peers):
+    comms = await peers(3)
+    ring = comms[0].ranks
+    by_rank = sorted(comms, key=lambda c: ring.index(c.peer_id))
+    srcs = [[np.ones(8, np.float32) for _ in range(3)] for _ in range(3)]
+    dsts = [[np.empty(8, np.float32) for _ in range(3)] for _ in range(3)]
+    dsts[2][0] = np.empty(9, np.float32)  # rank 2 expects another size from rank 0
+    hs = [c.all_to_all_async(s, d, tag=1) for c, s, d in zip(by_rank, srcs, dsts)]
+    got = await asyncio.wait_for(asyncio.gather(*(h.wait() for h in hs),
+                                                return_exceptions=True), 20)
+    assert all(isinstance(e, pccl.PcclError) for e in got), got
+    assert isinstance(got[2], pccl.InvalidUsageError)
+    # the next one with the same tag works (nothing stale is taken)
+    dsts = [[np.empty(8, np.float32) for _ in range(3)] for _ in range(3)]
+    srcs = [[np.full(8, r, np.float32) for _ in range(3)] for r in range(3)]
+    await asyncio.wait_for(asyncio.gather(
+        *(c.all_to_all(s, d, tag=1) for c, s, d in zip(by_rank, srcs, dsts))), 20)
+    assert all((dsts[r][j] == j).all() for r in range(3) for j in range(3))
+
+
+async def test_an_all_to_all_with_a_crashed_rank_raises_on_every_survivor(peers):
+    comms = await peers(3)
+    ring = comms[0].ranks
+    by_rank = sorted(comms, key=lambda c: ring.index(c.peer_id))
+    testing.crash(by_rank[1])
+    srcs = [[np.ones(1000, np.float32) for _ in range(3)] for _ in range(3)]
+    dsts = [[np.empty(1000, np.float32) for _ in range(3)] for _ in range(3)]
+    hs = [by_rank[r].all_to_all_async(srcs[r], dsts[r], tag=2, ring=ring) for r in (0, 2)]
+    got = await asyncio.wait_for(asyncio.gather(*(h.wait() for h in hs),
+                                                return_exceptions=True), 20)
+    assert all(isinstance(e, pccl.PeerLostError) for e in got), got

@@ -5,12 +5,31 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from typing import Any, Protocol
 
 from ..._errors import InvalidUsageError, PcclError, PcclTimeoutError, PeerLostError
 from ..._types import ReduceInfo
 from .. import deadline
 from .collective import Collective
+
+
+class CollectiveHandle(Protocol):
+    """What every collective's handle offers (an all-reduce's, an all-to-all's)."""
+
+    @property
+    def tag(self) -> int: ...
+
+    def done(self) -> bool: ...
+
+    async def started(self) -> bool: ...
+
+    async def wait(self, timeout: float | None = None) -> ReduceInfo: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+    def result(self) -> ReduceInfo: ...
+
+    def cancel(self) -> bool: ...
 
 
 class AllReduceHandle(Awaitable[ReduceInfo]):

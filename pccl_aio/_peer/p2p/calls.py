@@ -22,7 +22,7 @@ from ..._net.tasks import TaskSet
 from ..._types import TransferInfo, as_index
 from ..._wire import auth
 from ..._wire import messages as m
-from ..._wire.p2p import TAG_MAX, TAG_MIN
+from ..._wire.p2p import TAG_MAX, TAG_MIN, user_key
 from .. import deadline
 from ..core.buffers import as_buffer
 from ..core.config import PeerConfig
@@ -102,6 +102,9 @@ class PointToPoint:
         self._me, self._address = me, address
         self._members: set[int] = set()
         self._left: set[int] = set()  # peer ids that were members (a send to one: lost)
+        #: collective tag -> all-to-alls of it this epoch (``exchange.py``), and the epoch
+        self.rounds: dict[int, int] = {}
+        self.epoch = 0
 
     def accept(self, conn: Handoff, peer: int) -> None:
         """A connection from ``peer`` passed its handshake: read its messages."""
@@ -125,7 +128,7 @@ class PointToPoint:
         pid, t = self._peer(peer, "peer"), _tag(tag)
         assert pid is not None
         view = as_buffer(tensor, writable=False).view
-        fut = self.outbox.send(pid, t, view)
+        fut = self.outbox.send(pid, user_key(t), view)
         return TransferHandle(fut, lambda _: TransferInfo(pid, t, view.nbytes), t,
                               lambda: _cancel(fut))
 
@@ -133,7 +136,7 @@ class PointToPoint:
         """Receive into ``tensor`` from ``peer`` (None: any member)."""
         pid, t = self._peer(peer, "peer", any_ok=True), _tag(tag)
         view = as_buffer(tensor, writable=True, what="receive buffer").view
-        recv = self.mailbox.post(pid, t, view)
+        recv = self.mailbox.post(pid, user_key(t), view)
         return TransferHandle(recv.future, lambda got: TransferInfo(got[0], t, got[1]), t,
                               lambda: self.mailbox.withdraw(recv))
 
@@ -141,6 +144,9 @@ class PointToPoint:
         alive = {p.peer_id for p in msg.ring}
         self._left |= self._members - alive
         self._members = alive
+        if msg.epoch != self.epoch:
+            self.epoch = msg.epoch
+            self.rounds.clear()
         self.mailbox.on_ring(alive)
         self.outbox.on_ring(alive)
 

@@ -89,9 +89,9 @@ class Inbox(asyncio.BufferedProtocol):
                         "(closed)", self.peer)
             self.close()
             return
-        tag, length = parsed
+        key, length = parsed
         self._got, self._length = 0, length
-        got = self._mailbox.arrived(self, tag, length)
+        got = self._mailbox.arrived(self, key, length)
         if isinstance(got, Recv):
             self._into(got, length)
         else:

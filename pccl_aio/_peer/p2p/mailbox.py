@@ -20,11 +20,13 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from ..._errors import InvalidUsageError, PcclError, PeerLostError
+from ..._wire.p2p import Key
 
 STASH_BYTES: Final = 256 << 20  # the most a receiver copies aside for receives not yet posted
 
 #: (the sender's peer id, the message's bytes) of a receive that completed
 Got = tuple[int, int]
+
 
 
 class Reader(Protocol):
@@ -41,12 +43,12 @@ class Recv:
 
     __slots__ = ("buf", "future", "peer", "tag")
 
-    def __init__(self, peer: int | None, tag: int, buf: memoryview) -> None:
+    def __init__(self, peer: int | None, tag: Key, buf: memoryview) -> None:
         self.peer, self.tag, self.buf = peer, tag, buf
         self.future: asyncio.Future[Got] = asyncio.get_running_loop().create_future()
         self.future.add_done_callback(retrieved)
 
-    def matches(self, peer: int, tag: int) -> bool:
+    def matches(self, peer: int, tag: Key) -> bool:
         return self.tag == tag and (self.peer is None or self.peer == peer)
 
     def fail(self, exc: BaseException) -> None:
@@ -60,7 +62,7 @@ class Message:
 
     __slots__ = ("complete", "data", "length", "reader", "recv", "tag")
 
-    def __init__(self, reader: Reader, tag: int, length: int) -> None:
+    def __init__(self, reader: Reader, tag: Key, length: int) -> None:
         self.reader, self.tag, self.length = reader, tag, length
         self.data: bytearray | None = None
         self.complete = False
@@ -78,7 +80,7 @@ class Mailbox:
         self._closed: PcclError | None = None
 
     # ---- the receiver's side -----------------------------------------------------------------
-    def post(self, peer: int | None, tag: int, buf: memoryview) -> Recv:
+    def post(self, peer: int | None, tag: Key, buf: memoryview) -> Recv:
         """Post a receive of ``buf.nbytes`` bytes from ``peer`` (None: any) with ``tag``;
         the oldest matching message is taken at once if one came before."""
         recv = Recv(peer, tag, buf)
@@ -141,7 +143,7 @@ class Mailbox:
         return self.stashed + length <= self.stash_bytes
 
     # ---- the connections' side ---------------------------------------------------------------
-    def arrived(self, reader: Reader, tag: int, length: int) -> Recv | Message:
+    def arrived(self, reader: Reader, tag: Key, length: int) -> Recv | Message:
         """A header from ``reader.peer``: the receive to read the payload into (its size
         checked by the caller), or the ``Message`` kept for it (``data`` set when there is
         room to read it aside; otherwise the connection must wait for ``deliver``)."""
@@ -191,6 +193,14 @@ class Mailbox:
             self._posted.remove(recv)
             recv.fail(exc)
 
+    def purge(self, stale: Callable[[Key], bool]) -> None:
+        """Drop the messages read whole whose key is ``stale`` and that no receive took (an
+        all-to-all that failed leaves its late messages behind)."""
+        for msg in [m for m in self._messages if stale(m.tag) and m.recv is None
+                    and m.complete]:
+            self._messages.remove(msg)
+            self._release(msg)
+
     def on_ring(self, alive: set[int]) -> None:
         """The peer group is now ``alive`` (peer ids): receives from a peer that left fail."""
         self.fail_where(lambda r: r.peer is not None and r.peer not in alive,
@@ -216,5 +226,5 @@ def retrieved(fut: asyncio.Future[Any]) -> None:
 
 def _size_error(peer: int, length: int, recv: Recv) -> InvalidUsageError:
     return InvalidUsageError(
-        f"peer {peer} sent {length} bytes with tag {recv.tag}; the receive posted for it "
+        f"peer {peer} sent {length} bytes with tag {recv.tag[1]}; the receive posted for it "
         f"holds {recv.buf.nbytes} (send and receive tensors of the same size and dtype)")

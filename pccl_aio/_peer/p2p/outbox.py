@@ -22,7 +22,7 @@ from ..._net.stream import set_nodelay
 from ..._net.tasks import TaskSet
 from ..._wire import auth
 from ..._wire import messages as m
-from ..._wire.p2p import pack_header
+from ..._wire.p2p import Key, pack_header
 from .mailbox import retrieved
 
 WRITE_HIGH, WRITE_LOW = 256 << 10, 64 << 10
@@ -120,14 +120,15 @@ class Outbox:
         self._closed: PcclError | None = None
         self.tx_bytes = 0
 
-    def send(self, peer: int, tag: int, payload: memoryview) -> asyncio.Future[int]:
-        """Queue one message to ``peer``; the future completes as the module says."""
+    def send(self, peer: int, key: Key, payload: memoryview) -> asyncio.Future[int]:
+        """Queue one message with ``key`` to ``peer``; the future completes as the module
+        says."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(retrieved)
         if self._closed is not None:
             fut.set_exception(self._closed)
             return fut
-        header = pack_header(tag, payload.nbytes)
+        header = pack_header(key, payload.nbytes)
         ch = self._channels.get(peer)
         if ch is not None and ch.error is not None:
             self._forget(ch)
@@ -166,6 +167,14 @@ class Outbox:
         self.tx_bytes += ch.tx_bytes
         ch.tx_bytes = 0
         ch.close()
+
+    def reset(self, peer: int, exc: PcclError) -> None:
+        """Fail the sends to ``peer`` and close the connection (its receives from this peer
+        then fail too); the next send opens a fresh one."""
+        ch = self._channels.get(peer)
+        if ch is not None:
+            ch.fail(exc)
+            self._forget(ch)
 
     def on_ring(self, alive: set[int]) -> None:
         """The peer group is now ``alive``: sends to a peer that left fail, its
