@@ -63,6 +63,12 @@ class FixedGroup(ProcessGroup):
     def __repr__(self) -> str:
         return f"pccl_aio.torch.FixedGroup(rank={self.rank()}, size={self.size()})"
 
+    def peer_of(self, rank: int) -> int:
+        return self.order[rank]
+
+    def rank_of(self, peer: int) -> int:
+        return self.order.index(peer)
+
     def ring_root(self, root: int) -> Any:
         """Options naming torch rank ``root``'s ring position (what ``ProcessGroup`` reads)."""
         if not 0 <= root < self.size():

@@ -17,8 +17,7 @@ makes the group of the new membership. Tags cycle through ``TAGS`` values, the s
 peer because torch makes every rank call the group's collectives in the same order; a tag
 that comes round again starts early on its ticket. CUDA tensors are staged through host
 memory by the communicator (``_peer/core/staging.py``); another device is an
-``InvalidUsageError``. Calls pccl_aio does not offer (``reduce``, ``all_to_all``,
-``send``/``recv``) raise ``InvalidUsageError`` naming the call.
+``InvalidUsageError``. Point-to-point, all-to-all and ``reduce`` are ``p2p.py``'s.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from .._peer.communicator import Communicator as AsyncCommunicator
 from .._peer.core import staging
 from .._types import ReduceOp
 from ..blocking import AllReduceHandle, Communicator
+from .p2p import PointToPointOps
 from .work import Completions, Work
 
 __all__ = ["BACKEND", "Named", "ProcessGroup"]
@@ -72,7 +72,7 @@ class Named(dist.ProcessGroup):
         self._name = name
 
 
-class ProcessGroup(Named):
+class ProcessGroup(PointToPointOps, Named):
     """The fault-tolerant process group of one connected ``blocking.Communicator``, for the
     peer group's membership as it is when it is made (``members``)."""
 
@@ -155,6 +155,14 @@ class ProcessGroup(Named):
         """Post each of ``makes`` pinned to the group's ring (``make(async_comm, members)``)
         and return them as one ``Work`` (for groups built on this one, ``fixed.py``)."""
         return self._work([self._launch(m) for m in makes], finish, inline)
+
+    def peer_of(self, rank: int) -> int:
+        """The peer id of torch rank ``rank`` (its ring position's, in this group)."""
+        return self.members[rank]
+
+    def rank_of(self, peer: int) -> int:
+        """The torch rank of peer id ``peer``."""
+        return self.members.index(peer)
 
     def next_tag(self) -> int:
         """The tag of the next collective (the same sequence on every rank)."""
@@ -269,29 +277,6 @@ class ProcessGroup(Named):
         flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
         h = self._launch(_gather(_cpu(t), flat, next(self._tags)))
         return self._work([h], lambda: outputs)
-
-    # ---- what pccl_aio does not offer: named, not torch's "no backend for device" -----------
-    def reduce(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        raise _unsupported("dist.reduce", "dist.all_reduce, then use the result on the root")
-
-    def alltoall(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        raise _unsupported("dist.all_to_all", "")
-
-    def alltoall_base(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        raise _unsupported("dist.all_to_all_single", "")
-
-    def send(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        raise _unsupported("dist.send / isend", "dist.broadcast from the sender")
-
-    def recv(self, *args: Any, **kwargs: Any) -> Work:  # type: ignore[override]
-        raise _unsupported("dist.recv / irecv", "dist.broadcast from the sender")
-
-    recv_anysource = recv
-
-
-def _unsupported(call: str, instead: str) -> InvalidUsageError:
-    return InvalidUsageError(f"{call} is not supported by the pccl_aio backend"
-                             + (f" (use {instead})" if instead else ""))
 
 
 Make = Callable[[AsyncCommunicator, tuple[int, ...]], AsyncHandle]

@@ -22,25 +22,31 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch._C._distributed_c10d import Work as _C10dWork
 
-from ..blocking import AllReduceHandle
-
-__all__ = ["Completions", "Work", "done"]
+__all__ = ["Completions", "Ended", "Work", "done"]
 
 Finish = Callable[[], Any]  # after the collective: the future's value (copies outputs back)
 Typed = Callable[[BaseException], BaseException]  # the error the caller sees for one raised
+
+
+class Ended(Protocol):
+    """A blocking handle (a collective's, a transfer's), as a work waits on it."""
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+    def result(self) -> Any: ...
 
 
 class Work(_C10dWork):
     """One collective launched on the group (or several, ``wait`` waits for all);
     ``typed`` maps a collective's error to the one raised (the group's membership check)."""
 
-    def __init__(self, handles: list[AllReduceHandle], finish: Finish,
+    def __init__(self, handles: Sequence[Ended], finish: Finish,
                  completions: Completions | None, inline: bool = False,
                  typed: Typed | None = None) -> None:
         super().__init__()
@@ -52,7 +58,7 @@ class Work(_C10dWork):
             return
         left = len(handles)  # (decremented on the loop thread only)
 
-        def ended(_: AllReduceHandle) -> None:
+        def ended(_: Any) -> None:
             nonlocal left
             left -= 1
             if left == 0:
@@ -105,7 +111,7 @@ def _unwrap(settled: torch.futures.Future[Any]) -> Any:
     return value
 
 
-Item = tuple[list[AllReduceHandle], Finish, "torch.futures.Future[Any]", Typed | None]
+Item = tuple[Sequence[Ended], Finish, "torch.futures.Future[Any]", Typed | None]
 
 
 class Completions:
@@ -116,7 +122,7 @@ class Completions:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def add(self, handles: list[AllReduceHandle], finish: Finish,
+    def add(self, handles: Sequence[Ended], finish: Finish,
             settled: torch.futures.Future[Any], typed: Typed | None = None) -> None:
         self._queue.put((handles, finish, settled, typed))
 
@@ -128,7 +134,7 @@ class Completions:
             _complete(*item)
 
 
-def _complete(handles: list[AllReduceHandle], finish: Finish,
+def _complete(handles: Sequence[Ended], finish: Finish,
               settled: torch.futures.Future[Any], typed: Typed | None = None) -> None:
     """Complete ``settled`` with ``finish()``, or with the first handle's error object
     (every handle has ended: ``result()`` does not block)."""

@@ -1,8 +1,9 @@
 """One rank of ``test_torch_by_name.py``: ``dist.init_process_group(BACKEND,
 init_method="file://...", rank=, world_size=)`` by name, the collectives of
 ``torch_pg_peer.py`` and those with roots or a block order (broadcast from each rank, scatter,
-gather, the object collectives), then plain DDP; prints one JSON line of digests (and, on
-pccl_aio, this rank's position in the ring).
+gather, the object collectives), point-to-point, all-to-all and reduce in every dtype
+(``point_to_point``), then plain DDP; prints one JSON line of digests (and, on pccl_aio, this
+rank's position in the ring).
 
 Usage: python torch_byname_peer.py pccl_aio|gloo INIT_FILE WORLD RANK [--go]
 
@@ -44,6 +45,74 @@ def rooted(rank: int, world: int) -> dict[str, str]:
     return out
 
 
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+          torch.int32, torch.int8, torch.uint8]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def _data(rank: int, n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randint(0, 5, (n,), generator=g).to(dtype)  # exact in every dtype
+
+
+def point_to_point(rank: int, world: int) -> dict[str, str]:
+    """send/recv around the ring of torch ranks, isend/irecv, batch_isend_irecv, a receive
+    from any rank, all_to_all(_single) with equal and unequal splits, reduce to each root
+    with each op, in every dtype."""
+    out: dict[str, str] = {}
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for i, dt in enumerate(DTYPES):
+        name = str(dt).split(".")[1]
+        x, got = _data(rank, 37 + i, dt, 1), torch.empty(37 + i, dtype=dt)
+        if rank % 2 == 0:
+            dist.send(x, nxt, tag=i)
+            dist.recv(got, prv, tag=i)
+        else:
+            dist.recv(got, prv, tag=i)
+            dist.send(x, nxt, tag=i)
+        out[f"sendrecv_{name}"] = digest(_bits(got))
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, nxt),
+                                       dist.P2POp(dist.irecv, got, prv)])
+        for req in reqs:
+            req.wait()
+        out[f"batch_{name}"] = digest(_bits(got))
+        ins, outs = _data(rank, 4 * world, dt, 2), torch.empty(4 * world, dtype=dt)
+        dist.all_to_all_single(outs, ins)
+        out[f"all_to_all_single_{name}"] = digest(_bits(outs))
+        splits_in = [r + rank + 1 for r in range(world)]  # to rank r: r + rank + 1 rows
+        splits_out = [rank + r + 1 for r in range(world)]
+        ins = _data(rank, sum(splits_in), dt, 3).reshape(-1, 1).repeat(1, 2)
+        outs = torch.empty(sum(splits_out), 2, dtype=dt)
+        dist.all_to_all_single(outs, ins, splits_out, splits_in)
+        out[f"all_to_all_unequal_{name}"] = digest(_bits(outs))
+        lists = [_data(rank, 5, dt, 4 + r) for r in range(world)]  # (gloo: equal sizes)
+        into = [torch.empty(5, dtype=dt) for _ in range(world)]
+        dist.all_to_all(into, lists)
+        out[f"all_to_all_{name}"] = digest(*(_bits(t) for t in into))
+    ops = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
+           "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    for root in range(world):
+        for opname, op in ops.items():
+            for dt in (torch.float32, torch.int64):
+                t = _data(rank, 11, dt, 5)
+                dist.reduce(t, dst=root, op=op)  # (elsewhere than the root: unspecified)
+                key = f"reduce_{root}_{opname}_{str(dt).split('.')[1]}"
+                out[key] = digest(t) if rank == root else ""
+    if rank == 0:  # a receive from any rank: every other rank sends one
+        senders = []
+        for _ in range(world - 1):
+            buf = torch.empty(3)
+            senders.append(dist.recv(buf, tag=99))
+            out[f"anysource_{senders[-1]}"] = digest(buf)
+        out["anysource"] = str(sorted(senders))
+    else:
+        dist.send(torch.full((3,), float(rank)), 0, tag=99)
+    return out
+
+
 def main() -> None:
     backend, path, world, rank = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(1)
@@ -55,7 +124,8 @@ def main() -> None:
     pg = dist.distributed_c10d._get_default_group()
     result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": backend,
               "ring": pg.comm.rank if backend == "pccl_aio" else rank,
-              **collectives(rank, world, "cpu"), **rooted(rank, world), "ddp": ddp(rank, "cpu")}
+              **collectives(rank, world, "cpu"), **rooted(rank, world),
+              **point_to_point(rank, world), "ddp": ddp(rank, "cpu")}
     print(json.dumps(result), flush=True)
     if backend == "gloo":
         dist.barrier()  # (as torch_pg_peer.py: every rank past its last collective first)

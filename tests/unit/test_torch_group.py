@@ -219,14 +219,20 @@ def test_a_group_is_its_membership_when_made_and_says_when_that_changed():
         group.close()
 
 
-@pytest.mark.parametrize(("call", "args"), [
-    ("reduce", ([torch.zeros(2)],)), ("alltoall", ([], [])), ("alltoall_base", ()),
-    ("send", ([torch.zeros(2)], 1, 0)), ("recv", ([torch.zeros(2)], 1, 0)),
+@pytest.mark.parametrize(("call", "args", "match"), [
+    ("send", ([torch.zeros(2)], 0, 0), "not another rank"),  # (this rank itself)
+    ("send", ([torch.zeros(2)], 2, 0), "not another rank"),
+    ("recv", ([torch.zeros(2)], -1, 0), "not another rank"),
+    ("send", ([torch.zeros(2), torch.zeros(2)], 1, 0), "one tensor"),
+    ("alltoall", ([torch.zeros(1)], [torch.zeros(1)]), "takes 2 tensors"),
+    ("alltoall_base", (torch.zeros(3), torch.zeros(3), [], []), "equal blocks"),
+    ("alltoall_base", (torch.zeros(3), torch.zeros(3), [1, 1], [2, 1]), "split sizes"),
+    ("reduce", ([torch.zeros(2)], type("Opts", (), {"rootRank": 5})()), "root 5"),
 ])
-def test_calls_pccl_aio_lacks_name_the_backend_and_the_call(call, args):
-    group = pt.ProcessGroup(_Comm())  # type: ignore[arg-type]
+def test_bad_arguments_raise_before_anything_is_sent(call, args, match):
+    group = pt.ProcessGroup(_Comm())  # type: ignore[arg-type]  # (it sends nothing)
     try:
-        with pytest.raises(pccl.InvalidUsageError, match="not supported by the pccl_aio"):
+        with pytest.raises(pccl.InvalidUsageError, match=match):
             getattr(group, call)(*args)
     finally:
         group.close()
