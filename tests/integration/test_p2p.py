@@ -205,3 +205,19 @@ async def test_an_all_to_all_with_a_crashed_rank_raises_on_every_survivor(peers)
     got = await asyncio.wait_for(asyncio.gather(*(h.wait() for h in hs),
                                                 return_exceptions=True), 20)
     assert all(isinstance(e, pccl.PeerLostError) for e in got), got
+
+
+async def test_what_a_peer_sent_before_it_left_is_still_received(peers):
+    a, b, c = await peers(3)
+    await c.send(np.arange(6, dtype=np.int32), a.peer_id, tag=3)
+    gone = c.peer_id
+    await c.close()
+    await asyncio.gather(a.update_topology(), b.update_topology())
+    assert gone not in a.ranks  # (the membership without it is known)
+    out = np.empty(6, np.int32)
+    info = await a.recv(out, gone, tag=3, timeout=10)
+    assert info.peer == gone and (out == np.arange(6)).all()
+    with pytest.raises(pccl.PeerLostError):  # nothing more is coming from it
+        await a.recv(out, gone, tag=3, timeout=10)
+    with pytest.raises(pccl.PeerLostError):
+        a.send_async(out, gone)

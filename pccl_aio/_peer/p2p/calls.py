@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from typing import Any, Final
 
 from ..._errors import InvalidUsageError, MasterConnectionError, PcclError, PeerLostError
 from ..._net.handshake import Handoff, KeyFor
@@ -32,6 +32,8 @@ from .mailbox import Mailbox
 from .outbox import Outbox
 
 __all__ = ["PointToPoint", "TransferHandle"]
+
+LEAVE_GRACE: Final = 2.0  # seconds an open connection of a departed peer is still read
 
 
 class TransferHandle(Awaitable[TransferInfo]):
@@ -104,17 +106,20 @@ class PointToPoint:
         self._left: set[int] = set()  # peer ids that were members (a send to one: lost)
         #: collective tag -> all-to-alls of it this epoch (``exchange.py``), and the epoch
         self.rounds: dict[int, int] = {}
+        self._cuts: list[asyncio.TimerHandle] = []
         self.epoch = 0
 
     def accept(self, conn: Handoff, peer: int) -> None:
         """A connection from ``peer`` passed its handshake: read its messages."""
         conn.hand_over(Inbox(self.mailbox, self.inboxes, peer))
 
-    def _peer(self, peer: object, what: str, any_ok: bool = False) -> int | None:
-        if peer is None and any_ok:
+    def _peer(self, peer: object, what: str, receiving: bool = False) -> int | None:
+        if peer is None and receiving:
             return None
         pid = as_index(peer)
         if pid is not None and pid in self._left:
+            if receiving:  # (what it sent before it left may still be read)
+                return pid
             raise PeerLostError(f"peer {pid} left the peer group")
         if pid is None or pid == self._me() or self._address(pid) is None:
             raise InvalidUsageError(
@@ -133,22 +138,47 @@ class PointToPoint:
                               lambda: _cancel(fut))
 
     def recv_async(self, tensor: Any, peer: object, tag: object) -> TransferHandle:
-        """Receive into ``tensor`` from ``peer`` (None: any member)."""
-        pid, t = self._peer(peer, "peer", any_ok=True), _tag(tag)
+        """Receive into ``tensor`` from ``peer`` (None: any member). From a peer that left:
+        what it sent before it left, else ``PeerLostError``."""
+        pid, t = self._peer(peer, "peer", receiving=True), _tag(tag)
         view = as_buffer(tensor, writable=True, what="receive buffer").view
         recv = self.mailbox.post(pid, user_key(t), view)
+        if pid in self._left and not self._reading(pid):
+            self.mailbox.fail_where(lambda r: r is recv,
+                                    PeerLostError(f"peer {pid} left the peer group"))
         return TransferHandle(recv.future, lambda got: TransferInfo(got[0], t, got[1]), t,
                               lambda: self.mailbox.withdraw(recv))
 
+    def _reading(self, peer: int) -> bool:
+        """A connection from ``peer`` is open (what it sent may still come)."""
+        return any(c.peer == peer for c in self.inboxes)
+
     def on_membership(self, msg: m.Membership) -> None:
+        """Sends to peers that left fail at once; receives from them fail once their
+        connections closed (a peer that left gracefully or was killed: at once, what it sent
+        before is read first) or ``LEAVE_GRACE`` seconds after the news (a peer the master
+        dropped whose connection stays open: a frozen process)."""
         alive = {p.peer_id for p in msg.ring}
-        self._left |= self._members - alive
+        gone = self._members - alive
+        self._left |= gone
         self._members = alive
         if msg.epoch != self.epoch:
             self.epoch = msg.epoch
             self.rounds.clear()
-        self.mailbox.on_ring(alive)
+        for peer in gone:
+            if self._reading(peer):
+                loop = asyncio.get_running_loop()
+                self._cuts = [c for c in self._cuts if c.when() > loop.time()]
+                self._cuts.append(loop.call_later(LEAVE_GRACE, self._cut, peer))
+            else:
+                self._cut(peer)
         self.outbox.on_ring(alive)
+
+    def _cut(self, peer: int) -> None:
+        for c in [c for c in self.inboxes if c.peer == peer]:
+            c.close()  # (its receives fail as the connection closes)
+        self.mailbox.fail_where(lambda r: r.peer == peer,
+                                PeerLostError(f"peer {peer} left the peer group"))
 
     def rx_bytes(self) -> int:
         return sum(c.rx_bytes for c in self.inboxes)
@@ -157,6 +187,8 @@ class PointToPoint:
         """Fail what is in flight (``MasterConnectionError``: the communicator closed), drop
         every connection and wait for the connecting tasks to end."""
         exc = exc or MasterConnectionError("the communicator is closed")
+        for cut in self._cuts:
+            cut.cancel()
         self.mailbox.close(exc)
         self.outbox.close(exc)
         for c in list(self.inboxes):

@@ -201,11 +201,6 @@ class Mailbox:
             self._messages.remove(msg)
             self._release(msg)
 
-    def on_ring(self, alive: set[int]) -> None:
-        """The peer group is now ``alive`` (peer ids): receives from a peer that left fail."""
-        self.fail_where(lambda r: r.peer is not None and r.peer not in alive,
-                        PeerLostError("the sender left the peer group"))
-
     def close(self, exc: PcclError) -> None:
         """Fail every receive with ``exc`` (and every later one); drop what was kept."""
         self._closed = exc
