@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.process.procs import MASTER, HERE, Proc, spawn
+from tests.process.procs import HERE, MASTER, Proc, spawn
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(120)
