@@ -56,15 +56,24 @@ __all__ = ["BACKEND", "AllReduceHook", "DistributedDataParallel", "FixedGroup", 
 _handing: list[ProcessGroup] = []  # the group ``init_process_group`` hands torch's factory
 
 
-def _factory(store: Any, rank: int, world_size: int, timeout: timedelta) -> ProcessGroup:
+def _factory(store: Any, rank: int, world_size: int, timeout: timedelta
+             ) -> ProcessGroup | LocalGroup:
     """torch's creator for ``"pccl_aio"``: the live-membership group ``init_process_group``
     hands it, else the by-name group met through torch's ``store`` (``_torch/rendezvous.py``;
-    blocks until every rank arrived, ``timeout`` at most)."""
+    blocks until every rank arrived, ``timeout`` at most), a subgroup of a by-name world
+    too. A subgroup of the live-membership group is refused (``InvalidUsageError``): its
+    ranks would not survive the next change of membership."""
     if _handing:
         return _handing.pop()
     if dist.is_initialized():
-        raise InvalidUsageError("subgroups (dist.new_group, new_subgroups, split_group) are "
-                                "not supported by pccl_aio")
+        if not isinstance(dist.distributed_c10d._get_default_group(), FixedGroup):
+            raise InvalidUsageError(
+                "subgroups (dist.new_group, new_subgroups, split_group) of the live-membership "
+                "group are not supported (by name, dist.init_process_group('pccl_aio'), they "
+                "are)")
+        if world_size == 1:  # (a group of this rank alone: new_subgroups(group_size=1))
+            return LocalGroup()  # type: ignore[return-value]
+        return rendezvous.create(store, rank, world_size, timeout, subgroup=True)
     return rendezvous.create(store, rank, world_size, timeout)
 
 

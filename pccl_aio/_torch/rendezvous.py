@@ -11,7 +11,9 @@ master, ``$PCCL_AIO_MASTER``, does not). Every rank connects a ``blocking.Commun
 communicator and master reads it), publishes its peer id, waits asleep until ``world_size``
 peers are in its peer group and makes a ``FixedGroup`` with torch's ranks. Keys are under
 ``pccl_aio/<n>/``, ``n`` counting the store's rendezvous, so a second
-``init_process_group`` on the same store finds none of the first's.
+``init_process_group`` on the same store finds none of the first's. A subgroup
+(``new_group``, ``new_subgroups``, ``split_group``, a ``DeviceMesh``'s dimensions) is a run of
+its own in the same way, met through torch's store for it, with its master in its rank 0.
 """
 
 from __future__ import annotations
@@ -38,8 +40,12 @@ OPTIONS: dict[str, Any] = {"admission_interval": 0.25, "master_secret": ""}
 LINGER = 30.0  # at most, rank 0's wait at the end for the others to leave (``FixedGroup``)
 
 
-def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> FixedGroup:
+def create(store: Any, rank: int, world_size: int, timeout: timedelta,
+           subgroup: bool = False) -> FixedGroup:
     """The by-name group of torch rank ``rank`` of ``world_size``, met through ``store``.
+    ``subgroup`` (``dist.new_group`` and the like: ``rank`` and ``world_size`` are the
+    subgroup's): a run of its own, whose master the subgroup's rank 0 starts, whatever
+    ``$PCCL_AIO_MASTER`` says (a subgroup's peers must not join the world's peer group).
     Blocks until every rank is in the peer group, ``timeout`` at most (``PcclTimeoutError``:
     the ranks that did not arrive named); ``InvalidUsageError`` for a bad ``rank`` or
     ``world_size`` (nothing is started), the communicator's and master's errors as they
@@ -51,7 +57,7 @@ def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> FixedG
         raise InvalidUsageError(f"rank must be in [0, {world_size}), not {rank!r}")
     deadline = time.monotonic() + timeout.total_seconds()
     keys = f"pccl_aio/{(store.add('pccl_aio/ranks', 1) - 1) // world_size}"
-    address, master = os.environ.get(MASTER_ENV, ""), None
+    address, master = ("" if subgroup else os.environ.get(MASTER_ENV, "")), None
     try:
         if not address:
             if rank == 0:

@@ -5,7 +5,8 @@ digest on every rank; with ``file://`` init, explicit ranks and a master named b
 ``$PCCL_AIO_MASTER``, ranks admitted in reverse order (torch rank 0 last in the ring) give
 gloo's bytes for every collective with a root or a block order, and for send/recv,
 batch_isend_irecv, a receive from any rank, all_to_all(_single) with equal and unequal splits
-and reduce to each root (eight dtypes, four ops)."""
+and reduce to each root (eight dtypes, four ops), and in subgroups (``new_group``,
+``new_subgroups``) for collectives and send/recv."""
 
 from __future__ import annotations
 

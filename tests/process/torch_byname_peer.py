@@ -2,7 +2,7 @@
 init_method="file://...", rank=, world_size=)`` by name, the collectives of
 ``torch_pg_peer.py`` and those with roots or a block order (broadcast from each rank, scatter,
 gather, the object collectives), point-to-point, all-to-all and reduce in every dtype
-(``point_to_point``), then plain DDP; prints one JSON line of digests (and, on pccl_aio, this
+(``point_to_point``), subgroups (``subgroups``), then plain DDP; prints one JSON line of digests (and, on pccl_aio, this
 rank's position in the ring).
 
 Usage: python torch_byname_peer.py pccl_aio|gloo INIT_FILE WORLD RANK [--go]
@@ -113,6 +113,32 @@ def point_to_point(rank: int, world: int) -> dict[str, str]:
     return out
 
 
+def subgroups(rank: int, world: int) -> dict[str, str]:
+    """new_group (two overlapping ones, each a run of its own), new_subgroups of one rank,
+    collectives and point-to-point inside them; every rank calls every new_group, as torch
+    requires."""
+    out: dict[str, str] = {}
+    g01, g12 = dist.new_group([0, 1]), dist.new_group([1, world - 1])
+    for name, g, members in (("g01", g01, (0, 1)), ("g12", g12, (1, world - 1))):
+        if rank not in members:
+            continue
+        t = _data(rank, 9, torch.float32, 6)
+        dist.all_reduce(t, group=g)
+        b = _data(rank, 4, torch.int64, 7)
+        dist.broadcast(b, src=members[1], group=g)
+        x = torch.full((3,), float(rank))
+        if rank == members[0]:
+            dist.send(x, members[1], group=g)
+        else:
+            dist.recv(x, members[0], group=g)
+        out[name] = digest(t, b, x)
+    mine, _ = dist.new_subgroups(group_size=1)
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t, group=mine)
+    out["subgroup_of_one"] = digest(t)
+    return out
+
+
 def main() -> None:
     backend, path, world, rank = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(1)
@@ -125,7 +151,8 @@ def main() -> None:
     result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": backend,
               "ring": pg.comm.rank if backend == "pccl_aio" else rank,
               **collectives(rank, world, "cpu"), **rooted(rank, world),
-              **point_to_point(rank, world), "ddp": ddp(rank, "cpu")}
+              **point_to_point(rank, world), **subgroups(rank, world),
+              "ddp": ddp(rank, "cpu")}
     print(json.dumps(result), flush=True)
     if backend == "gloo":
         dist.barrier()  # (as torch_pg_peer.py: every rank past its last collective first)
