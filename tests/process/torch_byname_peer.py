@@ -2,8 +2,8 @@
 init_method="file://...", rank=, world_size=)`` by name, the collectives of
 ``torch_pg_peer.py`` and those with roots or a block order (broadcast from each rank, scatter,
 gather, the object collectives), point-to-point, all-to-all and reduce in every dtype
-(``point_to_point``), subgroups (``subgroups``), then plain DDP; prints one JSON line of digests (and, on pccl_aio, this
-rank's position in the ring).
+(``point_to_point``), subgroups (``subgroups``), then plain DDP; prints one JSON line of
+digests (and, on pccl_aio, this rank's position in the ring).
 
 Usage: python torch_byname_peer.py pccl_aio|gloo INIT_FILE WORLD RANK [--go]
 
