@@ -37,7 +37,7 @@ from .._peer.core import staging
 from .._types import ReduceOp
 from ..blocking import AllReduceHandle, Communicator
 from .p2p import PointToPointOps
-from .work import Completions, Work
+from .work import Completions, Work, joined
 
 __all__ = ["BACKEND", "Named", "ProcessGroup"]
 
@@ -90,6 +90,7 @@ class ProcessGroup(PointToPointOps, Named):
         self._rank, self._peer = rank, comm.peer_id
         self._tags = itertools.cycle(range(TAGS))
         self.completions = Completions()  # (the comm hook's works complete there too)
+        self._coalescing: list[Work] | None = None
         # named and registered at once, for DeviceMesh.from_group (it finds groups by name);
         # init_process_group names the default group again, torch's way
         self._name = f"pccl_aio:{next(_names)}"
@@ -123,7 +124,26 @@ class ProcessGroup(PointToPointOps, Named):
               inline: bool = True) -> Work:
         """The work of ``handles``; ``inline=False`` where ``finish`` copies (it then runs on
         the completion thread, not the communicator's loop)."""
-        return Work(handles, finish, self.completions, inline, self._typed)
+        return self.recorded(Work(handles, finish, self.completions, inline, self._typed))
+
+    def recorded(self, work: Work) -> Work:
+        """``work``, kept for ``_end_coalescing`` while coalescing."""
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    def _start_coalescing(self, device: Any = None) -> None:
+        """torch's ``_coalescing_manager``: the works launched until ``_end_coalescing`` are
+        waited for as one (each runs as launched: nothing is held back)."""
+        if self._coalescing is not None:
+            raise InvalidUsageError("this group is already coalescing")
+        self._coalescing = []
+
+    def _end_coalescing(self, device: Any = None) -> Work:
+        works, self._coalescing = self._coalescing, None
+        if works is None:
+            raise InvalidUsageError("_end_coalescing without _start_coalescing")
+        return joined(works, self.completions)
 
     def _typed(self, exc: BaseException) -> BaseException:
         """A lost peer's error as a ``MembershipChangedError`` once the change is known."""

@@ -62,6 +62,8 @@ class PointToPointOps(dist.ProcessGroup):
 
         def next_tag(self) -> int: ...
 
+        def recorded(self, work: Work) -> Work: ...
+
         def allreduce(  # type: ignore[override]
                 self, tensors: list[torch.Tensor], opts: Any = None) -> Work: ...
 
@@ -80,7 +82,7 @@ class PointToPointOps(dist.ProcessGroup):
         peer = self._other(dstRank, "destination")
         host, _ = _host(_one(tensors), load=True)
         h = self.comm._post_transfer(lambda c: _send(c, host, peer, tag))
-        return Work([h], lambda: tensors, self.completions, inline=True)
+        return self.recorded(Work([h], lambda: tensors, self.completions, inline=True))
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0  # type: ignore[override]
              ) -> Work:
@@ -99,7 +101,7 @@ class PointToPointOps(dist.ProcessGroup):
             back()
             return tensors
 
-        return SourcedWork(h, finish, self.completions, self.rank_of)
+        return self.recorded(SourcedWork(h, finish, self.completions, self.rank_of))
 
     # ---- all-to-all --------------------------------------------------------------------------
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,  # type: ignore[override]

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch._C._distributed_c10d import Work as _C10dWork
 
-__all__ = ["Completions", "Ended", "Work", "done"]
+__all__ = ["Completions", "Ended", "Work", "done", "joined"]
 
 Finish = Callable[[], Any]  # after the collective: the future's value (copies outputs back)
 Typed = Callable[[BaseException], BaseException]  # the error the caller sees for one raised
@@ -56,12 +56,15 @@ class Work(_C10dWork):
         if completions is None or not handles:
             _complete(*item)  # (nothing in flight: done now)
             return
-        left = len(handles)  # (decremented on the loop thread only)
+        left = len(handles)  # (decremented on the loop thread, or for ``Joined`` works on
+        lock = threading.Lock()  # the threads theirs end on)
 
         def ended(_: Any) -> None:
             nonlocal left
-            left -= 1
-            if left == 0:
+            with lock:
+                left -= 1
+                last = left == 0
+            if last:
                 _complete(*item) if inline else completions.add(*item)
 
         for h in handles:
@@ -95,6 +98,28 @@ class Work(_C10dWork):
         """Completed when it ended with the result, or with the error object itself (not
         raised): for chaining in Python without torch's ``RuntimeError`` wrapping."""
         return self._settled
+
+
+class Joined:
+    """A work as a handle another work waits on (``joined``)."""
+
+    def __init__(self, work: Work) -> None:
+        self._work = work
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._work.settled().add_done_callback(lambda _: fn(self))
+
+    def result(self) -> Any:
+        value = self._work.settled().value()
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+
+def joined(works: Sequence[Work], completions: Completions) -> Work:
+    """One work for ``works`` (torch's coalescing): done when all are, with the first
+    error of theirs."""
+    return Work([Joined(w) for w in works], lambda: None, completions, inline=True)
 
 
 def done(value: Any) -> Work:

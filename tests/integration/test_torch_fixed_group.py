@@ -1,7 +1,7 @@
 """The by-name group (``dist.init_process_group("pccl_aio")``) in one process: ranks met
 through a torch store (``rendezvous.create``, one thread per rank), torch's ranks mapped onto a
 ring in another order (every collective with a root or block order against what torch's
-semantics give), the typed errors of a bad rank or a rank that never comes, and rank 0's
+semantics give; point-to-point, all-to-all, reduce and coalescing too), the typed errors of a bad rank or a rank that never comes, and rank 0's
 teardown waiting for the others to leave before closing the master."""
 
 from __future__ import annotations
@@ -111,6 +111,59 @@ def test_torch_ranks_on_a_ring_in_another_order_give_torchs_results():
             assert all(torch.equal(s, sum(xs)) for s in sums)
             with pytest.raises(pccl.InvalidUsageError, match="root 3"):
                 groups[0].broadcast([xs[0]], _root(3))
+        finally:
+            for g in groups:
+                g.close()
+                g.comm.close()
+
+
+def test_point_to_point_all_to_all_reduce_and_coalescing_on_a_rotated_ring():
+    with blocking.Master("127.0.0.1", 0, admission_interval=0.0, **FAST) as master:
+        groups = _rotated_groups(master.address)
+        try:
+            # send/recv by torch rank: r sends r * 10 + [0..4] to r + 1
+            got = [torch.empty(5, dtype=torch.int64) for _ in groups]
+            ws = []
+            for g in groups:
+                r = g.rank()
+                ws.append(g.send([torch.arange(5) + 10 * r], (r + 1) % WORLD, 3))
+                ws.append(g.recv([got[r]], (r - 1) % WORLD, 3))
+            _all(ws)
+            assert all(torch.equal(got[r], torch.arange(5) + 10 * ((r - 1) % WORLD))
+                       for r in range(WORLD))
+            # a receive from any rank names the sender's torch rank
+            anyone = groups[0].recv_anysource([torch.empty(2)], 9)
+            _all([groups[2].send([torch.ones(2)], 0, 9)])
+            assert anyone.wait() and anyone._source_rank() == 2
+            # all_to_all_single, unequal splits: rank r sends r + j + 1 rows to rank j
+            ins = [torch.cat([torch.full((r + j + 1,), 100.0 * r + j) for j in range(WORLD)])
+                   for r in range(WORLD)]
+            outs = [torch.empty(sum(r + j + 1 for j in range(WORLD))) for r in range(WORLD)]
+            _all([g.alltoall_base(outs[g.rank()], ins[g.rank()],
+                                  [g.rank() + j + 1 for j in range(WORLD)],
+                                  [g.rank() + j + 1 for j in range(WORLD)]) for g in groups])
+            for r in range(WORLD):
+                want = torch.cat([torch.full((j + r + 1,), 100.0 * j + r) for j in range(WORLD)])
+                assert torch.equal(outs[r], want), r
+            # reduce to torch rank 2: its tensor holds the sum, the others' are untouched
+            ts = [torch.full((3,), float(r + 1)) for r in range(WORLD)]
+            opts = dist.ReduceOptions()
+            opts.rootRank = 2
+            _all([g.reduce([ts[g.rank()]], opts) for g in groups])
+            assert torch.equal(ts[2], torch.full((3,), 6.0))
+            assert all(torch.equal(ts[r], torch.full((3,), float(r + 1))) for r in (0, 1))
+            # coalescing: the works launched in between are waited for as one
+            sums = [[torch.full((2,), float(r + i)) for i in range(3)] for r in range(WORLD)]
+            for g in groups:
+                g._start_coalescing(torch.device("cpu"))
+                for t in sums[g.rank()]:
+                    g.allreduce([t])
+            joined = [g._end_coalescing(torch.device("cpu")) for g in groups]
+            _all(joined)
+            assert all(torch.equal(sums[r][i], torch.full((2,), 3.0 + 3 * i))
+                       for r in range(WORLD) for i in range(3))
+            with pytest.raises(pccl.InvalidUsageError, match="without _start_coalescing"):
+                groups[0]._end_coalescing(torch.device("cpu"))
         finally:
             for g in groups:
                 g.close()
