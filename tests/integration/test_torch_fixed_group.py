@@ -1,8 +1,9 @@
 """The by-name group (``dist.init_process_group("pccl_aio")``) in one process: ranks met
 through a torch store (``rendezvous.create``, one thread per rank), torch's ranks mapped onto a
 ring in another order (every collective with a root or block order against what torch's
-semantics give; point-to-point, all-to-all, reduce and coalescing too), the typed errors of a bad rank or a rank that never comes, and rank 0's
-teardown waiting for the others to leave before closing the master."""
+semantics give; point-to-point, all-to-all, reduce and coalescing too), the typed errors of a
+bad rank or a rank that never comes, and rank 0's teardown waiting for the others to leave
+before closing the master."""
 
 from __future__ import annotations
 
