@@ -71,6 +71,16 @@ class Named(dist.ProcessGroup):
     def _set_group_name(self, name: str) -> None:
         self._name = name
 
+    def _get_backend(self, device: Any) -> Any:
+        """torch's backend of ``device``, or this group where torch has none: a Python group
+        is its own backend (torch 2.15's ``batch_isend_irecv`` asks every group for one and
+        reads ``supports_coalescing`` off it; a group has none: each send and receive is
+        launched on its own)."""
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            return self
+
 
 class ProcessGroup(PointToPointOps, Named):
     """The fault-tolerant process group of one connected ``blocking.Communicator``, for the
