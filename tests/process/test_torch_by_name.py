@@ -6,7 +6,8 @@ digest on every rank; with ``file://`` init, explicit ranks and a master named b
 gloo's bytes for every collective with a root or a block order, and for send/recv,
 batch_isend_irecv, a receive from any rank, all_to_all(_single) with equal and unequal splits
 and reduce to each root (eight dtypes, four ops), and in subgroups (``new_group``,
-``new_subgroups``) for collectives and send/recv."""
+``new_subgroups``) for collectives and send/recv; a ``torch.distributed.checkpoint`` save and
+load and a ``torch.compile``d functional all-reduce on the group load and compute the same."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 init_method="file://...", rank=, world_size=)`` by name, the collectives of
 ``torch_pg_peer.py`` and those with roots or a block order (broadcast from each rank, scatter,
 gather, the object collectives), point-to-point, all-to-all and reduce in every dtype
-(``point_to_point``), subgroups (``subgroups``), then plain DDP; prints one JSON line of
+(``point_to_point``), subgroups (``subgroups``), a distributed checkpoint and a compiled
+functional collective (``checkpoint_and_compile``), then plain DDP; prints one JSON line of
 digests (and, on pccl_aio, this rank's position in the ring).
 
 Usage: python torch_byname_peer.py pccl_aio|gloo INIT_FILE WORLD RANK [--go]
@@ -139,6 +140,33 @@ def subgroups(rank: int, world: int) -> dict[str, str]:
     return out
 
 
+def checkpoint_and_compile(rank: int, path: str) -> dict[str, str]:
+    """``torch.distributed.checkpoint`` save and load (its planner's gather, scatter and
+    broadcast of objects, and barriers), and a ``torch.compile``d functional all-reduce that
+    finds the group by its registered name."""
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.checkpoint as dcp
+
+    model = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.copy_(_data(rank, p.numel(), torch.float32, 8 + i).view(p.shape))
+    dcp.save({"model": model.state_dict(), "step": torch.tensor(7 + rank)},
+             checkpoint_id=f"{path}.checkpoint")
+    loaded = torch.nn.Linear(4, 3)
+    into = {"model": loaded.state_dict(), "step": torch.tensor(0)}
+    dcp.load(into, checkpoint_id=f"{path}.checkpoint")
+    group = dist.distributed_c10d._get_default_group()
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def twice_summed(t: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(t * 2, "sum", group) + 1
+
+    compiled = twice_summed(_data(rank, 6, torch.float32, 10))
+    return {"checkpoint": digest(loaded.weight, loaded.bias, into["step"]),
+            "compiled_all_reduce": digest(compiled)}
+
+
 def main() -> None:
     backend, path, world, rank = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(1)
@@ -152,6 +180,7 @@ def main() -> None:
               "ring": pg.comm.rank if backend == "pccl_aio" else rank,
               **collectives(rank, world, "cpu"), **rooted(rank, world),
               **point_to_point(rank, world), **subgroups(rank, world),
+              **checkpoint_and_compile(rank, path),
               "ddp": ddp(rank, "cpu")}
     print(json.dumps(result), flush=True)
     if backend == "gloo":
