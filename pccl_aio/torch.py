@@ -35,11 +35,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
 from ._errors import InvalidUsageError
 from ._torch import rendezvous
+from ._torch.backend import SUPPORTED, PcclBackend
 from ._torch.ddp import DistributedDataParallel
 from ._torch.fixed import FixedGroup
 from ._torch.group import BACKEND, ProcessGroup, reduce_op
@@ -49,7 +51,7 @@ from ._torch.work import Work
 from .blocking import Communicator
 
 __all__ = ["BACKEND", "AllReduceHook", "DistributedDataParallel", "FixedGroup", "HookState",
-           "LocalGroup",
+           "LocalGroup", "PcclBackend", "fixed_group",
            "ProcessGroup", "Work", "ddp_comm_hook", "init_process_group", "local_group",
            "reduce_op", "renew_process_group"]
 
@@ -66,15 +68,44 @@ def _factory(store: Any, rank: int, world_size: int, timeout: timedelta
     if _handing:
         return _handing.pop()
     if dist.is_initialized():
-        if not isinstance(dist.distributed_c10d._get_default_group(), FixedGroup):
+        if fixed_group() is None:
             raise InvalidUsageError(
                 "subgroups (dist.new_group, new_subgroups, split_group) of the live-membership "
                 "group are not supported (by name, dist.init_process_group('pccl_aio'), they "
                 "are)")
         if world_size == 1:  # (a group of this rank alone: new_subgroups(group_size=1))
             return LocalGroup()  # type: ignore[return-value]
-        return rendezvous.create(store, rank, world_size, timeout, subgroup=True)
-    return rendezvous.create(store, rank, world_size, timeout)
+        return _form(rendezvous.create(store, rank, world_size, timeout, subgroup=True),
+                     timeout)
+    return _form(rendezvous.create(store, rank, world_size, timeout), timeout)
+
+
+def _form(group: FixedGroup, timeout: timedelta) -> FixedGroup:
+    """The by-name group as torch takes it: the ``ProcessGroup`` itself (its calls are
+    Python's; torch 2.15 drops a Python work's source rank on the way out of a ``Backend``,
+    so a receive from any rank needs this form), with, where torch has the form (2.14+), a
+    ``PcclBackend`` registered for the CPU and CUDA, which ``dist.shrink_group`` and torch's
+    other fault-tolerance entry points find."""
+    if SUPPORTED:
+        custom, backend = dist.ProcessGroup.BackendType.CUSTOM, PcclBackend(group, timeout)
+        for device in ("cpu", "cuda"):  # (CUDA tensors are staged through the host)
+            group._register_backend(torch.device(device), custom, backend)
+        group._set_default_backend(custom)
+    return group
+
+
+def fixed_group(group: Any = None) -> FixedGroup | None:
+    """The ``FixedGroup`` of a by-name group (torch's default if None), in either form;
+    None if it is not one."""
+    pg = group if group is not None else (
+        dist.distributed_c10d._get_default_group() if dist.is_initialized() else None)
+    if isinstance(pg, FixedGroup) or pg is None:
+        return pg
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return None
+    return backend.group if isinstance(backend, PcclBackend) else None
 
 
 dist.Backend.register_backend(BACKEND, _factory, devices=["cpu"])

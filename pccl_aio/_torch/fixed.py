@@ -59,6 +59,8 @@ class FixedGroup(ProcessGroup):
         self.rank_at = tuple(order.index(p) for p in self.members)
         self.master, self.linger = master, linger
         self.in_rank_order = self.position == tuple(range(len(order)))
+        #: a shrunk group took the communicator (and master) over (``backend.py``)
+        self.handed = False
 
     def __repr__(self) -> str:
         return f"pccl_aio.torch.FixedGroup(rank={self.rank()}, size={self.size()})"
@@ -182,8 +184,13 @@ class FixedGroup(ProcessGroup):
         """Close the communicator (leaving the run) and stop the group's thread; in the
         master's rank, first wait until the other ranks left the run (``linger`` seconds at
         most: a rank that does not end its process group is waited for that long), then close
-        the master. Blocks for that wait; idempotent."""
+        the master. Blocks for that wait; idempotent. A group a shrink took over
+        (``handed``: its communicator and master are the shrunk group's now) only stops its
+        thread."""
         comm = self.comm
+        if self.handed:
+            self.close()
+            return
         if self.master is not None and not comm.closed:
             end = time.monotonic() + self.linger
             while (len(comm.ranks) > 1 or comm.world_size > 1) and time.monotonic() < end:

@@ -2,7 +2,8 @@
 (``torch_p2p_peer.py``) run steps of ``all_to_all_single`` and ``send``/``recv`` with the last
 rank; it is SIGKILLed while the others wait on it. Every survivor raises a typed error within
 ``data_timeout`` + 2 s (never a wrong block, never a hang), and ``send``/``recv`` between the
-two survivors works afterwards."""
+two survivors works afterwards; on torch 2.14+ (``dist.shrink_group``) the survivors shrink
+the world to themselves and all-reduce in it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 
 from tests.process.procs import HERE, MASTER, Proc, spawn
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
+from torch.torch_version import TorchVersion  # noqa: E402
+
 pytestmark = pytest.mark.timeout(120)
 
 PEER = str(HERE / "torch_p2p_peer.py")
@@ -56,4 +59,9 @@ async def test_every_survivor_raises_when_a_rank_is_killed_mid_exchange(procs, t
     for r, p in enumerate(ranks[:2]):
         after = (await _events(p, {"after"}, timeout=30))[-1]
         assert after["got"] == 7.0 + (1 - r)
+    if TorchVersion(torch.__version__) >= "2.14":  # (.ci/torch-next runs it)
+        for r, p in enumerate(ranks[:2]):
+            shrunk = (await _events(p, {"shrunk"}, timeout=30))[-1]
+            assert shrunk == {"event": "shrunk", "world": 2, "rank": r, "sum": 3.0}, shrunk
+    for p in ranks[:2]:
         assert await p.proc.wait() == 0

@@ -8,7 +8,8 @@ Usage: python torch_p2p_peer.py INIT_FILE WORLD RANK [STOP_AT]
 With ``STOP_AT`` this rank prints ``stopping`` at that step and waits on stdin (the test then
 SIGKILLs it). The others, once an operation raises, print ``raised`` (the error's type and
 text, the operation), then ranks 0 and 1 exchange a message (``send``/``recv`` between
-survivors still works: ``after``).
+survivors still works: ``after``); on torch 2.14+ (``dist.shrink_group`` on our backend) they shrink
+the world to themselves and all-reduce in it (``shrunk``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.torch_version import TorchVersion
 
 import pccl_aio.torch  # noqa: F401  (registers the backend)
 
@@ -76,6 +78,12 @@ def main() -> None:
             dist.recv(got, 0, tag=5000)
             dist.send(x, 0, tag=5001)
         emit(event="after", got=float(got[0]))
+        if TorchVersion(torch.__version__) >= "2.14":  # the survivors' world of two
+            dist.shrink_group([world - 1])
+            t = torch.full((3,), float(rank + 1))
+            dist.all_reduce(t)
+            emit(event="shrunk", world=dist.get_world_size(), rank=dist.get_rank(),
+                 sum=float(t[0]))
     dist.destroy_process_group()
 
 
