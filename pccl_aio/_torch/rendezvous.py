@@ -8,7 +8,8 @@ store, unless ``$PCCL_AIO_MASTER`` names a master to use (the same on every rank
 master lives in rank 0's process: when it dies, the run's master dies with it (an external
 master, ``$PCCL_AIO_MASTER``, does not). Every rank connects a ``blocking.Communicator``
 (the run secret from ``$PCCL_AIO_SECRET_FILE`` or ``$PCCL_AIO_SECRET``, as every
-communicator and master reads it), publishes its peer id, waits asleep until ``world_size``
+communicator and master reads it; TLS from ``$PCCL_AIO_TLS_CERT``, ``_KEY`` and ``_CA``:
+``tls_from_env``), publishes its peer id, waits asleep until ``world_size``
 peers are in its peer group and makes a ``FixedGroup`` with torch's ranks. Keys are under
 ``pccl_aio/<n>/``, ``n`` counting the store's rendezvous, so a second
 ``init_process_group`` on the same store finds none of the first's. A subgroup
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import ssl
 import time
 from datetime import timedelta
 from typing import Any
@@ -28,12 +30,16 @@ from typing import Any
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from .._errors import InvalidUsageError, PcclTimeoutError
+from .._net.credentials import tls_contexts
 from ..blocking import Communicator, Master
 from .fixed import FixedGroup
 
-__all__ = ["MASTER_ENV", "create", "master_host"]
+__all__ = ["MASTER_ENV", "TLS_ENV", "create", "master_host", "tls_from_env"]
 
 MASTER_ENV = "PCCL_AIO_MASTER"
+#: TLS for the whole run (master, peers, between peers): this host's certificate chain and
+#: key, and the run's CA (mutual TLS), as ``pccl_aio.tls_contexts`` takes them
+TLS_ENV = ("PCCL_AIO_TLS_CERT", "PCCL_AIO_TLS_KEY", "PCCL_AIO_TLS_CA")
 #: the master's options: ranks arriving together are admitted together (0.25 s); no master
 #: secret (the run secret is read from the environment as usual)
 OPTIONS: dict[str, Any] = {"admission_interval": 0.25, "master_secret": ""}
@@ -58,14 +64,15 @@ def create(store: Any, rank: int, world_size: int, timeout: timedelta,
     deadline = time.monotonic() + timeout.total_seconds()
     keys = f"pccl_aio/{(store.add('pccl_aio/ranks', 1) - 1) // world_size}"
     address, master = ("" if subgroup else os.environ.get(MASTER_ENV, "")), None
+    server, client = tls_from_env()
     try:
         if not address:
             if rank == 0:
-                master, address = _start_master(master_host(store))
+                master, address = _start_master(master_host(store), server)
                 store.set(f"{keys}/master", address)
             else:
                 address = _get(store, [f"{keys}/master"], deadline, "rank 0's master address")[0]
-        comm = Communicator(address)
+        comm = Communicator(address, ssl=client, ssl_server=server)
         try:
             comm.connect(timeout=_left(deadline))
             store.set(f"{keys}/peer/{rank}", str(comm.peer_id))
@@ -94,19 +101,31 @@ def master_host(store: Any) -> str:
     return str(host or os.environ.get("MASTER_ADDR") or "127.0.0.1")
 
 
-def _start_master(host: str) -> tuple[Master, str]:
+def tls_from_env() -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """(server, client) TLS contexts from ``$PCCL_AIO_TLS_CERT``, ``$PCCL_AIO_TLS_KEY`` and
+    ``$PCCL_AIO_TLS_CA`` (``tls_contexts``), or (None, None) where the first two are unset;
+    ``InvalidUsageError`` for one set without the other or an unreadable file."""
+    cert, key, ca = (os.environ.get(name, "") for name in TLS_ENV)
+    if not cert and not key:
+        return None, None
+    if not (cert and key):
+        raise InvalidUsageError(f"TLS needs both {TLS_ENV[0]} and {TLS_ENV[1]}")
+    return tls_contexts(cert, key, ca or None)
+
+
+def _start_master(host: str, tls: ssl.SSLContext | None = None) -> tuple[Master, str]:
     """A master listening on ``host`` (the loopback for a local one; every interface when
     ``host`` is not this machine's, published under this machine's name) and its address.
     No master secret: this master is never restarted (it ends with rank 0's process)."""
     if _loopback(host):
         host = "127.0.0.1"
-    master = Master(host, 0, **OPTIONS)
+    master = Master(host, 0, ssl=tls, **OPTIONS)
     try:
         master.start()
         return master, master.address
     except OSError:  # (not an address of this machine: rank 0 is not where the store is)
         master.close()
-    master = Master("0.0.0.0", 0, **OPTIONS)
+    master = Master("0.0.0.0", 0, ssl=tls, **OPTIONS)
     master.start()
     return master, f"{socket.getfqdn()}:{master.port}"
 

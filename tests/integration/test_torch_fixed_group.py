@@ -196,6 +196,38 @@ def test_ranks_meet_through_the_store_and_rank_0_closes_the_master_after_the_oth
     _refused(address)
 
 
+def test_tls_from_the_environment_for_master_peers_and_links(tmp_path, monkeypatch):
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(tmp_path / "peer.key"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "peer.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    for name, file in zip(rendezvous.TLS_ENV, ("peer.pem", "peer.key", "ca.pem")):
+        monkeypatch.setenv(name, str(tmp_path / file))
+    store = HashStore()
+    with ThreadPoolExecutor(WORLD) as pool:
+        futures = [pool.submit(rendezvous.create, store, r, WORLD, timedelta(seconds=30))
+                   for r in range(WORLD)]
+        groups = sorted((f.result(timeout=40) for f in futures), key=lambda g: g.rank())
+    try:
+        assert all(g.comm.config.ssl is not None and g.comm.config.ssl_server is not None
+                   for g in groups)
+        sums = [torch.full((3,), float(r)) for r in range(WORLD)]
+        _all([g.allreduce([s]) for g, s in zip(groups, sums)])
+        assert all(torch.equal(s, torch.full((3,), 3.0)) for s in sums)
+        plain = blocking.Communicator(groups[0].master.address, **FAST)  # no TLS: refused
+        with pytest.raises(pccl.MasterConnectionError):
+            plain.connect(attempts=1, timeout=5)
+        plain.close()
+    finally:
+        with ThreadPoolExecutor(WORLD) as pool:
+            list(pool.map(lambda g: g.shutdown(), groups))
+    monkeypatch.delenv(rendezvous.TLS_ENV[1])
+    with pytest.raises(pccl.InvalidUsageError, match="both"):
+        rendezvous.tls_from_env()
+
+
 def _refused(address: str) -> None:
     host, port = address.rsplit(":", 1)
     with pytest.raises(ConnectionRefusedError), socket.create_connection((host, int(port)), 2):
