@@ -23,10 +23,13 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
 from torch._C._distributed_c10d import Work as _C10dWork
+
+from .._errors import PcclTimeoutError
 
 __all__ = ["Completions", "Ended", "Work", "done", "joined"]
 
@@ -71,7 +74,15 @@ class Work(_C10dWork):
             h.add_done_callback(ended)
 
     def wait(self, timeout: Any = None) -> bool:
-        """Block until it ended; raises its typed error (``PeerLostError``, ...)."""
+        """Block until it ended; raises its typed error (``PeerLostError``, ...).
+        ``timeout`` (a ``timedelta`` or seconds; zero or None: none): ``PcclTimeoutError``
+        if it has not ended by then (it goes on; a later ``wait`` may still succeed)."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if seconds and not self._settled.done():
+            ended = threading.Event()
+            self._settled.add_done_callback(lambda _: ended.set())
+            if not ended.wait(float(seconds)):
+                raise PcclTimeoutError(f"the collective did not end within {seconds:g} s")
         with contextlib.suppress(RuntimeError):  # (torch's wrapping of the typed error)
             self._future.wait()  # (done after ``settled``: both are, once this returns)
         value = self._settled.value()

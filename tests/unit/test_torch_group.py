@@ -4,6 +4,8 @@ check, before anything is sent."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,6 +14,7 @@ import torch.distributed as dist  # noqa: E402
 import pccl_aio as pccl  # noqa: E402
 import pccl_aio.torch as pt  # noqa: E402
 from pccl_aio._torch.work import Completions, Work  # noqa: E402
+from pccl_aio._torch.work import joined as joined_works  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,6 +77,19 @@ def test_a_work_of_several_collectives_completes_when_the_last_ended():
     assert not fut.done()
     b.end()
     assert fut.done() and fut.wait() == "both"
+    completions.close()
+
+
+def test_wait_with_a_timeout_raises_if_it_has_not_ended_and_later_succeeds():
+    completions = Completions()
+    h = _Handle()
+    work = Work([h], lambda: "late", completions, True)
+    with pytest.raises(pccl.PcclTimeoutError, match=r"within 0\.05 s"):
+        work.wait(timedelta(seconds=0.05))
+    h.end()
+    assert work.wait(timedelta(seconds=5)) and work.wait(timedelta(0))
+    joined = joined_works([work, Work([], lambda: None, completions)], completions)
+    assert joined.wait(1.0) and joined.is_success()
     completions.close()
 
 
