@@ -17,6 +17,7 @@ import pytest
 import pccl_aio as pccl
 from pccl_aio._net.handshake import connect
 from pccl_aio._peer import testing
+from pccl_aio._peer.p2p.calls import MAX_PER_PEER
 from pccl_aio._wire import auth
 
 pytestmark = pytest.mark.timeout(60)
@@ -221,3 +222,36 @@ async def test_what_a_peer_sent_before_it_left_is_still_received(peers):
         await a.recv(out, gone, tag=3, timeout=10)
     with pytest.raises(pccl.PeerLostError):
         a.send_async(out, gone)
+
+
+async def test_a_member_opening_too_many_connections_is_cut_off(peers):
+    a, b, c = await peers(3)
+    addr = testing.data_plane(c).address(b.peer_id)
+    assert addr is not None
+    raws = []
+    for _ in range(MAX_PER_PEER + 1):  # connections in c's name
+        raw = _Raw()
+        await connect(addr.host, addr.port, None, auth.ROLE_P2P, b"", c.peer_id, b.peer_id, raw)
+        raws.append(raw)
+    await asyncio.wait_for(raws[-1].lost, 10)  # the one too many is closed
+    assert not any(r.lost.done() for r in raws[:-1])
+    out = np.empty(4, np.int32)  # the others' messages go through
+    await asyncio.gather(a.send(np.arange(4, dtype=np.int32), b.peer_id),
+                         b.recv(out, a.peer_id, timeout=10))
+    assert (out == np.arange(4)).all()
+    for r in raws[:-1]:
+        r.transport.close()
+
+
+class _Raw(asyncio.Protocol):
+    transport: asyncio.Transport
+
+    def __init__(self) -> None:
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)

@@ -13,6 +13,7 @@ whose connection is lost) fails the sends to it and the receives posted for it w
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final
 
@@ -34,6 +35,9 @@ from .outbox import Outbox
 __all__ = ["PointToPoint", "TransferHandle"]
 
 LEAVE_GRACE: Final = 2.0  # seconds an open connection of a departed peer is still read
+MAX_PER_PEER: Final = 4  # open connections from one peer (a sender needs one; a new one
+# comes after a lost one, which may not have been noticed yet here)
+log = logging.getLogger("pccl_aio.p2p")
 
 
 class TransferHandle(Awaitable[TransferInfo]):
@@ -110,7 +114,13 @@ class PointToPoint:
         self.epoch = 0
 
     def accept(self, conn: Handoff, peer: int) -> None:
-        """A connection from ``peer`` passed its handshake: read its messages."""
+        """A connection from ``peer`` passed its handshake: read its messages (closed at
+        once if ``peer`` has ``MAX_PER_PEER`` open already: a sender needs one)."""
+        if sum(c.peer == peer for c in self.inboxes) >= MAX_PER_PEER:
+            log.warning("point-to-point: peer %d opened more than %d connections (closed)",
+                        peer, MAX_PER_PEER)
+            conn.transport.abort()
+            return
         conn.hand_over(Inbox(self.mailbox, self.inboxes, peer))
 
     def _peer(self, peer: object, what: str, receiving: bool = False) -> int | None:

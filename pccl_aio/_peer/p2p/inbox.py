@@ -75,7 +75,8 @@ class Inbox(asyncio.BufferedProtocol):
         if self._recv is not None and self._length > 0:
             self._recv.fail(PeerLostError(
                 f"the connection from peer {self.peer} was lost in the middle of a message"))
-        self._mailbox.broke(self, repr(exc) if exc is not None else "closed")
+        others = any(c.peer == self.peer for c in self._conns)  # (a newer one goes on)
+        self._mailbox.broke(self, repr(exc) if exc is not None else "closed", others)
 
     def close(self) -> None:
         if self.transport is not None:

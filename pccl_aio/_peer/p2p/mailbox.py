@@ -175,9 +175,11 @@ class Mailbox:
             elif not recv.future.done():
                 recv.future.set_result((msg.reader.peer, msg.length))
 
-    def broke(self, reader: Reader, why: str) -> None:
+    def broke(self, reader: Reader, why: str, others: bool = False) -> None:
         """``reader``'s connection is gone: its messages not read whole are dropped (the
-        receives that took them fail), and so are the receives posted for its peer."""
+        receives that took them fail), and so are the receives posted for its peer unless
+        ``others`` (another connection from that peer is open: what they wait for may come
+        on it)."""
         error = PeerLostError(f"the point-to-point connection from peer {reader.peer} "
                               f"was lost ({why})")
         for msg in [m for m in self._messages if m.reader is reader and not m.complete]:
@@ -185,7 +187,8 @@ class Mailbox:
             self._release(msg)
             if msg.recv is not None:
                 msg.recv.fail(error)
-        self.fail_where(lambda r: r.peer == reader.peer, error)
+        if not others:
+            self.fail_where(lambda r: r.peer == reader.peer, error)
 
     def fail_where(self, which: Callable[[Recv], bool], exc: BaseException) -> None:
         """Fail (and forget) the posted receives ``which`` selects."""
