@@ -20,7 +20,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-import pccl_aio.torch  # noqa: F401  (registers the backend)
+import pccl_aio.torch
 from tests.process.torch_pg_peer import collectives, ddp, digest
 
 
@@ -175,9 +175,9 @@ def main() -> None:
         sys.stdin.readline()
     dist.init_process_group(backend, init_method=f"file://{path}", rank=rank,
                             world_size=world)
-    pg = dist.distributed_c10d._get_default_group()
+    fixed = pccl_aio.torch.fixed_group() if backend == "pccl_aio" else None
     result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": backend,
-              "ring": pg.comm.rank if backend == "pccl_aio" else rank,
+              "ring": fixed.comm.rank if fixed is not None else rank,
               **collectives(rank, world, "cpu"), **rooted(rank, world),
               **point_to_point(rank, world), **subgroups(rank, world),
               **checkpoint_and_compile(rank, path),
