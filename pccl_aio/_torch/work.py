@@ -162,12 +162,18 @@ class Completions:
             settled: torch.futures.Future[Any], typed: Typed | None = None) -> None:
         self._queue.put((handles, finish, settled, typed))
 
-    def close(self) -> None:
+    def close(self, wait: float = 10.0) -> None:
+        """Stop the thread once what is queued is done; waits for it (``wait`` s at most),
+        so that no tensor it held is freed by it while the interpreter shuts down (torch
+        aborts the process then)."""
         self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(wait)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             _complete(*item)
+            del item  # (not held, with its tensors, while waiting for the next)
 
 
 def _complete(handles: Sequence[Ended], finish: Finish,
