@@ -237,6 +237,14 @@ class ProcessGroup(PointToPointOps, Named):
 
         return self._work(hs, finish, inline=False)
 
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """``output_lists[r][i]``: rank r's ``inputs[i]`` (``dist.all_gather_coalesced``):
+        one all-gather per input, waited for as one."""
+        works = [self.allgather([[outs[i] for outs in output_lists]], [t])
+                 for i, t in enumerate(inputs)]
+        return joined(works, self.completions)
+
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
         hs = [self._launch(_gather(_cpu(i), _cpu(o), next(self._tags)))

@@ -37,6 +37,10 @@ def rooted(rank: int, world: int) -> dict[str, str]:
     parts = [torch.empty(3) for _ in range(world)] if rank == world - 1 else None
     dist.gather(torch.full((3,), float(rank)), parts, dst=world - 1)
     out["gather"] = digest(*parts) if parts else ""
+    ins = [torch.full((2,), float(rank)), torch.full((3, 1), 10.0 + rank), torch.empty(0)]
+    lists = [[torch.empty_like(t) for t in ins] for _ in range(world)]
+    dist.all_gather_coalesced(lists, ins)
+    out["all_gather_coalesced"] = digest(*(t for ts in lists for t in ts))
     objs: list[object] = [None] * world
     dist.all_gather_object(objs, {"rank": rank})
     out["all_gather_object"] = json.dumps(objs)
