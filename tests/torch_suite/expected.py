@@ -116,16 +116,10 @@ GLOO_ONLY = {
     "test_accumulate_gradients_no_sync",
 }
 
-_NO_COALESCED = ("RuntimeError: No backend type associated with device type cpu "
-                 "(dist.all_gather_coalesced: the group has no allgather_coalesced)")
 _BARRIER = ("AssertionError: ' (Timed out|closed|timeout) ' does not match 'barrier tag 0 "
             "aborted: the group's ring changed (epoch 4) after peers [1] launched it; ...' "
             "(rank 0 alone in dist.barrier of a group with a 1 s timeout)")
 KNOWN_GAPS = {
-    "test_all_gather_coalesced_simple": _NO_COALESCED,
-    "test_all_gather_coalesced_complex": _NO_COALESCED,
-    "test_all_gather_coalesced_full_group": _NO_COALESCED,
-    "test_all_gather_coalesced_with_empty": _NO_COALESCED,
     "test_barrier_timeout_full_group": _BARRIER,
     "test_barrier_timeout_global": _BARRIER,
 }
