@@ -156,8 +156,7 @@ async def test_a_member_sending_garbage_is_cut_off_and_the_others_go_on(peers):
 
 async def test_all_to_all_moves_each_block_to_its_rank(peers):
     comms = await peers(3)
-    ring = comms[0].ranks
-    by_rank = sorted(comms, key=lambda c: ring.index(c.peer_id))
+    by_rank = _by_rank(comms)
     # rank r sends r*10 + j (j + 1 elements) to rank j: unequal blocks
     srcs = [[np.full(j + 1 + r, r * 10 + j, np.int64) for j in range(3)] for r in range(3)]
     dsts = [[np.empty(r + 1 + j, np.int64) for j in range(3)] for r in range(3)]
@@ -177,8 +176,7 @@ async def test_all_to_all_moves_each_block_to_its_rank(peers):
 
 async def test_an_all_to_all_that_fails_on_one_rank_fails_on_every_rank(peers):
     comms = await peers(3)
-    ring = comms[0].ranks
-    by_rank = sorted(comms, key=lambda c: ring.index(c.peer_id))
+    by_rank = _by_rank(comms)
     srcs = [[np.ones(8, np.float32) for _ in range(3)] for _ in range(3)]
     dsts = [[np.empty(8, np.float32) for _ in range(3)] for _ in range(3)]
     dsts[2][0] = np.empty(9, np.float32)  # rank 2 expects another size from rank 0
@@ -197,8 +195,7 @@ async def test_an_all_to_all_that_fails_on_one_rank_fails_on_every_rank(peers):
 
 async def test_an_all_to_all_with_a_crashed_rank_raises_on_every_survivor(peers):
     comms = await peers(3)
-    ring = comms[0].ranks
-    by_rank = sorted(comms, key=lambda c: ring.index(c.peer_id))
+    ring, by_rank = comms[0].ranks, _by_rank(comms)
     testing.crash(by_rank[1])
     srcs = [[np.ones(1000, np.float32) for _ in range(3)] for _ in range(3)]
     dsts = [[np.empty(1000, np.float32) for _ in range(3)] for _ in range(3)]
@@ -255,3 +252,9 @@ class _Raw(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
             self.lost.set_result(None)
+
+
+def _by_rank(comms: list[pccl.Communicator]) -> list[pccl.Communicator]:
+    """The communicators in rank order."""
+    ring = comms[0].ranks
+    return sorted(comms, key=lambda c: ring.index(c.peer_id))

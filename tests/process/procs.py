@@ -124,3 +124,12 @@ async def probe(port: int, secret: str | None = None) -> Any:
     _, writer, _, answer = await _probe(cfg, "127.0.0.1", port)
     writer.close()
     return answer
+
+
+async def events(p: Proc, until: set[str], timeout: float) -> list[dict[str, Any]]:
+    """``p``'s JSON event lines up to one of ``until`` (included); none of them "wrong"."""
+    seen: list[dict[str, Any]] = []
+    while not seen or seen[-1]["event"] not in until:
+        seen.append(json.loads(await p.line(timeout)))
+        assert seen[-1]["event"] != "wrong", (p.name, seen[-1])
+    return seen

@@ -10,16 +10,14 @@ a Python ``Future.set_exception``'s exception object for the bucket's tensors)."
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import pccl_aio as pccl
-from tests.process.procs import HERE, Proc, spawn, start_master
+from tests.process.procs import HERE, Proc, events, spawn, start_master
 from tests.process.readme_blocks import README, blocks
 
 pytest.importorskip("torch")
@@ -31,15 +29,6 @@ STOP_AT = 15
 FREEZE = 10.0  # seconds a rank is stopped
 
 
-async def _events(p: Proc, until: set[str], timeout: float) -> list[dict[str, Any]]:
-    """``p``'s events up to one of ``until`` (included); none of them "wrong"."""
-    seen: list[dict[str, Any]] = []
-    while not seen or seen[-1]["event"] not in until:
-        seen.append(json.loads(await p.line(timeout)))
-        assert seen[-1]["event"] != "wrong", (p.name, seen[-1])
-    return seen
-
-
 async def _run(procs: list[Proc], resume: bool) -> None:
     async with pccl.Master("127.0.0.1", 0, admission_interval=0.0, heartbeat_interval=0.2,
                            heartbeat_timeout=2.0) as master:
@@ -49,12 +38,12 @@ async def _run(procs: list[Proc], resume: bool) -> None:
             ranks.append(await spawn(f"rank{i}", PEER, master.address, "3", "100000", str(i),
                                      *extra, env={"OMP_NUM_THREADS": "1"}))
             procs.append(ranks[-1])
-        await _events(ranks[2], {"stopping"}, timeout=90)
+        await events(ranks[2], {"stopping"}, timeout=90)
         stopped = time.monotonic()
         if not resume:
             ranks[2].signal(signal.SIGKILL)
         for p in ranks[:2]:  # every survivor raises, within the data timeout and 2 s
-            raised = (await _events(p, {"raised", "done"}, timeout=DATA_TIMEOUT + 10))[-1]
+            raised = (await events(p, {"raised", "done"}, timeout=DATA_TIMEOUT + 10))[-1]
             assert raised["event"] == "raised", (p.name, raised)
             assert time.monotonic() - stopped <= DATA_TIMEOUT + 2, (p.name, raised)
             assert raised["type"] == "RuntimeError" and raised["changed"], raised
@@ -63,14 +52,14 @@ async def _run(procs: list[Proc], resume: bool) -> None:
             await asyncio.sleep(max(0.0, stopped + FREEZE - time.monotonic()))
             ranks[2].signal(signal.SIGCONT)
         for p in ranks[:2]:  # they take the new membership and train on, the mean right
-            renewed = (await _events(p, {"renewed", "not_renewed"}, timeout=30))[-1]
+            renewed = (await events(p, {"renewed", "not_renewed"}, timeout=30))[-1]
             assert renewed == {**renewed, "event": "renewed", "world": 2}, renewed
-            steps = await _events(p, {"done"}, timeout=60)
+            steps = await events(p, {"done"}, timeout=60)
             assert [e["world"] for e in steps if e["event"] == "step"] == [2] * 5
         if resume:  # the resumed rank is no member now: it raises, it does not wait
-            raised = (await _events(ranks[2], {"raised", "done"}, timeout=30))[-1]
+            raised = (await events(ranks[2], {"raised", "done"}, timeout=30))[-1]
             assert raised["event"] == "raised" and "Error" in raised["error"], raised
-            assert (await _events(ranks[2], {"renewed", "not_renewed"}, timeout=30))
+            assert (await events(ranks[2], {"renewed", "not_renewed"}, timeout=30))
         for p in ranks[: 3 if resume else 2]:
             code = await p.proc.wait()
             err = (await p.proc.stderr.read()).decode()[-6000:] if code and p.proc.stderr else ""

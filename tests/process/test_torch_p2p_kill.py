@@ -7,14 +7,12 @@ the world to themselves and all-reduce in it."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
-from typing import Any
 
 import pytest
 
-from tests.process.procs import HERE, MASTER, Proc, spawn
+from tests.process.procs import HERE, MASTER, events, spawn
 
 torch = pytest.importorskip("torch")
 from torch.torch_version import TorchVersion  # noqa: E402
@@ -24,14 +22,6 @@ pytestmark = pytest.mark.timeout(120)
 PEER = str(HERE / "torch_p2p_peer.py")
 DATA_TIMEOUT = 10.0  # the communicator's default, which the by-name group uses
 STOP_AT = 30
-
-
-async def _events(p: Proc, until: set[str], timeout: float) -> list[dict[str, Any]]:
-    seen: list[dict[str, Any]] = []
-    while not seen or seen[-1]["event"] not in until:
-        seen.append(json.loads(await p.line(timeout)))
-        assert seen[-1]["event"] != "wrong", (p.name, seen[-1])
-    return seen
 
 
 async def test_every_survivor_raises_when_a_rank_is_killed_mid_exchange(procs, tmp_path):
@@ -46,22 +36,22 @@ async def test_every_survivor_raises_when_a_rank_is_killed_mid_exchange(procs, t
         ranks.append(await spawn(f"rank{r}", PEER, init, "3", str(r), *extra, env=env,
                                  stdin=r == 2))
         procs.append(ranks[-1])
-    await _events(ranks[2], {"stopping"}, timeout=90)
+    await events(ranks[2], {"stopping"}, timeout=90)
     ranks[2].signal(signal.SIGKILL)
     killed = time.monotonic()
     for p in ranks[:2]:
-        raised = (await _events(p, {"raised"}, timeout=DATA_TIMEOUT + 10))[-1]
+        raised = (await events(p, {"raised"}, timeout=DATA_TIMEOUT + 10))[-1]
         assert time.monotonic() - killed <= DATA_TIMEOUT + 2, raised
         assert raised["step"] == STOP_AT, raised  # (it never got past the lost rank)
         assert raised["type"] in ("PeerLostError", "MembershipChangedError",
                                   "RuntimeError"), raised
         assert "Error" in raised["error"] or "peer" in raised["error"], raised
     for r, p in enumerate(ranks[:2]):
-        after = (await _events(p, {"after"}, timeout=30))[-1]
+        after = (await events(p, {"after"}, timeout=30))[-1]
         assert after["got"] == 7.0 + (1 - r)
     if TorchVersion(torch.__version__) >= "2.14":  # (.ci/torch-next runs it)
         for r, p in enumerate(ranks[:2]):
-            shrunk = (await _events(p, {"shrunk"}, timeout=30))[-1]
+            shrunk = (await events(p, {"shrunk"}, timeout=30))[-1]
             assert shrunk == {"event": "shrunk", "world": 2, "rank": r, "sum": 3.0}, shrunk
     for p in ranks[:2]:
         assert await p.proc.wait() == 0

@@ -24,6 +24,7 @@ from .. import deadline
 from ..core.buffers import as_buffer
 from ..data.handle import AllReduceHandle
 from .calls import PointToPoint
+from .mailbox import retrieved
 
 __all__ = ["TaskHandle", "all_to_all"]
 
@@ -37,7 +38,7 @@ class TaskHandle(Awaitable[ReduceInfo]):
 
     def __init__(self, task: asyncio.Task[ReduceInfo], tag: int) -> None:
         self._task, self.tag = task, tag
-        task.add_done_callback(_seen)
+        task.add_done_callback(retrieved)
 
     def done(self) -> bool:
         return self._task.done()
@@ -143,8 +144,3 @@ def _first_error(futures: list[asyncio.Future[Any]]) -> BaseException | None:
         if f.done() and not f.cancelled() and f.exception() is not None:
             return f.exception()
     return None
-
-
-def _seen(task: asyncio.Task[ReduceInfo]) -> None:
-    if not task.cancelled():
-        task.exception()
