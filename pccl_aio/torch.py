@@ -32,6 +32,7 @@ through host memory).
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -47,24 +48,29 @@ from ._torch.fixed import FixedGroup
 from ._torch.group import BACKEND, ProcessGroup, reduce_op
 from ._torch.hooks import AllReduceHook, HookState, ddp_comm_hook
 from ._torch.local import LocalGroup, local_group
+from ._torch.reconfigure import ENV
+from ._torch.reconfigure import reconfigure as _reconfigure
 from ._torch.work import Work
 from .blocking import Communicator
 
 __all__ = ["BACKEND", "AllReduceHook", "DistributedDataParallel", "FixedGroup", "HookState",
            "LocalGroup", "PcclBackend", "fixed_group",
            "ProcessGroup", "Work", "ddp_comm_hook", "init_process_group", "local_group",
-           "reduce_op", "renew_process_group"]
+           "reconfigure", "reconfigure_handle", "reduce_op", "renew_process_group"]
 
 _handing: list[ProcessGroup] = []  # the group ``init_process_group`` hands torch's factory
 
 
-def _factory(store: Any, rank: int, world_size: int, timeout: timedelta
-             ) -> ProcessGroup | LocalGroup:
-    """torch's creator for ``"pccl_aio"``: the live-membership group ``init_process_group``
-    hands it, else the by-name group met through torch's ``store`` (``_torch/rendezvous.py``;
-    blocks until every rank arrived, ``timeout`` at most), a subgroup of a by-name world
-    too. A subgroup of the live-membership group is refused (``InvalidUsageError``): its
-    ranks would not survive the next change of membership."""
+def _factory(opts: Any, backend_options: Any = None) -> ProcessGroup | LocalGroup:
+    """torch's creator for ``"pccl_aio"`` (``opts``: torch's ``_DistributedBackendOptions``):
+    the live-membership group ``init_process_group`` hands it, else the by-name group met
+    through torch's store (``_torch/rendezvous.py``; blocks until every rank arrived,
+    ``timeout`` at most), a subgroup of a by-name world too, or a rank that joins at
+    ``reconfigure`` (``enable_reconfigure=True`` on torch 2.15, ``$PCCL_AIO_RECONFIGURE=1``
+    on any: it connects to nothing now). A subgroup of the live-membership group is refused
+    (``InvalidUsageError``): its ranks would not survive the next change of membership."""
+    store, rank, world_size = opts.store, opts.group_rank, opts.group_size
+    timeout: timedelta = opts.timeout
     if _handing:
         return _handing.pop()
     if dist.is_initialized():
@@ -77,6 +83,9 @@ def _factory(store: Any, rank: int, world_size: int, timeout: timedelta
             return LocalGroup()  # type: ignore[return-value]
         return _form(rendezvous.create(store, rank, world_size, timeout, subgroup=True),
                      timeout)
+    if getattr(opts, "enable_reconfigure", False) or os.environ.get(ENV, "") == "1":
+        return _form(FixedGroup(None, rank=rank, size=world_size,
+                                timeout=timeout.total_seconds()), timeout)
     return _form(rendezvous.create(store, rank, world_size, timeout), timeout)
 
 
@@ -101,6 +110,8 @@ def fixed_group(group: Any = None) -> FixedGroup | None:
         dist.distributed_c10d._get_default_group() if dist.is_initialized() else None)
     if isinstance(pg, FixedGroup) or pg is None:
         return pg
+    if not isinstance(pg, dist.ProcessGroup):
+        return None
     try:
         backend = pg._get_backend(torch.device("cpu"))
     except RuntimeError:
@@ -108,7 +119,35 @@ def fixed_group(group: Any = None) -> FixedGroup | None:
     return backend.group if isinstance(backend, PcclBackend) else None
 
 
-dist.Backend.register_backend(BACKEND, _factory, devices=["cpu"])
+dist.Backend.register_backend(BACKEND, _factory, extended_api=True, devices=["cpu"])
+
+
+def reconfigure_handle(group: Any = None) -> str:
+    """This process's handle for ``reconfigure`` in the by-name ``group`` (torch's default if
+    None): what torch 2.15's ``dist._get_reconfigure_handle`` returns. Does not block."""
+    return _fixed(group).get_reconfigure_handle()
+
+
+def reconfigure(uuid: int, handles: Any, group: Any = None,
+                timeout: timedelta | None = None) -> None:
+    """Make the by-name ``group``'s ranks the processes of ``handles`` (one per rank, from
+    ``reconfigure_handle`` in each; a list in rank order or a set): a replacement takes a
+    lost rank and every collective works again, on every rank, with the same size
+    (``_torch/reconfigure.py``). torch 2.15's ``dist._reconfigure`` on any torch. Every
+    rank calls it with the same ``uuid`` and handles; blocks until the peer group is the
+    handles' processes (``timeout``, else the group's, ``PcclTimeoutError``).
+    ``InvalidUsageError`` on every rank for handles that do not fit."""
+    seconds = timeout.total_seconds() if timeout is not None else None
+    _reconfigure(_fixed(group), uuid, handles, seconds)
+
+
+def _fixed(group: Any) -> FixedGroup:
+    fixed = fixed_group(group)
+    if fixed is None:
+        raise InvalidUsageError("reconfigure is for a group of dist.init_process_group("
+                                "'pccl_aio') (the live-membership group takes replicas as "
+                                "they come)")
+    return fixed
 
 
 def init_process_group(master: str, *, min_peers: int = 1, timeout: float | None = None,

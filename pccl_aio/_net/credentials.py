@@ -1,6 +1,7 @@
 """Where a run's credentials come from: the run secret (argument, file or environment), TLS
-contexts made from PEM files, and secrets made (``make``) or kept in a file (``keep``, the
-master secret's: ``pccl_aio.secret`` re-exports both)."""
+contexts made from PEM files (named by the environment too, ``tls_from_env``), and secrets
+made (``make``) or kept in a file (``keep``, the master secret's: ``pccl_aio.secret``
+re-exports both)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,20 @@ def keep(path: str | os.PathLike[str]) -> tuple[str, bool]:
             return secret, True
         finally:
             os.unlink(part)
+
+
+#: the environment's TLS for a whole run (master, peers, between peers): this host's
+#: certificate chain and key, and the run's CA (mutual TLS), as ``tls_contexts`` takes them
+TLS_ENV: Final = ("PCCL_AIO_TLS_CERT", "PCCL_AIO_TLS_KEY", "PCCL_AIO_TLS_CA")
+
+
+def tls_from_env() -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """(server, client) TLS contexts from ``$PCCL_AIO_TLS_CERT``, ``$PCCL_AIO_TLS_KEY`` and
+    ``$PCCL_AIO_TLS_CA`` (``tls_contexts``), or (None, None) where the first two are unset;
+    ``InvalidUsageError`` for one set without the other or an unreadable file."""
+    cert, key, ca = (os.environ.get(name, "") for name in TLS_ENV)
+    if not cert and not key:
+        return None, None
+    if not (cert and key):
+        raise InvalidUsageError(f"TLS needs both {TLS_ENV[0]} and {TLS_ENV[1]}")
+    return tls_contexts(cert, key, ca or None)

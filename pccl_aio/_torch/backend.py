@@ -18,6 +18,8 @@ ranks, mapped onto the ring) and adds:
   ``shutdown()`` is ``dist.destroy_process_group``'s orderly end (``FixedGroup.shutdown``);
   neither closes a communicator a shrunk backend took over. ``set_timeout`` sets the wait
   of ``shrink``.
+- ``supports_reconfigure``, ``get_reconfigure_handle()``, ``reconfigure(opts)``: the
+  group's (``FixedGroup``; ``reconfigure.py``), a replacement taking a lost rank.
 
 On torch 2.13 ``Backend`` cannot be subclassed in Python: ``SUPPORTED`` is False and the
 by-name form is the ``FixedGroup`` itself (a ``ProcessGroup``).
@@ -113,7 +115,21 @@ class PcclBackend(_Backend):  # type: ignore[misc]
 
     # (answered here: torch's trampoline would look each one up here again, for ever)
     supports_coalescing = supports_splitting = supports_tensor_alloc = property(_no)
-    supports_window = supports_reconfigure = supports_abort_hooks = property(_no)
+    supports_window = supports_abort_hooks = property(_no)
+
+    @property
+    def supports_reconfigure(self) -> bool:
+        return True
+
+    def get_reconfigure_handle(self) -> str:
+        return self.group.get_reconfigure_handle()
+
+    def reconfigure(self, opts: Any) -> Work:
+        """Replace lost ranks (``FixedGroup.reconfigure``, ``reconfigure.py``); the last
+        error is forgotten once it succeeded."""
+        work = self.group.reconfigure(opts)
+        self.error = None
+        return work
     supports_completion_hooks = property(_no)
 
     def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0,
@@ -128,7 +144,8 @@ class PcclBackend(_Backend):  # type: ignore[misc]
                     f"shrink: the peer group is peers {sorted(comm.ranks)}, not the ranks "
                     f"that stay (peers {stay}), after {self.timeout.total_seconds():g} s")
             time.sleep(POLL)  # (the master's news arrive on the communicator's loop)
-        shrunk = FixedGroup(comm, stay, master=group.master, linger=group.linger)
+        shrunk = FixedGroup(comm, stay, master=group.master, linger=group.linger,
+                            address=group.address, timeout=group.timeout)
         group.handed, group.master = True, None  # (the shrunk group ends them)
         return PcclBackend(shrunk, self.timeout)
 

@@ -9,8 +9,10 @@ all-gather's blocks are put back in rank order, a reduce-scatter's input blocks 
 ring order before it runs. All-reduce and barrier need no mapping. When the ring happens to
 be in rank order nothing is copied. Everything else is ``ProcessGroup``'s: every collective
 pinned to the ring the group was made with, so after a lost or admitted peer (or a ring the
-master reordered) every collective raises ``MembershipChangedError`` on every rank; the
-world is fixed, a new one is a new ``init_process_group``.
+master reordered) every collective raises ``MembershipChangedError`` on every rank. The
+world's size is fixed: the survivors shrink it (``dist.shrink_group``, ``backend.py``) or a
+replacement takes the lost rank (``reconfigure``, ``reconfigure.py``), which rebinds the
+group to the new ring.
 
 ``shutdown()`` (``dist.destroy_process_group()``) closes the communicator; in the rank that
 started the run's master it waits (``linger`` seconds at most) until the other ranks have
@@ -19,9 +21,10 @@ left the run, then closes the master, so that no rank's last collective loses it
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -30,7 +33,8 @@ from .._errors import InvalidUsageError
 from .._peer.core import staging
 from ..blocking import Communicator, Master
 from .group import Make, ProcessGroup, reduce_op
-from .work import Work
+from .reconfigure import handle_of, reconfigure
+from .work import Work, done
 
 __all__ = ["FixedGroup"]
 
@@ -40,32 +44,77 @@ POLL = 0.05  # seconds between looks at the run's membership while the master's 
 class FixedGroup(ProcessGroup):
     """The group of ``comm`` with torch's ranks: ``order[r]`` is rank r's peer id; the
     group's peers must be exactly those (``InvalidUsageError`` otherwise). ``master``: the
-    run's master, started by this rank, closed at ``shutdown()``."""
+    run's master, started by this rank, closed at ``shutdown()``; ``address``: the master's
+    address (what ``reconfigure`` hands a replacement). ``comm=None``: a rank that joins at
+    ``reconfigure`` (``rank`` and ``size`` given; every call before raises
+    ``InvalidUsageError``)."""
 
-    def __init__(self, comm: Communicator, order: Sequence[int], *,
-                 master: Master | None = None, linger: float = 30.0) -> None:
-        order = tuple(order)
-        if sorted(order) != sorted(comm.ranks) or comm.peer_id not in order:
-            raise InvalidUsageError(
-                f"the pccl_aio peer group is peers {sorted(comm.ranks)}, torch's ranks are "
-                f"peers {list(order)}: another process joined the same peer group of the "
-                "master (give each run its own master or PCCL_AIO_MASTER)")
-        super().__init__(comm, rank=order.index(comm.peer_id))
-        #: the peer ids in torch's rank order
-        self.order = order
-        #: ``position[r]``: torch rank r's position in the ring
-        self.position = tuple(self.members.index(p) for p in order)
-        #: ``rank_at[p]``: the torch rank at ring position p
-        self.rank_at = tuple(order.index(p) for p in self.members)
-        self.master, self.linger = master, linger
-        self.in_rank_order = self.position == tuple(range(len(order)))
+    def __init__(self, comm: Communicator | None, order: Sequence[int] = (), *,
+                 master: Master | None = None, linger: float = 30.0, address: str = "",
+                 rank: int = -1, size: int = 0, timeout: float = 1800.0) -> None:
+        if comm is None:
+            self._start(rank, size)
+            self.comm, self.members = cast(Communicator, Unjoined(rank)), ()
+            #: the peer ids in torch's rank order
+            self.order: tuple[int, ...] = ()
+        else:
+            order = tuple(order)
+            _check(comm, order)
+            super().__init__(comm, rank=order.index(comm.peer_id))
+            self.order = order
+        self.master, self.linger, self.address, self.timeout = master, linger, address, timeout
+        self._positions()
+        #: this process's part of a reconfigure handle (``reconfigure.py``)
+        self.nonce = secrets.token_hex(8)
         #: a shrunk group took the communicator (and master) over (``backend.py``)
         self.handed = False
+
+    def _positions(self) -> None:
+        #: ``position[r]``: torch rank r's position in the ring
+        self.position = tuple(self.members.index(p) for p in self.order)
+        #: ``rank_at[p]``: the torch rank at ring position p
+        self.rank_at = tuple(self.order.index(p) for p in self.members)
+        self.in_rank_order = self.position == tuple(range(len(self.order)))
+
+    @property
+    def joined(self) -> bool:
+        """The group has its communicator (it was not made to join at ``reconfigure``, or
+        has been reconfigured since)."""
+        return not isinstance(self.comm, Unjoined)
+
+    def need_joined(self) -> None:
+        """``InvalidUsageError`` before ``reconfigure`` joined this rank to its group."""
+        if not self.joined:
+            self.comm.peer_id  # noqa: B018  (``Unjoined`` raises the error)
+
+    def rebind(self, comm: Communicator, order: list[int], address: str) -> None:
+        """Take ``comm``'s peer group with torch's ranks ``order`` (``reconfigure``): the
+        collectives from now on are pinned to its ring."""
+        _check(comm, tuple(order))
+        self.bind(comm, tuple(comm.ranks))
+        self.order, self.address = tuple(order), address
+        self._positions()
 
     def __repr__(self) -> str:
         return f"pccl_aio.torch.FixedGroup(rank={self.rank()}, size={self.size()})"
 
+    # ---- replacing a lost rank (torch's reconfigure API; ``reconfigure.py``) -----------------
+    @property
+    def supports_reconfigure(self) -> bool:
+        return True
+
+    def get_reconfigure_handle(self) -> str:
+        return handle_of(self)
+
+    def reconfigure(self, opts: Any) -> Work:
+        """torch's ``dist._reconfigure`` (``ReconfigureOptions``): blocks until the ranks of
+        ``opts.handles`` are this group's, then returns a completed ``Work``."""
+        seconds = opts.timeout.total_seconds() if opts.timeout is not None else -1
+        reconfigure(self, opts.uuid, opts.handles, seconds if seconds > 0 else None)
+        return done(None)
+
     def peer_of(self, rank: int) -> int:
+        self.need_joined()
         return self.order[rank]
 
     def rank_of(self, peer: int) -> int:
@@ -75,6 +124,7 @@ class FixedGroup(ProcessGroup):
         """Options naming torch rank ``root``'s ring position (what ``ProcessGroup`` reads)."""
         if not 0 <= root < self.size():
             raise InvalidUsageError(f"root {root} is not a rank of a group of {self.size()}")
+        self.need_joined()
         opts = dist.BroadcastOptions()
         opts.rootRank = self.position[root]
         return opts
@@ -109,6 +159,7 @@ class FixedGroup(ProcessGroup):
     # ---- all-gathers: blocks arrive in ring order, go out in rank order ----------------------
     def gathered(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Work:
         """All-gather each ``(src, dst)``: ``dst`` holds every rank's ``src`` in rank order."""
+        self.need_joined()
         if self.in_rank_order:
             makes = [_gather(_cpu(s), _cpu(d), self.next_tag()) for s, d in pairs]
             return self.launch_work(makes, lambda: [d for _, d in pairs])
@@ -188,7 +239,7 @@ class FixedGroup(ProcessGroup):
         (``handed``: its communicator and master are the shrunk group's now) only stops its
         thread."""
         comm = self.comm
-        if self.handed:
+        if self.handed or not self.joined:
             self.close()
             return
         if self.master is not None and not comm.closed:
@@ -199,6 +250,27 @@ class FixedGroup(ProcessGroup):
         comm.close()
         if self.master is not None:
             self.master.close()
+
+
+class Unjoined:
+    """The communicator of a rank that joins at ``reconfigure``: every use is an error."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+
+    def __getattr__(self, name: str) -> Any:
+        raise InvalidUsageError(
+            f"rank {self._rank} joins its group at reconfigure (it was made with "
+            "enable_reconfigure / $PCCL_AIO_RECONFIGURE): call dist._reconfigure (or "
+            "pccl_aio.torch.reconfigure) with every rank's handle first")
+
+
+def _check(comm: Communicator, order: tuple[int, ...]) -> None:
+    if sorted(order) != sorted(comm.ranks) or comm.peer_id not in order:
+        raise InvalidUsageError(
+            f"the pccl_aio peer group is peers {sorted(comm.ranks)}, torch's ranks are "
+            f"peers {list(order)}: another process joined the same peer group of the "
+            "master (give each run its own master or PCCL_AIO_MASTER)")
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:

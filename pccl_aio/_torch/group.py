@@ -92,12 +92,14 @@ class ProcessGroup(PointToPointOps, Named):
         if comm.rank < 0:
             raise InvalidUsageError("connect the communicator first (it has no rank yet)")
         members = tuple(comm.ranks)
-        rank = members.index(comm.peer_id) if rank is None else rank
-        super().__init__(rank, len(members))  # type: ignore[call-arg]
-        self.comm = comm
-        #: the peer ids of the group in ring order: the ring every collective is pinned to
-        self.members = members
-        self._rank, self._peer = rank, comm.peer_id
+        self._start(members.index(comm.peer_id) if rank is None else rank, len(members))
+        self.bind(comm, members)
+
+    def _start(self, rank: int, size: int) -> None:
+        """What a group is before it has a communicator: torch's rank and size, a thread,
+        a name (``bind`` gives it the communicator)."""
+        super().__init__(rank, size)  # type: ignore[call-arg]
+        self._rank, self._size = rank, size
         self._tags = itertools.cycle(range(TAGS))
         self.completions = Completions()  # (the comm hook's works complete there too)
         self._coalescing: list[Work] | None = None
@@ -106,12 +108,21 @@ class ProcessGroup(PointToPointOps, Named):
         self._name = f"pccl_aio:{next(_names)}"
         _register_process_group(self._name, self)  # type: ignore[arg-type]
 
+    def bind(self, comm: Communicator, members: tuple[int, ...]) -> None:
+        """Pin the group to ``comm``'s ring ``members`` (peer ids in ring order); tags start
+        again from the first."""
+        self.comm = comm
+        #: the peer ids of the group in ring order: the ring every collective is pinned to
+        self.members = members
+        self._peer = comm.peer_id
+        self._tags = itertools.cycle(range(TAGS))
+
     # ---- what torch asks of a group ----------------------------------------------------------
     def rank(self) -> int:
         return self._rank
 
     def size(self) -> int:
-        return len(self.members)
+        return self._size
 
     def getBackendName(self) -> str:
         return BACKEND

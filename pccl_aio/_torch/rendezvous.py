@@ -30,16 +30,13 @@ from typing import Any
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from .._errors import InvalidUsageError, PcclTimeoutError
-from .._net.credentials import tls_contexts
+from .._net.credentials import TLS_ENV, tls_from_env
 from ..blocking import Communicator, Master
 from .fixed import FixedGroup
 
 __all__ = ["MASTER_ENV", "TLS_ENV", "create", "master_host", "tls_from_env"]
 
 MASTER_ENV = "PCCL_AIO_MASTER"
-#: TLS for the whole run (master, peers, between peers): this host's certificate chain and
-#: key, and the run's CA (mutual TLS), as ``pccl_aio.tls_contexts`` takes them
-TLS_ENV = ("PCCL_AIO_TLS_CERT", "PCCL_AIO_TLS_KEY", "PCCL_AIO_TLS_CA")
 #: the master's options: ranks arriving together are admitted together (0.25 s); no master
 #: secret (the run secret is read from the environment as usual)
 OPTIONS: dict[str, Any] = {"admission_interval": 0.25, "master_secret": ""}
@@ -82,7 +79,8 @@ def create(store: Any, rank: int, world_size: int, timeout: timedelta,
                 raise _missing(store, keys, world_size, timeout) from None
             order = _get(store, [f"{keys}/peer/{r}" for r in range(world_size)], deadline,
                          "the ranks' peer ids")
-            return FixedGroup(comm, [int(p) for p in order], master=master, linger=LINGER)
+            return FixedGroup(comm, [int(p) for p in order], master=master, linger=LINGER,
+                              address=address, timeout=timeout.total_seconds())
         except BaseException:
             comm.close()
             raise
@@ -99,18 +97,6 @@ def master_host(store: Any) -> str:
         store = store.underlying_store
     host = store.host if isinstance(store, TCPStore) else ""
     return str(host or os.environ.get("MASTER_ADDR") or "127.0.0.1")
-
-
-def tls_from_env() -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
-    """(server, client) TLS contexts from ``$PCCL_AIO_TLS_CERT``, ``$PCCL_AIO_TLS_KEY`` and
-    ``$PCCL_AIO_TLS_CA`` (``tls_contexts``), or (None, None) where the first two are unset;
-    ``InvalidUsageError`` for one set without the other or an unreadable file."""
-    cert, key, ca = (os.environ.get(name, "") for name in TLS_ENV)
-    if not cert and not key:
-        return None, None
-    if not (cert and key):
-        raise InvalidUsageError(f"TLS needs both {TLS_ENV[0]} and {TLS_ENV[1]}")
-    return tls_contexts(cert, key, ca or None)
 
 
 def _start_master(host: str, tls: ssl.SSLContext | None = None) -> tuple[Master, str]:
