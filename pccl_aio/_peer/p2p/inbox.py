@@ -138,6 +138,18 @@ class Inbox(asyncio.BufferedProtocol):
         if message.length == 0:
             self._payload_read()
 
+    def redirect(self, message: Message) -> None:
+        """The receive that took ``message`` while it is read aside gets what came so far,
+        and the rest is read into its buffer (unless the sizes differ: then it is read
+        aside whole and the receive fails at its end)."""
+        recv, view = message.recv, self._view
+        if message is not self._message or recv is None or view is None \
+                or recv.buf.nbytes != message.length:
+            return
+        recv.buf[:self._got] = view[:self._got]
+        self._recv, self._view = recv, recv.buf
+        self._mailbox.unstash(message)
+
     def _pause(self) -> None:
         self._paused = True
         if self.transport is not None:

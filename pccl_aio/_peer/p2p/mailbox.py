@@ -5,10 +5,11 @@ A receive names a sender (a peer id, or None for any) and a tag; a message match
 oldest receive posted for its sender and tag, and a receive takes the oldest message of
 its sender and tag that nobody took yet, so messages between two peers with one tag are
 received in the order they were sent. A message that arrives before its receive is copied
-aside, up to ``stash_bytes`` in all; beyond that its connection stops reading until a
-receive for it is posted (TCP's window then holds the sender back), so a sender cannot
-make a receiver buffer more than that. A message whose size differs from its receive's
-buffer fails that receive (``InvalidUsageError``) and is dropped.
+aside, up to ``stash_bytes`` in all (a receive posted while it is still arriving takes
+what came, and the rest is read straight into its buffer); beyond that its connection
+stops reading until a receive for it is posted (TCP's window then holds the sender back),
+so a sender cannot make a receiver buffer more than that. A message whose size differs from
+its receive's buffer fails that receive (``InvalidUsageError``) and is dropped.
 
 Everything runs on the communicator's event loop; nothing here blocks.
 """
@@ -23,10 +24,11 @@ from ..._errors import InvalidUsageError, PcclError, PeerLostError
 from ..._wire.p2p import Key
 
 STASH_BYTES: Final = 256 << 20  # the most a receiver copies aside for receives not yet posted
+SPARE_MIN: Final = 1 << 20  # stash buffers of these sizes are kept for the next (one)
+SPARE_MAX: Final = 64 << 20
 
 #: (the sender's peer id, the message's bytes) of a receive that completed
 Got = tuple[int, int]
-
 
 
 class Reader(Protocol):
@@ -36,6 +38,9 @@ class Reader(Protocol):
 
     def deliver(self, message: Message) -> None:
         """Read ``message``'s payload (the one this connection paused on) now."""
+
+    def redirect(self, message: Message) -> None:
+        """Read the rest of ``message`` (being read aside) into the receive that took it."""
 
 
 class Recv:
@@ -78,6 +83,9 @@ class Mailbox:
         self._posted: list[Recv] = []  # in the order they were posted
         self._messages: list[Message] = []  # in the order they arrived
         self._closed: PcclError | None = None
+        #: the last stash buffer given back, taken again by a message of its size (a stream
+        #: of equal messages then faults no new pages in)
+        self._spare: bytearray | None = None
 
     # ---- the receiver's side -----------------------------------------------------------------
     def post(self, peer: int | None, tag: Key, buf: memoryview) -> Recv:
@@ -111,12 +119,14 @@ class Mailbox:
         if msg.complete:
             data = msg.data if msg.data is not None else bytearray()
             self._messages.remove(msg)
-            self._release(msg)
             self._fill(recv, msg.reader.peer, data)
+            self._release(msg)
         else:
             msg.recv = recv
             if msg.data is None:  # its connection waits: read it straight into the receive
                 msg.reader.deliver(msg)
+            else:  # being read aside: what came is copied, the rest read into the receive
+                msg.reader.redirect(msg)
 
     @staticmethod
     def _fill(recv: Recv, peer: int, data: bytearray) -> None:
@@ -128,10 +138,16 @@ class Mailbox:
         recv.buf[:] = data
         recv.future.set_result((peer, len(data)))
 
+    def unstash(self, msg: Message) -> None:
+        """``msg``'s stash room is given back (its receive took over, ``Reader.redirect``)."""
+        self._release(msg)
+
     def _release(self, msg: Message) -> None:
         """``msg`` leaves the stash: its room may let a waiting connection go on."""
         if msg.data is not None:
             self.stashed -= len(msg.data)
+            if SPARE_MIN <= len(msg.data) <= SPARE_MAX:
+                self._spare = msg.data
             msg.data = None
             for waiting in self._messages:
                 if waiting.data is None and not waiting.complete and waiting.recv is None \
@@ -159,7 +175,9 @@ class Mailbox:
 
     def stash(self, msg: Message) -> None:
         """Give ``msg`` its room in the stash (the caller checked ``fits``)."""
-        msg.data = bytearray(msg.length)
+        spare, self._spare = self._spare, None
+        msg.data = spare if spare is not None and len(spare) == msg.length \
+            else bytearray(msg.length)
         self.stashed += msg.length
 
     def read(self, msg: Message) -> None:
@@ -169,9 +187,8 @@ class Mailbox:
             recv = msg.recv
             self._messages.remove(msg)
             if msg.data is not None:
-                data = msg.data
+                self._fill(recv, msg.reader.peer, msg.data)
                 self._release(msg)
-                self._fill(recv, msg.reader.peer, data)
             elif not recv.future.done():
                 recv.future.set_result((msg.reader.peer, msg.length))
 
@@ -212,7 +229,7 @@ class Mailbox:
             if msg.recv is not None:
                 msg.recv.fail(exc)
         self._messages.clear()
-        self.stashed = 0
+        self.stashed, self._spare = 0, None
 
 
 def retrieved(fut: asyncio.Future[Any]) -> None:
