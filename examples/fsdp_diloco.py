@@ -25,12 +25,18 @@ replica decides alike) and receive their part of the global model, the outer mom
 step in their group's shared-state sync. A process whose partner in the
 replica died sees gloo fail and exits. ``python -m pccl_aio.launch examples/fsdp_diloco.py
 --peers 2 --replica-procs 2 --churn 2 -- --tiny`` runs it with replicas killed whole.
+
+Under torchrun a job is a replica: ``PCCL_AIO_MASTER=HOST:PORT torchrun --nproc-per-node 2
+examples/fsdp_diloco.py`` (no ``--shard``, no ``--replica-store``): gloo over torchrun's
+group inside the job, and ``Communicator.from_env()`` takes the job as one replica (its id),
+rank r in peer group r. Start such jobs at will against one master: each joins the run live.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from datetime import timedelta
 from typing import cast
@@ -78,11 +84,16 @@ def sync(peer: charlm.Peer, state: pccl.SharedState) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg, train, val = charlm.setup(args)
-    host, port = args.replica_store.rsplit(":", 1)
-    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=args.shard,
-                            world_size=2, timeout=timedelta(seconds=args.replica_timeout))
+    timeout = timedelta(seconds=args.replica_timeout)
+    if args.shard is None:  # under torchrun: its job is the replica, its rank the shard
+        dist.init_process_group("gloo", timeout=timeout)
+        args.shard = dist.get_rank()
+    else:
+        host, port = args.replica_store.rsplit(":", 1)
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=args.shard,
+                                world_size=2, timeout=timeout)
     model = charlm.GPT(cfg)  # the same initial model on every replica
-    fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
     # this shard's part of each parameter (FSDP2's parameters are DTensors)
     local = [cast(DTensor, p).to_local() for p in model.parameters()]
     part = torch.nn.ParameterList(torch.nn.Parameter(t.detach().clone()) for t in local)
@@ -96,9 +107,13 @@ def main(args: argparse.Namespace) -> int:
     state = pccl.SharedState.from_module(part, outer, extra={"step": count})
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     last = math.ceil(args.inner_steps / args.inner)
-    comm = blocking.Communicator(args.master, peer_group=args.shard,  # the replica's two
-                                 replica=args.replica_store, replica_size=2,  # join together
-                                 secret=pccl.load_secret(args.secret_file) or b"")
+    secret = pccl.load_secret(args.secret_file) or b""
+    if args.replica_store is None:  # (torchrun: master, replica and peer group from its
+        comm = blocking.Communicator.from_env(secret=secret)  # environment)
+    else:
+        comm = blocking.Communicator(args.master, peer_group=args.shard,  # the replica's two
+                                     replica=args.replica_store, replica_size=2,  # join
+                                     secret=secret)  # together
     comm.connect(attempts=args.attempts)
     with charlm.Peer(args, comm) as peer:
         peer.connect()
@@ -148,13 +163,20 @@ def average(peer: charlm.Peer, part: torch.nn.ParameterList, local: list[torch.T
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = charlm.diloco_parser(__doc__, "inner steps per outer step (H)")
-    ap.add_argument("--shard", type=int, choices=(0, 1), required=True,
-                    help="this process's shard of its replica (its pccl_aio peer group)")
-    ap.add_argument("--replica-store", required=True, metavar="HOST:PORT",
-                    help="where the replica's two processes meet (shard 0 listens)")
+    ap.add_argument("--shard", type=int, choices=(0, 1),
+                    help="this process's shard of its replica (its pccl_aio peer group); "
+                         "omitted under torchrun (its rank)")
+    ap.add_argument("--replica-store", metavar="HOST:PORT",
+                    help="where the replica's two processes meet (shard 0 listens); omitted "
+                         "under torchrun")
     ap.add_argument("--replica-timeout", type=float, default=60.0,
                     help="seconds a gloo call within the replica waits for the partner")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if (args.shard is None) != (args.replica_store is None):
+        ap.error("--shard and --replica-store go together (neither: under torchrun)")
+    if args.shard is None and "RANK" not in os.environ:
+        ap.error("--shard and --replica-store are needed outside torchrun")
+    return args
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from ._master.blocking import Master
 from ._net.loopthread import LoopThread, finalize
 from ._net.loopthread import owned as _owned
 from ._peer.communicator import Communicator as _AsyncCommunicator
+from ._peer.communicator import env_options
 from ._peer.core.config import PeerConfig
 from ._peer.data.buckets import Buckets as _AsyncBuckets
 from ._peer.data.handle import CollectiveHandle as _AsyncHandle
@@ -128,6 +129,12 @@ class Communicator:
     """A blocking ``pccl_aio.Communicator``: the same options (``secret``, ``ssl``,
     timeouts, ...) and the same calls, each blocking the calling thread until it ends. See
     the async class for what each call does and raises."""
+
+    @classmethod
+    def from_env(cls, **options: Any) -> Communicator:
+        """The run the environment names (the async ``Communicator.from_env``)."""
+        masters, found = env_options()
+        return cls(masters, **{**found, **options})
 
     def __init__(self, master: str | Sequence[str], **options: Any) -> None:
         self._runner, self._comm = _owned("pccl_aio blocking communicator",

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
 from ._errors import InvalidUsageError
+from ._peer.communicator import env_options
 from ._torch import rendezvous
 from ._torch.backend import SUPPORTED, PcclBackend
 from ._torch.ddp import DistributedDataParallel
@@ -150,24 +151,54 @@ def _fixed(group: Any) -> FixedGroup:
     return fixed
 
 
-def init_process_group(master: str, *, min_peers: int = 1, timeout: float | None = None,
-                       **communicator_options: Any) -> ProcessGroup:
+def init_process_group(master: str | None = None, *, min_peers: int = 1,
+                       timeout: float | None = None, **communicator_options: Any
+                       ) -> ProcessGroup:
     """Connect to the run at ``master``, wait for ``min_peers`` peers in this peer group and
     make the pccl_aio group torch's default; returns it (``group.comm`` is the blocking
     communicator). Blocks for the connection and the wait (``timeout`` seconds at most for
     each: ``PcclTimeoutError``); raises the communicator's errors. Call
     ``dist.destroy_process_group()`` and ``group.comm.close()`` at the end.
+
+    ``master=None``: the run the environment names (``Communicator.from_env()``:
+    ``$PCCL_AIO_MASTER``, else ``$MASTER_ADDR``). Under ``torchrun --nproc-per-node K`` with
+    K > 1 the job is one replica: torch's default group is torchrun's own (``gloo``, or
+    ``nccl`` where CUDA is; made here unless it exists) for FSDP inside the replica, and the
+    pccl_aio group returned, across replicas (rank r of every job in peer group r), is not
+    the default: pass it as ``group=`` or to ``DeviceMesh.from_group``.
     """
-    comm = Communicator(master, **communicator_options)
+    if master is None:
+        masters, found = env_options()
+        communicator_options = {**found, **communicator_options}
+        if communicator_options.get("replica_size", 1) > 1:  # (torchrun's job: a replica)
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            comm = _connected(masters, min_peers, timeout, communicator_options)
+            try:
+                return ProcessGroup(comm)
+            except BaseException:
+                comm.close()
+                raise
+        master = ",".join(masters)
+    comm = _connected(master.split(","), min_peers, timeout, communicator_options)
+    try:
+        return _make_default(comm)
+    except BaseException:
+        comm.close()
+        raise
+
+
+def _connected(master: list[str], min_peers: int, timeout: float | None,
+               options: dict[str, Any]) -> Communicator:
+    comm = Communicator(master if len(master) > 1 else master[0], **options)
     try:
         comm.connect()
         if min_peers > 1:
             comm.wait_for_peers(min_peers, timeout=timeout)
-        group = _make_default(comm)
     except BaseException:
         comm.close()
         raise
-    return group
+    return comm
 
 
 def renew_process_group(group: ProcessGroup | None = None) -> ProcessGroup:

@@ -10,14 +10,15 @@ sits beside it: ``topology.py`` (the joint votes) and ``reduce.py`` (the all-red
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl as _ssl
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 from .. import _log
 from .._errors import InvalidUsageError
-from .._net.credentials import run_key
+from .._net.credentials import run_key, tls_from_env
 from .._net.handshake import Gate
 from .._net.stream import local_address
 from .._types import SyncInfo, SyncStrategy, TopologyInfo
@@ -25,6 +26,7 @@ from .._wire import liveness
 from .._wire import messages as m
 from . import deadline
 from .core.config import PeerConfig
+from .core.environment import from_environ
 from .data.dataplane import DataPlane
 from .data.handle import AllReduceHandle
 from .data.keys import KeyRing
@@ -98,6 +100,15 @@ class Communicator(TransferCalls):
     thread raises ``InvalidUsageError`` before anything is sent. Use as
     ``async with Communicator(...) as comm: await comm.connect()``.
     """
+
+    @classmethod
+    def from_env(cls, **options: Any) -> Communicator:
+        """A communicator of the run the environment names (``$PCCL_AIO_MASTER``, torchrun's
+        job as one replica, the secret and TLS: ``_peer/core/environment.py``); ``options``
+        override what it gives. ``InvalidUsageError`` for a missing master or a malformed
+        variable (the secret's errors as the constructor's). Connects nothing."""
+        masters, found = env_options()
+        return cls(masters, **{**found, **options})
 
     def __init__(self, master: str | Sequence[str], *, peer_group: int = 0,
                  p2p_connections: int | Literal["auto"] | None = None,
@@ -372,3 +383,12 @@ class Communicator(TransferCalls):
         """
         self._check_loop()
         return await self._sync.run(state, strategy, deadline.check(timeout), progress)
+
+
+def env_options() -> tuple[list[str], dict[str, Any]]:
+    """``from_environ(os.environ)`` with the environment's TLS contexts added."""
+    masters, options = from_environ(os.environ)
+    server, client = tls_from_env()
+    if server is not None:
+        options.update(ssl=client, ssl_server=server)
+    return masters, options
