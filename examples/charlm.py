@@ -198,7 +198,8 @@ def parser(doc: str, **defaults: Any) -> argparse.ArgumentParser:
     """The options every example takes (``--help`` tells ``about(doc)``); ``defaults``
     overrides their defaults."""
     ap = argparse.ArgumentParser(description=about(doc))
-    ap.add_argument("--master", default="127.0.0.1:48148", help="HOST:PORT")
+    ap.add_argument("--master", default=os.environ.get("PCCL_AIO_MASTER", "127.0.0.1:48148"),
+                    help="HOST:PORT (default: $PCCL_AIO_MASTER, else 127.0.0.1:48148)")
     ap.add_argument("--seed", type=int, default=1, help="this peer's data-sampling seed")
     ap.add_argument("--inner-steps", type=int, default=5000,
                     help="total inner (local optimizer) steps of the run")
