@@ -9,7 +9,7 @@ The rule, by folder (no list of files):
   ``socket``, ``selectors`` or ``time``, directly or through any pccl_aio module they import.
 - asyncio shell: ``_net/``, ``_master/``, ``_peer/`` (outside ``core/``), ``_launch/``,
   ``_torch/`` and the public entry modules ``master.py``, ``demo.py``, ``launch.py``,
-  ``secret.py``, ``blocking.py``, ``torch.py``, ``__init__.py``.
+  ``secret.py``, ``blocking.py``, ``torch.py``, ``torchx.py``, ``ray.py``, ``__init__.py``.
 
 Checked on the source (AST), so the sans-IO modules stay usable from a plain unit test, a
 thread, or another event loop.
@@ -27,7 +27,7 @@ FORBIDDEN = {"asyncio", "socket", "time", "selectors"}
 SANS_IO_FOLDERS = {"_wire", "_compute", "core"}
 SHELL_FOLDERS = {"_net", "_master", "_peer", "_launch", "_torch"}
 PUBLIC_ENTRY = {"__init__.py", "master.py", "demo.py", "blocking.py", "launch.py",
-                "secret.py", "torch.py"}
+                "secret.py", "torch.py", "torchx.py", "ray.py"}
 
 
 def layer(path: Path) -> str:
