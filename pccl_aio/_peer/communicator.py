@@ -1,10 +1,14 @@
 """The peer: ``Communicator``, the public API of a run's participant.
 
-A communicator is composed of three parts, each owning its sockets and tasks: the master
-session (``control.ControlPlane``: votes, verdicts, membership), the data plane
-(``dataplane.DataPlane``: listener, links, buffers, collective tasks) and shared-state sync
-(``sync.SharedStateSync``: its state server). This module wires them; what the calls do
-sits beside it: ``topology.py`` (the joint votes) and ``reduce.py`` (the all-reduces).
+A communicator is composed of parts that each own their sockets and tasks: the master
+session (``session/control.py`` ``ControlPlane``: votes, verdicts, membership), the data
+plane (``data/dataplane.py`` ``DataPlane``: listener, links, buffers, collective tasks), the
+ring measurements (``data/measure.py`` ``Measurer``), point-to-point (``p2p/calls.py``
+``PointToPoint``), shared-state sync (``state/sync.py`` ``SharedStateSync``: its state
+server) and the observer (``observe/``: metrics, events). This module wires them; what the
+calls do sits beside it: ``session/topology.py`` (the joint votes), ``data/reduce.py`` (the
+all-reduces), ``collective_calls.py`` (broadcast, all-gather, reduce-scatter, barrier ...)
+and ``transfer_calls.py`` (send, receive, all-to-all).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""One all-reduce on one peer: its life cycle, verdict and input backup.
+"""One collective on one peer (an all-reduce, broadcast, all-gather, gather, scatter or
+reduce-scatter): its life cycle, verdict and input backup.
 
 Life cycle (one ``Phase``, ``core/phase.py``), driven by the control reader *in master
 message order*: ``launch`` (the vote sent: ``VOTING``) -> ``on_start`` (data flows:
@@ -8,7 +9,8 @@ or replaces) -> the run task reports ``CollectiveDone`` (``DATA_DONE``) -> ``on_
 group reacts to the same verdicts alike (that keeps retries in lock-step).
 
 Each attempt's data moves on one ``DataPath`` chosen at its start (``paths/``: the ring, the
-quantized ring or the small all-reduce), driven by a ``Pipeline`` (``pipeline.py``); this
+quantized ring, Bruck's log2 P rounds for small all-reduces and all-gathers, the broadcast,
+all-gather, gather and scatter paths), driven by a ``Pipeline`` (``pipeline.py``); this
 class is the receiver's ``Sink`` and hands it the attempt's frames. In place,
 ``core.backup.InputBackup`` keeps what an abort must put back. The collective sees its
 communicator only as a ``CollectiveEnv``. Nothing here blocks or awaits.
