@@ -11,7 +11,7 @@ run's secret is not replaced by accident. Nothing here blocks beyond writing the
 
 ``keep(path)`` is the secret in ``path``, made there first if there is none: how a master
 keeps its master secret where its restarted self finds it (``python -m pccl_aio.master``
-does so by default; README, "Security").
+does so by default; docs, "Security").
 """
 
 from __future__ import annotations

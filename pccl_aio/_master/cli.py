@@ -102,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", type=str.lower, choices=FORMATS, default=None,
                    help="text, or json: one object per line (default: $PCCL_AIO_LOG_FORMAT, "
                         "else text)")
-    obs = p.add_argument_group("status page and metrics (README, 'Logs, metrics and status')")
+    obs = p.add_argument_group("status page and metrics (docs, 'Logs, metrics and status')")
     obs.add_argument("--status-port", type=_port, metavar="PORT",
                      help="serve the live status page (/) and /status.json on this HTTP port")
     obs.add_argument("--metrics-port", type=_port, metavar="PORT",
@@ -121,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
     obs.add_argument("--http-head-timeout", type=_seconds, default=Limits().head_timeout,
                      metavar="SECONDS", help="an HTTP client must send its whole request head "
                      "within this long of connecting, or is closed")
-    sec = p.add_argument_group("security (README, 'Security')")
+    sec = p.add_argument_group("security (docs, 'Security')")
     sec.add_argument("--secret-file", metavar="PATH",
                      help="file holding the run secret every peer must prove (default: "
                           "$PCCL_AIO_SECRET_FILE, else $PCCL_AIO_SECRET, else no secret)")

@@ -1,4 +1,4 @@
-"""The master secret a master keeps (README, "Security"): read from a file, or made there on
+"""The master secret a master keeps (docs, "Security"): read from a file, or made there on
 the first start (``pccl_aio.secret.keep``: mode 0600, written whole), so that a restarted
 master seals and checks memberships with the same one. A master given a run secret and no
 master secret keeps one in ``state_dir()``, under a name derived from the run secret

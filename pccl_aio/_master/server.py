@@ -52,7 +52,7 @@ class Master:
             ``python -m pccl_aio.secret`` makes one; a weaker one raises
             ``InvalidUsageError``); None reads ``$PCCL_AIO_SECRET_FILE`` or
             ``$PCCL_AIO_SECRET`` and runs without one if neither is set. A connection that
-            fails the handshake is closed before anything else is read (README, "Security").
+            fails the handshake is closed before anything else is read (docs, "Security").
         ssl: a server ``ssl.SSLContext``: every peer connection is TLS.
         vote_timeout: a member that has not cast a vote (or launched a collective) for this
             many seconds while every other member of its group waits in it, and waits on
@@ -61,7 +61,7 @@ class Master:
         master_secret: a second secret, given to the run's masters only (never to peers):
             every ``Membership`` then carries a seal of the peer's place, and a restarted
             master believes a rejoining peer's id, term and ring only with a valid seal, so
-            no member can claim another's place (README, "Security"). None: with a run
+            no member can claim another's place (docs, "Security"). None: with a run
             secret, the one kept in ``$PCCL_AIO_STATE_DIR`` (``_master/kept.py``; made there
             on the first start, found there by a restarted master); "": no seals.
         handshake_timeout: a connection must complete the handshake within this many seconds.
@@ -77,7 +77,7 @@ class Master:
         run_id: the run this master serves; peers of another run are refused (None: the
             run of the first peer, or a fresh id).
         recovery_grace: a master that rebuilds a run from rejoining peers (after a restart;
-            README, "Master failover") waits this long for the members that have not
+            docs, "Master failover") waits this long for the members that have not
             rejoined, then goes on without them (default: twice ``heartbeat_timeout``: a
             member notices the loss within one, and its reconnection may take another).
         others: ``"host:port"`` of the run's other masters (standbys). Each is asked every
@@ -92,7 +92,7 @@ class Master:
             peers' addresses and has no authentication).
         http_limits: connections each HTTP port serves at once, in all and per client
             address, and the deadline of a request's head (default ``Limits()``: 32, 4, 2 s;
-            README, "Security").
+            docs, "Security").
 
     ``status.snapshot()`` is the run at a glance as a dict (what ``/status.json`` serves),
     ``story`` the counters and recent events behind it; both are read-only views.

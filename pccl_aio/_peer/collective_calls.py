@@ -26,7 +26,7 @@ class CollectiveCalls:
 
     There is no retry helper for mixed collectives: a broadcast's root and an all-gather's
     or reduce-scatter's buffer sizes are the caller's, chosen for the world it launched in,
-    so after ``PeerLostError`` only the caller can choose them again (see the README's
+    so after ``PeerLostError`` only the caller can choose them again (see the docs'
     "Collectives"); all-reduces alone retry with ``all_reduce_multiple_with_retry``."""
 
     _control: ControlPlane

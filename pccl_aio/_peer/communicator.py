@@ -55,7 +55,7 @@ class Communicator(TransferCalls):
 
     Args:
         master: ``"host:port"`` of the master, or a list of them: the addresses a master of
-            the run may be found at (README, "Master failover").
+            the run may be found at (docs: "Master failover").
         peer_group: collectives and shared state are partitioned by group; membership votes
             (``update_topology``, ``are_peers_pending``) stay global.
         p2p_connections: TCP connections to each ring neighbour; one collective is striped
@@ -66,16 +66,16 @@ class Communicator(TransferCalls):
         listen_host: interface of the data and state listeners (default: the one that routes
             to the first master address; ``"0.0.0.0"``: all).
         advertise_host: address other peers reach this one at (default: the master's view).
-        heartbeat_interval, heartbeat_timeout: liveness beacons to and from the master; a
-            master silent for ``heartbeat_timeout`` is treated as gone (default 5 s; the
-            interval defaults to a third of it).
-            The event loop must not be blocked for longer than that.
+        heartbeat_interval: how often this peer sends the master a liveness beacon
+            (default: a third of ``heartbeat_timeout``).
+        heartbeat_timeout: a master silent this long is treated as gone (default 5 s). The
+            event loop must not be blocked for longer than that.
         data_timeout: an all-reduce that receives nothing for this long reports a failure
             and is aborted for the group (default 10 s); also bounds connecting a data link.
         secret: the run secret (``str`` or ``bytes``, the master's); every connection of the
             run proves it. At least 128 bits (``python -m pccl_aio.secret`` makes one; a
             weaker one raises ``InvalidUsageError``). None reads ``$PCCL_AIO_SECRET_FILE`` or
-            ``$PCCL_AIO_SECRET`` and runs without one if neither is set (README, "Security").
+            ``$PCCL_AIO_SECRET`` and runs without one if neither is set (docs: "Security").
         ssl: a client ``ssl.SSLContext``: the master connection is TLS, and so are the
             connections to other peers when ``ssl_server`` is given too.
         ssl_server: a server ``ssl.SSLContext`` for this peer's listeners: TLS between peers
@@ -86,16 +86,17 @@ class Communicator(TransferCalls):
             later calls wait. Then everything raises ``MasterConnectionError``. 0: at once.
         run_id: the run this peer belongs to; a master of another run refuses it (None:
             the run of the first master that accepts it).
-        metrics_port: serve Prometheus metrics (``pccl_peer_*``, README "Logs and metrics")
+        metrics_port: serve Prometheus metrics (``pccl_peer_*``, docs: "Logs, metrics and status")
             at ``http://metrics_host:metrics_port/metrics`` from ``connect`` to ``close``;
             0: a port the OS picks (``metrics_port`` tells it). None (the default):
             ``$PCCL_AIO_METRICS_PORT`` if set, else no metrics.
         metrics_host: the interface metrics are served on (default: loopback only).
-        replica, replica_size: this process is one of the ``replica_size`` processes of the
-            replica named ``replica`` (e.g. the shards of an FSDP model, each in its own peer
-            group): the master admits a joining replica's processes in one round, once all
-            of them registered, and the processes of the run's first replica start it
-            together. None (the default): a replica of one process.
+        replica: the name of the replica this process is one of (e.g. the shards of an
+            FSDP model, each in its own peer group): the master admits a joining replica's
+            processes in one round, once all of them registered, and the processes of the
+            run's first replica start it together. None (the default): a replica of one
+            process.
+        replica_size: how many processes the replica has.
 
     Logging: one line per event on the ``pccl_aio.*`` loggers, with the run, peer and group
     ids; ``$PCCL_AIO_LOG_LEVEL`` sets their level (read when a communicator is created).

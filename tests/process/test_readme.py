@@ -138,9 +138,10 @@ def _check_use_run(results: list[tuple[int, str, str]], steps: int, joiner: bool
 def test_the_readme_blocks_are_found_and_marked():
     assert RUNNABLE and USE in RUNNABLE, BLOCKS
     assert USE.peers >= 2
-    assert len(BLOCKS) - len(RUNNABLE) <= 1, [b.line for b in BLOCKS if b.not_run]
+    # sketches that need a launcher's environment (torchrun twice, a Ray cluster); no others
+    assert len(BLOCKS) - len(RUNNABLE) <= 4, [(b.path, b.line) for b in BLOCKS if b.not_run]
     for b in BLOCKS:  # even a sketch that is not run must at least compile
-        compile(b.code, f"README.md:{b.line}", "exec")
+        compile(b.code, f"{b.path}:{b.line}", "exec")
 
 
 def test_the_block_parser_reads_fences_sections_and_markers():
@@ -158,7 +159,8 @@ def test_the_block_parser_reads_fences_sections_and_markers():
         blocks("<!-- not-run -->\n```python\nx = 1\n```\n")[0].check_note()
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b.line}" for b in RUNNABLE])
+@pytest.mark.parametrize("block", RUNNABLE,
+                         ids=[f"{b.path.removesuffix('.md')}:{b.line}" for b in RUNNABLE])
 async def test_each_python_block_runs(block: Block, tmp_path: Path):
     results = await _run(block, tmp_path, block.peers, staggered=False)
     for code, out, err in results:

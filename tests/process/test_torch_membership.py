@@ -18,7 +18,7 @@ import pytest
 
 import pccl_aio as pccl
 from tests.process.procs import HERE, Proc, events, spawn, start_master
-from tests.process.readme_blocks import README, blocks
+from tests.process.readme_blocks import all_blocks
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(150)
@@ -76,7 +76,7 @@ async def test_plain_ddp_raises_on_every_rank_around_a_10s_sigstop(procs):
     await _run(procs, resume=True)
 
 
-DIST = next(b for b in blocks(README.read_text()) if b.lang == "python"
+DIST = next(b for b in all_blocks() if b.lang == "python"
             and "pccl_aio.torch.DistributedDataParallel(model)" in b.code)
 
 

@@ -1,5 +1,5 @@
-"""The README's layout paragraph agrees with the tree: every module and folder it names
-exists, and every folder of ``pccl_aio/_peer/`` is named."""
+"""The layout paragraph (docs/explanation/development.md) agrees with the tree: every module
+and folder it names exists, and every folder of ``pccl_aio/_peer/`` is named."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ PKG = ROOT / "pccl_aio"
 
 
 def layout() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "explanation" / "development.md").read_text(encoding="utf-8")
     start = text.index("Layout: the path tells the layer")
     return text[start:text.index("Every example runs as real processes", start)]
 

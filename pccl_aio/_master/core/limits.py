@@ -12,7 +12,7 @@ Every resource a connection can make the master hold is bounded (``Limits``):
 - the wire caps every string and list a peer sends (``_wire/messages.py``), and a peer holds at
   most one counted vote of each kind, so nothing else grows per member.
 
-Hello floods. A README-style loop runs ``update_topology()`` whenever ``are_peers_pending()``
+Hello floods. The documented training loop runs ``update_topology()`` when ``are_peers_pending()``
 answers True, and that answered True whenever any joiner was registered. A client opening
 connections that each say ``Hello`` (and close, or stay silent) kept one joiner registered at
 every vote, so every step became a topology round: no all-reduce ran, and every joiner
