@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.process.cli_reference import PAGE as CLI_PAGE
+from tests.process.cli_reference import page as cli_page
 from tests.process.test_observability import chromium, chromium_exe
 
 pytestmark = pytest.mark.timeout(240)
@@ -55,6 +57,10 @@ def test_every_public_name_has_a_reference_entry(site: Path):
     # an entry holds the docstring: the Communicator's first line is on its page
     text = (site / "reference" / "pccl_aio" / "index.html").read_text()
     assert "from_env" in text and "wait_for_peers" in text
+
+
+def test_the_command_lines_reference_is_current():
+    assert CLI_PAGE.read_text() == cli_page(), "run: python -m tests.process.cli_reference"
 
 
 def test_the_readmes_links_reach_pages_that_exist():
