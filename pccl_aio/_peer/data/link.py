@@ -103,7 +103,7 @@ class _Sender(asyncio.Protocol):
 # is under 256 KiB, so few bytes sit queued (and go cold) behind the kernel's own send buffer,
 # which holds what is in flight. Paired P = 3 64 MiB loopback runs: 1 MiB took 0.94-0.97 of
 # 4 MiB's time, 256 KiB 0.95-0.97 of 1 MiB's; the WAN bench (K = 8) read 0.81-0.85 of the
-# link with either (bench/RESULTS.md, session 5).
+# link with either (bench/RESULTS.md).
 WRITE_HIGH, WRITE_LOW = 256 << 10, 64 << 10
 
 
