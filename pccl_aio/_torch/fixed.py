@@ -82,6 +82,12 @@ class FixedGroup(ProcessGroup):
         has been reconfigured since)."""
         return not isinstance(self.comm, Unjoined)
 
+    def recorded(self, work: Work) -> Work:
+        """``work`` with the group's timeout as its wait's default (gloo's rule: a
+        collective not done within ``init_process_group``'s timeout raises)."""
+        work.default_timeout = self.timeout
+        return super().recorded(work)
+
     def need_joined(self) -> None:
         """``InvalidUsageError`` before ``reconfigure`` joined this rank to its group."""
         if not self.joined:

@@ -73,16 +73,23 @@ class Work(_C10dWork):
         for h in handles:
             h.add_done_callback(ended)
 
+    #: the wait when ``wait`` names none (seconds; None: none): the by-name group's
+    #: ``init_process_group`` timeout, as gloo applies it (``fixed.py``)
+    default_timeout: float | None = None
+
     def wait(self, timeout: Any = None) -> bool:
         """Block until it ended; raises its typed error (``PeerLostError``, ...).
-        ``timeout`` (a ``timedelta`` or seconds; zero or None: none): ``PcclTimeoutError``
-        if it has not ended by then (it goes on; a later ``wait`` may still succeed)."""
+        ``timeout`` (a ``timedelta`` or seconds; zero or None: ``default_timeout``):
+        ``PcclTimeoutError`` if it has not ended by then (it goes on; a later ``wait`` may
+        still succeed)."""
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        seconds = seconds or self.default_timeout
         if seconds and not self._settled.done():
             ended = threading.Event()
             self._settled.add_done_callback(lambda _: ended.set())
             if not ended.wait(float(seconds)):
-                raise PcclTimeoutError(f"the collective did not end within {seconds:g} s")
+                raise PcclTimeoutError(f"the collective did not end within {seconds:g} s "
+                                       "(its wait's timeout or the group's)")
         with contextlib.suppress(RuntimeError):  # (torch's wrapping of the typed error)
             self._future.wait()  # (done after ``settled``: both are, once this returns)
         value = self._settled.value()

@@ -251,3 +251,27 @@ def test_ranks_that_never_come_time_out_typed_and_nothing_is_left_running():
     _refused(bytes(store.get("pccl_aio/0/master")).decode())  # rank 0's master: closed
     with pytest.raises(pccl.PcclTimeoutError, match="rank 0's master address"):
         rendezvous.create(HashStore(), 1, 2, timedelta(seconds=0.5))
+
+
+def test_a_collective_not_done_within_the_groups_timeout_raises_then_can_still_end():
+    """gloo's rule on the by-name group: ``Work.wait()`` gives up after the group's timeout
+    (``init_process_group(timeout=)``) with a ``PcclTimeoutError``; the collective goes on
+    and ends once the others call it (PyTorch's test_barrier_timeout_*)."""
+    store = HashStore()
+    with ThreadPoolExecutor(WORLD) as pool:
+        futures = [pool.submit(rendezvous.create, store, r, WORLD, timedelta(seconds=30))
+                   for r in range(WORLD)]
+        groups = sorted((f.result(timeout=40) for f in futures), key=lambda g: g.rank())
+    try:
+        assert groups[0].timeout == 30.0
+        groups[0].timeout = 1.0
+        work = groups[0].barrier()
+        started = time.monotonic()
+        with pytest.raises(pccl.PcclTimeoutError, match=r"within 1 s \(its wait's timeout"):
+            work.wait()
+        assert time.monotonic() - started >= 0.9
+        others = [g.barrier() for g in groups[1:]]
+        assert all(w.wait() for w in others) and work.wait(timedelta(seconds=20))
+    finally:
+        with ThreadPoolExecutor(WORLD) as pool:
+            list(pool.map(lambda g: g.shutdown(), groups))
