@@ -109,10 +109,11 @@ MASTER = str(HERE / "masterproc.py")
 
 
 async def start_master(procs: list[Proc], port: int = 0, name: str = "master",
-                       env: dict[str, str] | None = None) -> tuple[Proc, int]:
-    """A ``masterproc.py`` master (heartbeat timeout 2 s) on ``port`` (0: the OS's choice),
-    and the port it listens on."""
-    m = await spawn(name, MASTER, "2.0", str(port), env=env)
+                       env: dict[str, str] | None = None, heartbeat_timeout: float = 2.0
+                       ) -> tuple[Proc, int]:
+    """A ``masterproc.py`` master (heartbeat timeout 2 s unless given) on ``port`` (0: the
+    OS's choice), and the port it listens on."""
+    m = await spawn(name, MASTER, str(heartbeat_timeout), str(port), env=env)
     procs.append(m)
     return m, int(await m.line())
 
