@@ -49,6 +49,15 @@ def _rotated_groups(address: str) -> list[FixedGroup]:
     return groups
 
 
+def met(world: int = WORLD) -> list[FixedGroup]:
+    """``world`` by-name groups met through one store (one thread per rank), in rank order."""
+    store = HashStore()
+    with ThreadPoolExecutor(world) as pool:
+        futures = [pool.submit(rendezvous.create, store, r, world, timedelta(seconds=30))
+                   for r in range(world)]
+        return sorted((f.result(timeout=40) for f in futures), key=lambda g: g.rank())
+
+
 def _all(works: list) -> None:
     for w in works:
         assert w.wait()
@@ -205,11 +214,7 @@ def test_tls_from_the_environment_for_master_peers_and_links(tmp_path, monkeypat
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     for name, file in zip(rendezvous.TLS_ENV, ("peer.pem", "peer.key", "ca.pem")):
         monkeypatch.setenv(name, str(tmp_path / file))
-    store = HashStore()
-    with ThreadPoolExecutor(WORLD) as pool:
-        futures = [pool.submit(rendezvous.create, store, r, WORLD, timedelta(seconds=30))
-                   for r in range(WORLD)]
-        groups = sorted((f.result(timeout=40) for f in futures), key=lambda g: g.rank())
+    groups = met()
     try:
         assert all(g.comm.config.ssl is not None and g.comm.config.ssl_server is not None
                    for g in groups)
@@ -257,11 +262,7 @@ def test_a_collective_not_done_within_the_groups_timeout_raises_then_can_still_e
     """gloo's rule on the by-name group: ``Work.wait()`` gives up after the group's timeout
     (``init_process_group(timeout=)``) with a ``PcclTimeoutError``; the collective goes on
     and ends once the others call it (PyTorch's test_barrier_timeout_*)."""
-    store = HashStore()
-    with ThreadPoolExecutor(WORLD) as pool:
-        futures = [pool.submit(rendezvous.create, store, r, WORLD, timedelta(seconds=30))
-                   for r in range(WORLD)]
-        groups = sorted((f.result(timeout=40) for f in futures), key=lambda g: g.rank())
+    groups = met()
     try:
         assert groups[0].timeout == 30.0
         groups[0].timeout = 1.0

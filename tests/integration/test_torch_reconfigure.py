@@ -8,18 +8,16 @@ is a ``PcclTimeoutError``."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch._C._distributed_c10d import HashStore  # noqa: E402
 
 import pccl_aio as pccl  # noqa: E402
 import pccl_aio.torch as pt  # noqa: E402
-from pccl_aio._torch import rendezvous  # noqa: E402
 from pccl_aio._torch.fixed import FixedGroup  # noqa: E402
 from pccl_aio._torch.reconfigure import Handle, reconfigure  # noqa: E402
+from tests.integration.test_torch_fixed_group import met  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -28,11 +26,7 @@ WORLD = 3
 
 @pytest.fixture
 def world():
-    store = HashStore()
-    with ThreadPoolExecutor(WORLD) as pool:
-        futures = [pool.submit(rendezvous.create, store, r, WORLD, timedelta(seconds=30))
-                   for r in range(WORLD)]
-        groups = sorted((f.result(timeout=40) for f in futures), key=lambda g: g.rank())
+    groups = met(WORLD)
     yield groups
     for g in groups[1:]:
         g.close()
