@@ -2,7 +2,7 @@
 torch.distributed by name, measured in the same run on loopback.
 
     python bench/p2p.py [--world 2 3] [--sizes 16MiB 64MiB] [--repeat 3] [--iters 10]
-                        [--lat-iters 300] [--json PATH]
+                        [--lat-iters 300] [--pin] [--json PATH]
 
 For every P in ``--world`` and each of ``--repeat`` rounds, P fresh rank processes of one
 backend run ``dist.init_process_group(backend, init_method="file://<tmp file>", rank=r,
@@ -10,6 +10,11 @@ world_size=P)`` (``"pccl_aio"`` after ``import pccl_aio.torch``: rank 0 starts t
 master in its own process; ``"gloo"`` over ``lo``), then the other backend's; which one goes
 first alternates from one round and P to the next, and the timed iterations of all rounds are
 pooled. One compute thread per rank (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``).
+``--pin`` pins rank r's process (all its threads) to CPU r mod the CPU count, both backends
+alike, as a launcher binding one rank per core does (``taskset``, ``numactl``); without it
+the kernel places the threads. pccl_aio's 4 KiB latency depends on it: a rank's caller and
+loop threads hand the GIL to each other, which costs a cross-core wake-up when the kernel
+puts them on different cores (gloo's C++ threads hold no GIL).
 Tensors are float32 on the CPU; ``dist.send``/``dist.recv`` block until their work is done.
 
 - latency: a 4 KiB tensor ping-pong between ranks 0 and 1 (0 sends, 1 receives and sends it
@@ -176,6 +181,8 @@ def rank_main(backend: str, path: str, world: int, rank: int, plan: Plan, lat_it
     import torch
     import torch.distributed as dist
 
+    if os.environ.get("P2P_BENCH_PIN") == "1":
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     if backend == "pccl_aio":
         import pccl_aio.torch  # noqa: F401  (registers the backend)
     torch.set_num_threads(1)
@@ -293,8 +300,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10, help="timed iterations per size and round")
     ap.add_argument("--lat-iters", type=int, default=300,
                     help="timed 4 KiB round trips per round")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin rank r's process to CPU r mod the CPU count (both backends)")
     ap.add_argument("--json", help="also write the JSON lines to this file")
     a = ap.parse_args()
+    if a.pin:
+        os.environ["P2P_BENCH_PIN"] = "1"  # (the rank processes read it)
     if any(w < 2 for w in a.world):
         raise SystemExit("--world: every P must be at least 2")
     sizes = [parse_size(s) // 4 * 4 for s in a.sizes]
@@ -306,7 +317,8 @@ def main() -> None:
     t_start = time.perf_counter()
     print(f"# send/recv and all_to_all_single, pccl_aio vs gloo by name on 127.0.0.1: torch "
           f"{torch.__version__}, {os.cpu_count()} CPUs, {platform.machine()}, Python "
-          f"{platform.python_version()}, OMP_NUM_THREADS=1 in every rank", flush=True)
+          f"{platform.python_version()}, OMP_NUM_THREADS=1 in every rank, "
+          f"{'each rank pinned to one CPU' if a.pin else 'ranks not pinned'}", flush=True)
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     runs: dict[int, dict[str, dict[str, list[list[float]]]]] = {}
     for idx, world in enumerate(a.world):
@@ -340,7 +352,7 @@ def main() -> None:
     print(f"{sum(c['ok'] for c in checks)}/{len(checks)} targets met; every transfer's last "
           f"iteration checked exactly; {time.perf_counter() - t_start:.0f} s\n")
     emit_json_lines("p2p", rows, a.json, torch=torch.__version__, cpus=os.cpu_count(),
-                    repeat=a.repeat, warmup=WARMUP, lat_warmup=LAT_WARMUP, acceptance=checks,
+                    repeat=a.repeat, pinned=a.pin, warmup=WARMUP, lat_warmup=LAT_WARMUP, acceptance=checks,
                     all_ok=all(c["ok"] for c in checks),
                     elapsed_s=time.perf_counter() - t_start)
 

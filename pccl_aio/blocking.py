@@ -371,6 +371,10 @@ class Communicator:
         comm = self._comm
         return threaded.post(self._runner, lambda: make(comm))
 
+    def _send_now(self, tensor: Any, peer: int, tag: int) -> Any:
+        """``send_from_thread`` of the async communicator (None: closed, or not written)."""
+        return None if self.closed else self._comm.send_from_thread(tensor, peer, tag=tag)
+
     def sync_shared_state(self, state: SharedState,
                           strategy: SyncStrategy = SyncStrategy.ENFORCE_POPULAR, *,
                           timeout: float | None = None,

@@ -3,9 +3,12 @@ and their ``*_async`` forms (``p2p/calls.py`` does the work)."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._errors import InvalidUsageError
 from .._types import ReduceInfo, ReduceOp, TransferInfo
 from .collective_calls import CollectiveCalls
 from .p2p import exchange
@@ -28,6 +31,7 @@ class TransferCalls(CollectiveCalls):
 
     _p2p: PointToPoint
     _check_usable: Callable[[], None]
+    _loop: asyncio.AbstractEventLoop | None  # the loop it connected on
 
     def send_async(self, tensor: Any, peer: int, *, tag: int = 0) -> TransferHandle:
         """Send ``tensor`` (any contiguous CPU tensor, array or buffer; its bytes) to peer
@@ -36,6 +40,19 @@ class TransferCalls(CollectiveCalls):
         this peer itself, a bad tag or tensor) before anything is sent."""
         self._check_usable()
         return self._p2p.send_async(tensor, peer, tag)
+
+    def send_from_thread(self, tensor: Any, peer: int, *, tag: int = 0
+                         ) -> concurrent.futures.Future[int] | None:
+        """For the blocking facade's threads (not the loop's): a send of at most 64 KiB
+        written by the calling thread, without a hop to the loop, where the connection to
+        ``peer`` is open, plain TCP, and has nothing waiting before it; the future completes
+        as ``send_async``'s handle would. None: nothing was written (``send_async`` it).
+        Raises as ``send_async``."""
+        loop = self._loop
+        if loop is None:
+            raise InvalidUsageError("connect the communicator first")
+        self._control.check_usable()
+        return self._p2p.send_now(tensor, peer, tag, loop)
 
     def recv_async(self, tensor: Any, peer: int | None, *, tag: int = 0) -> TransferHandle:
         """Post a receive of a message from peer ``peer`` (None: from any member) with

@@ -34,9 +34,10 @@ class SourcedWork(Work):
     rank) is the torch rank of the peer that sent it."""
 
     def __init__(self, handle: TransferHandle, finish: Callable[[], Any],
-                 completions: Completions, rank_of: Callable[[int], int]) -> None:
+                 completions: Completions, rank_of: Callable[[int], int],
+                 inline: bool) -> None:
         self._handle, self._rank_of = handle, rank_of
-        super().__init__([handle], finish, completions, inline=False)
+        super().__init__([handle], finish, completions, inline=inline)
 
     def _source_rank(self) -> int:
         self.wait()
@@ -54,6 +55,9 @@ class PointToPointOps(dist.ProcessGroup):
     comm: Communicator
     members: tuple[int, ...]
     completions: Completions
+    #: the last send posted to the loop thread: a send written from this thread must not
+    #: overtake it (``send``)
+    _posted_send: TransferHandle | None = None
 
     if TYPE_CHECKING:  # (what the group defines)
         def peer_of(self, rank: int) -> int: ...
@@ -79,9 +83,15 @@ class PointToPointOps(dist.ProcessGroup):
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0  # type: ignore[override]
              ) -> Work:
+        """Written from this thread where it can be (``send_from_thread``: a small message
+        with nothing before it), else posted to the loop thread."""
         peer = self._other(dstRank, "destination")
         host, _ = _host(_one(tensors), load=True)
-        h = self.comm._post_transfer(lambda c: _send(c, host, peer, tag))
+        last = self._posted_send
+        now = self.comm._send_now(host, peer, tag) if last is None or last.launched() else None
+        if now is not None:
+            return self.recorded(Work([now], lambda: tensors, self.completions, inline=True))
+        h = self._posted_send = self.comm._post_transfer(lambda c: _send(c, host, peer, tag))
         return self.recorded(Work([h], lambda: tensors, self.completions, inline=True))
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0  # type: ignore[override]
@@ -101,7 +111,8 @@ class PointToPointOps(dist.ProcessGroup):
             back()
             return tensors
 
-        return self.recorded(SourcedWork(h, finish, self.completions, self.rank_of))
+        return self.recorded(SourcedWork(h, finish, self.completions, self.rank_of,
+                                         inline=back is _nothing))
 
     # ---- all-to-all --------------------------------------------------------------------------
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,  # type: ignore[override]

@@ -13,6 +13,7 @@ whose connection is lost) fails the sends to it and the receives posted for it w
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final
@@ -146,6 +147,15 @@ class PointToPoint:
         fut = self.outbox.send(pid, user_key(t), view)
         return TransferHandle(fut, lambda _: TransferInfo(pid, t, view.nbytes), t,
                               lambda: _cancel(fut))
+
+    def send_now(self, tensor: Any, peer: object, tag: object,
+                 loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[int] | None:
+        """From a thread other than the loop's: ``Outbox.send_now`` of ``tensor``'s bytes
+        (None: nothing written, ``send_async`` it on the loop). Raises as ``send_async``."""
+        pid, t = self._peer(peer, "peer"), _tag(tag)
+        assert pid is not None
+        return self.outbox.send_now(pid, user_key(t), as_buffer(tensor, writable=False).view,
+                                    loop)
 
     def recv_async(self, tensor: Any, peer: object, tag: object) -> TransferHandle:
         """Receive into ``tensor`` from ``peer`` (None: any member). From a peer that left:

@@ -4,6 +4,7 @@ launched on a communicator's loop thread, waited for from any thread."""
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Callable
 
 from ..._errors import InvalidUsageError
@@ -21,10 +22,31 @@ class TransferHandle:
     def __init__(self, runner: LoopThread,
                  launched: concurrent.futures.Future[AsyncTransfer]) -> None:
         self._runner, self._launched = runner, launched
+        #: callbacks added before a posted launch ran (registered by it, in the same loop
+        #: callback, so a post and its work's callback wake the loop thread once); None after
+        self._early: list[Callable[[TransferHandle], None]] | None = None
+        self._lock = threading.Lock()
+
+    def _registered(self) -> None:
+        """On the loop thread, once the launch ran: register the early callbacks."""
+        with self._lock:
+            early, self._early = self._early, None
+        for fn in early or ():
+            self._register(fn)
+
+    def _register(self, fn: Callable[[TransferHandle], None]) -> None:
+        if self._launched.exception() is not None:
+            fn(self)
+        else:
+            self._handle.add_done_callback(lambda _: fn(self))
 
     @property
     def _handle(self) -> AsyncTransfer:
         return self._launched.result()  # (blocks until a posted launch ran; raises its error)
+
+    def launched(self) -> bool:
+        """Its launch ran on the loop thread (a posted one may not have yet)."""
+        return self._launched.done()
 
     def done(self) -> bool:
         """It ended: ``wait()`` will not block."""
@@ -38,14 +60,11 @@ class TransferHandle:
 
     def add_done_callback(self, fn: Callable[[TransferHandle], None]) -> None:
         """Call ``fn(handle)`` on the loop thread once it ended (keep it short)."""
-
-        def register() -> None:
-            if self._launched.exception() is not None:
-                fn(self)
-            else:
-                self._handle.add_done_callback(lambda _: fn(self))
-
-        self._runner.loop.call_soon_threadsafe(register)
+        with self._lock:
+            if self._early is not None:
+                self._early.append(fn)
+                return
+        self._runner.loop.call_soon_threadsafe(self._register, fn)
 
     def result(self) -> TransferInfo:
         """The outcome once ``done()``; ``InvalidUsageError`` before. Never blocks."""
@@ -79,12 +98,15 @@ def post(runner: LoopThread, make: Callable[[], AsyncTransfer]) -> TransferHandl
     """Queue ``make()`` on the loop thread without waiting (for threads that must not block;
     posts from one thread keep their order); its errors surface through the handle."""
     launched: concurrent.futures.Future[AsyncTransfer] = concurrent.futures.Future()
+    handle = TransferHandle(runner, launched)
+    handle._early = []
 
     def run() -> None:
         try:
             launched.set_result(make())
         except BaseException as exc:  # (reported through the handle)
             launched.set_exception(exc)
+        handle._registered()
 
     runner.loop.call_soon_threadsafe(run)
-    return TransferHandle(runner, launched)
+    return handle
