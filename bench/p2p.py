@@ -352,7 +352,8 @@ def main() -> None:
     print(f"{sum(c['ok'] for c in checks)}/{len(checks)} targets met; every transfer's last "
           f"iteration checked exactly; {time.perf_counter() - t_start:.0f} s\n")
     emit_json_lines("p2p", rows, a.json, torch=torch.__version__, cpus=os.cpu_count(),
-                    repeat=a.repeat, pinned=a.pin, warmup=WARMUP, lat_warmup=LAT_WARMUP, acceptance=checks,
+                    repeat=a.repeat, pinned=a.pin, warmup=WARMUP, lat_warmup=LAT_WARMUP,
+                    acceptance=checks,
                     all_ok=all(c["ok"] for c in checks),
                     elapsed_s=time.perf_counter() - t_start)
 
