@@ -19,7 +19,6 @@ caller as with gloo; the others are handed to the group's ``Completions`` thread
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -54,7 +53,7 @@ class Work(_C10dWork):
                  typed: Typed | None = None) -> None:
         super().__init__()
         self._settled: torch.futures.Future[Any] = torch.futures.Future()
-        self._future: torch.futures.Future[Any] = self._settled.then(_unwrap)
+        self._future: torch.futures.Future[Any] | None = None  # (made by ``get_future``)
         item = (handles, finish, self._settled, typed)
         if completions is None or not handles:
             _complete(*item)  # (nothing in flight: done now)
@@ -90,15 +89,13 @@ class Work(_C10dWork):
             if not ended.wait(float(seconds)):
                 raise PcclTimeoutError(f"the collective did not end within {seconds:g} s "
                                        "(its wait's timeout or the group's)")
-        with contextlib.suppress(RuntimeError):  # (torch's wrapping of the typed error)
-            self._future.wait()  # (done after ``settled``: both are, once this returns)
-        value = self._settled.value()
+        value = self._settled.wait()  # (the value: the result, or the error object)
         if isinstance(value, BaseException):
             raise value
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._settled.done()
 
     def is_success(self) -> bool:
         return self._settled.done() and not isinstance(self._settled.value(), BaseException)
@@ -110,6 +107,8 @@ class Work(_C10dWork):
         return value if isinstance(value, BaseException) else None
 
     def get_future(self) -> torch.futures.Future[Any]:
+        if self._future is None:  # (a chain on ``settled``: made on demand, it is one
+            self._future = self._settled.then(_unwrap)  # fewer future per collective)
         return self._future
 
     def settled(self) -> torch.futures.Future[Any]:
