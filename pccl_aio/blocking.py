@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -364,15 +365,12 @@ class Communicator:
         return threaded.launch(self._runner, lambda: self._comm.recv_async(tensor, peer, tag=tag))
 
     def _post_transfer(self, make: Callable[[_AsyncCommunicator], Any]) -> TransferHandle:
-        """``make(async_comm)`` (a ``send_async``/``recv_async``) queued on the loop thread
-        without waiting, as ``_post`` (for torch's threads, which must not block)."""
+        """``make(async_comm)`` queued on the loop thread without waiting (torch's threads)."""
         if self.closed:
             raise InvalidUsageError("the communicator is closed")
-        comm = self._comm
-        return threaded.post(self._runner, lambda: make(comm))
+        return threaded.post(self._runner, functools.partial(make, self._comm))
 
-    def _send_now(self, tensor: Any, peer: int, tag: int) -> Any:
-        """``send_from_thread`` of the async communicator (None: closed, or not written)."""
+    def _send_now(self, tensor: Any, peer: int, tag: int) -> Any:  # (None: closed, not sent)
         return None if self.closed else self._comm.send_from_thread(tensor, peer, tag=tag)
 
     def sync_shared_state(self, state: SharedState,

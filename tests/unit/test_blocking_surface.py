@@ -12,7 +12,9 @@ from pccl_aio._peer.core.config import PeerConfig
 
 # Intentional differences, by class: names only one of the two APIs has, and why.
 ASYNC_ONLY: dict[str, set[str]] = {
-    "Communicator": set(),
+    # the door the blocking facade's threads write small sends through (``pccl_aio.torch``'s
+    # ``send``); the blocking communicator's own ``send`` is the call a user makes
+    "Communicator": {"send_from_thread"},
     "AllReduceHandle": set(),
     # loop-owned objects (read on the master's loop; another thread would race it), and
     # serve_forever: the blocking master serves from its own thread until close()
