@@ -13,10 +13,15 @@ _TCP_CLOSED_BY_PEER = (7, 8)  # Linux tcp_info states TCP_CLOSE (reset), TCP_CLO
 
 
 def set_nodelay(transport: asyncio.BaseTransport) -> None:
-    """Disable Nagle's algorithm: small control frames must not wait for an ACK."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    """Disable Nagle's algorithm: small control frames must not wait for an ACK. Nothing
+    for a transport closed meanwhile (uvloop's raises ``RuntimeError`` then)."""
+    try:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, RuntimeError):
+        if not transport.is_closing():
+            raise
 
 
 def own_socket(transport: asyncio.BaseTransport) -> socket.socket | None:

@@ -211,7 +211,7 @@ class ControlPlane(Launches):
         launch waiting for a master) fails with ``exc``."""
         if self.failure is None:
             self.failure = exc
-        self.settle(self.votes.fail(exc))
+        self.settle(self.votes.fail(exc), retrieve=True)  # (a waiter may be gone)
         self.arrivals.wake()
         if self._up is not None and not self._up.done():
             self._up.set_exception(exc)

@@ -120,6 +120,9 @@ class StateServer:
                     del self._by_peer[peer]
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
+        except RuntimeError:  # (uvloop's write to a transport ``abort`` closed)
+            if not writer.transport.is_closing():
+                raise
         finally:
             self._writers.discard(writer)
             writer.close()
