@@ -55,9 +55,9 @@ class PointToPointOps(dist.ProcessGroup):
     comm: Communicator
     members: tuple[int, ...]
     completions: Completions
-    #: the last send posted to the loop thread: a send written from this thread must not
-    #: overtake it (``send``)
-    _posted_send: TransferHandle | None = None
+    #: the last send posted to the loop thread (and the communicator it went to): a send
+    #: written from this thread must not overtake it (``send``)
+    _posted_send: tuple[Communicator, TransferHandle] | None = None
 
     if TYPE_CHECKING:  # (what the group defines)
         def peer_of(self, rank: int) -> int: ...
@@ -87,13 +87,15 @@ class PointToPointOps(dist.ProcessGroup):
         with nothing before it), else posted to the loop thread."""
         peer = self._other(dstRank, "destination")
         host, _ = _host(_one(tensors), load=True)
-        last = self._posted_send
-        now = self.comm._send_now(host, peer, tag) if last is None or last.launched() else None
+        posted, comm = self._posted_send, self.comm  # (a rebound group has a new one)
+        last = posted[1] if posted is not None and posted[0] is comm else None
+        now = comm._send_now(host, peer, tag) if last is None or last.launched() else None
         if now is not None and now.done() and now.exception() is None:
             return self.recorded(done(tensors))  # (written whole: nothing to wait for)
         if now is not None:
             return self.recorded(Work([now], lambda: tensors, self.completions, inline=True))
-        h = self._posted_send = self.comm._post_transfer(lambda c: _send(c, host, peer, tag))
+        h = comm._post_transfer(lambda c: _send(c, host, peer, tag))
+        self._posted_send = (comm, h)
         return self.recorded(Work([h], lambda: tensors, self.completions, inline=True))
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0  # type: ignore[override]
