@@ -19,6 +19,7 @@ caller as with gloo; the others are handed to the group's ``Completions`` thread
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -90,6 +91,9 @@ class Work(_C10dWork):
                 raise PcclTimeoutError(f"the collective did not end within {seconds:g} s "
                                        "(its wait's timeout or the group's)")
         value = self._settled.wait()  # (the value: the result, or the error object)
+        if self._future is not None:  # (completed by a callback of ``settled``: done too
+            with contextlib.suppress(RuntimeError):  # once this returns; torch's wrapping
+                self._future.wait()  # of the typed error)
         if isinstance(value, BaseException):
             raise value
         return True
