@@ -4,19 +4,33 @@ async DiLoCo say too little of the run's pace (a fragment's sync, a step applied
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from pccl_aio._launch.record import Record
 from pccl_aio._launch.runner import Launcher
 from pccl_aio._launch.start import Config
+
+OPEN: list[Record] = []  # the records ``launcher`` made, closed after each test
+
+
+@pytest.fixture(autouse=True)
+def _records_closed() -> Iterator[None]:
+    yield
+    while OPEN:
+        OPEN.pop().close()
 
 
 def launcher(tmp_path: Path, budget: int) -> Launcher:
     cfg = Config(Path("x.py"), 3, 2.0, tmp_path, 1, None, ["--inner-steps", str(budget)])
     bar = SimpleNamespace(total=None, n=0, refresh=lambda: None,
                           update=lambda k: setattr(bar, "n", bar.n + k))
-    return Launcher(cfg, Record(tmp_path / "r.csv"), bar)
+    rec = Record(tmp_path / "r.csv")
+    OPEN.append(rec)
+    return Launcher(cfg, rec, bar)
 
 
 def test_the_total_follows_the_latest_pace(tmp_path: Path) -> None:

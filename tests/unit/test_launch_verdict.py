@@ -5,6 +5,7 @@ final loss is clearly worse than the best (over 3 %) or the run never had compan
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,6 +19,16 @@ from pccl_aio._launch.start import Config
 from pccl_aio._launch.verdict import WORSE, judge
 
 pytestmark = pytest.mark.timeout(30)
+
+
+OPEN: list[Record] = []  # the records ``launcher`` made, closed after each test
+
+
+@pytest.fixture(autouse=True)
+def _records_closed() -> Iterator[None]:
+    yield
+    while OPEN:
+        OPEN.pop().close()
 
 
 def record(tmp_path: Path, *steps: tuple[int, int, int, str], done: str | None = None) -> Record:
@@ -105,7 +116,9 @@ def launcher(tmp_path: Path, churn: float | None, budget: int = 1000) -> Launche
     cfg = Config(Path("x.py"), 3, churn, tmp_path, 1, None, ["--inner-steps", str(budget)])
     bar = SimpleNamespace(total=None, n=0, refresh=lambda: None,
                           update=lambda k: setattr(bar, "n", bar.n + k))
-    return Launcher(cfg, Record(tmp_path / "r.csv"), bar)
+    rec = Record(tmp_path / "r.csv")
+    OPEN.append(rec)
+    return Launcher(cfg, rec, bar)
 
 
 def test_the_first_kill_is_not_done_when_the_run_ends_before_it(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ exception nobody handled fails, on either loop, and the in-process tests run on 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,9 @@ def test_the_in_process_tests_run_on_both_loops(pytester: pytest.Pytester) -> No
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*LOOP uvloop*"], consecutive=False)
     result.stdout.fnmatch_lines(["*LOOP asyncio*"], consecutive=False)
+
+
+def test_a_warning_in_a_unit_test_is_an_error() -> None:
+    """``tests/unit/conftest.py``: every warning a unit test lets out fails it."""
+    with pytest.raises(UserWarning, match="planted"):
+        warnings.warn("planted", UserWarning, stacklevel=1)

@@ -96,6 +96,7 @@ class Served:
         self.reg, self.conns, self.port = reg, set[rx._Receiver](), 0
         self._peer, self.changed = peer, changed
         self.server: asyncio.Server | None = None
+        self.clients: list[asyncio.StreamWriter] = []  # (closed by ``served``)
 
     def _make(self) -> rx._Receiver:
         peer = self._peer()  # (passed only when set: the constructor before issue 17 lacks it)
@@ -111,6 +112,7 @@ class Served:
     async def connect(self, peer: int, data: bytes = b"", index: int = 0, **kw: Any
                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         r, w = await asyncio.open_connection("127.0.0.1", self.port, **kw)
+        self.clients.append(w)
         w.write(wire.pack_hello(peer, index) + data)
         await w.drain()
         return r, w
@@ -128,6 +130,8 @@ async def served(reg: rx.Registry, changed: asyncio.Event, peer: Callable[[], in
         s.server.close()
         for c in list(s.conns):
             c.close()
+        for w in s.clients:
+            w.close()
 
 
 async def until(cond: Callable[[], bool], changed: asyncio.Event) -> None:
