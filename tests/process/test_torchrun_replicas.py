@@ -145,8 +145,12 @@ async def test_torchrun_jobs_are_replicas_one_killed_whole_rejoins_live(procs):
                         said[int(f["outer"])].append((job.name, f["world"], f["digest"]))
                         if f["world"] == "2":
                             seen[int(f["outer"])].add(f["digest"])
-            assert all(len(d) == 1 for d in seen.values()), {
-                k: said[k] for k, v in seen.items() if len(v) > 1}
+            spans = {j.name: (min(j.steps(rank), default=None),
+                              max(j.steps(rank), default=None)) for j in jobs}
+            assert all(len(d) == 1 for d in seen.values()), (  # (with what places them:
+                # the shard, a's last step when b died, each job's first and last step)
+                f"shard {rank}, killed at {killed_at}, steps {spans}",
+                {k: said[k] for k, v in seen.items() if len(v) > 1})
             together = [k for k, v in said.items() if len(v) == 2]
             assert len(together) > 20, together  # (the joiner trained with the survivor)
             steps = sorted(a.steps(rank))  # the survivor lost no step
