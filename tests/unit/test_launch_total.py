@@ -4,37 +4,24 @@ async DiLoCo say too little of the run's pace (a fragment's sync, a step applied
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-
-import pytest
 
 from pccl_aio._launch.record import Record
 from pccl_aio._launch.runner import Launcher
 from pccl_aio._launch.start import Config
 
-OPEN: list[Record] = []  # the records ``launcher`` made, closed after each test
 
-
-@pytest.fixture(autouse=True)
-def _records_closed() -> Iterator[None]:
-    yield
-    while OPEN:
-        OPEN.pop().close()
-
-
-def launcher(tmp_path: Path, budget: int) -> Launcher:
+def launcher(tmp_path: Path, rec: Record, budget: int) -> Launcher:
     cfg = Config(Path("x.py"), 3, 2.0, tmp_path, 1, None, ["--inner-steps", str(budget)])
     bar = SimpleNamespace(total=None, n=0, refresh=lambda: None,
                           update=lambda k: setattr(bar, "n", bar.n + k))
-    rec = Record(tmp_path / "r.csv")
-    OPEN.append(rec)
     return Launcher(cfg, rec, bar)
 
 
-def test_the_total_follows_the_latest_pace(tmp_path: Path) -> None:
-    run = launcher(tmp_path, 1000)
+def test_the_total_follows_the_latest_pace(tmp_path: Path,
+                                           csv_record: Record) -> None:
+    run = launcher(tmp_path, csv_record, 1000)
     run._advance(1, 17, 3, float("nan"))  # a streaming fragment: 17 inner steps in
     assert run.total == 59 and run.bar.total == 59
     run._advance(3, 50, 3, float("nan"))  # then one outer step per 50/3 inner steps
@@ -43,8 +30,9 @@ def test_the_total_follows_the_latest_pace(tmp_path: Path) -> None:
     assert run.total == 60 and run.outer == 30 and run.val == 1.5
 
 
-def test_no_kill_in_the_last_quarter_of_the_latest_total(tmp_path: Path) -> None:
-    run = launcher(tmp_path, 1000)
+def test_no_kill_in_the_last_quarter_of_the_latest_total(tmp_path: Path,
+                                                         csv_record: Record) -> None:
+    run = launcher(tmp_path, csv_record, 1000)
     run._active = lambda: [1, 2, 3]  # type: ignore[method-assign]
     run._advance(1, 100, 3, float("nan"))  # an async step applied late: 10 outer steps?
     assert run.total == 10

@@ -5,7 +5,6 @@ final loss is clearly worse than the best (over 3 %) or the run never had compan
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,15 +19,6 @@ from pccl_aio._launch.verdict import WORSE, judge
 
 pytestmark = pytest.mark.timeout(30)
 
-
-OPEN: list[Record] = []  # the records ``launcher`` made, closed after each test
-
-
-@pytest.fixture(autouse=True)
-def _records_closed() -> Iterator[None]:
-    yield
-    while OPEN:
-        OPEN.pop().close()
 
 
 def record(tmp_path: Path, *steps: tuple[int, int, int, str], done: str | None = None) -> Record:
@@ -112,25 +102,26 @@ def test_kills_not_done_are_flagged(tmp_path: Path) -> None:
     assert verdict(rec)[2] == []  # no churn: nothing to miss
 
 
-def launcher(tmp_path: Path, churn: float | None, budget: int = 1000) -> Launcher:
+def launcher(tmp_path: Path, rec: Record, churn: float | None, budget: int = 1000
+             ) -> Launcher:
     cfg = Config(Path("x.py"), 3, churn, tmp_path, 1, None, ["--inner-steps", str(budget)])
     bar = SimpleNamespace(total=None, n=0, refresh=lambda: None,
                           update=lambda k: setattr(bar, "n", bar.n + k))
-    rec = Record(tmp_path / "r.csv")
-    OPEN.append(rec)
     return Launcher(cfg, rec, bar)
 
 
-def test_the_first_kill_is_not_done_when_the_run_ends_before_it(tmp_path: Path) -> None:
-    run = launcher(tmp_path, 20.0)
+def test_the_first_kill_is_not_done_when_the_run_ends_before_it(tmp_path: Path,
+                                                                csv_record: Record) -> None:
+    run = launcher(tmp_path, csv_record, 20.0)
     assert run.schedule(None, 0.0) is None  # no step yet: the clock waits for step 1
     run.outer = 1
     assert run.schedule(None, 5.0) == 25.0 and not run.due
     assert run.kills_not_done == 1  # the run ends here: before its first kill
 
 
-def test_a_kill_due_and_not_done_counts_one_withheld_ones_do_not(tmp_path: Path) -> None:
-    run = launcher(tmp_path, 2.0)
+def test_a_kill_due_and_not_done_counts_one_withheld_ones_do_not(tmp_path: Path,
+                                                                 csv_record: Record) -> None:
+    run = launcher(tmp_path, csv_record, 2.0)
     run.outer, run.kills = 1, 1
     at = run.schedule(None, 0.0)
     assert at == 2.0 and run.kills_not_done == 0
@@ -139,4 +130,4 @@ def test_a_kill_due_and_not_done_counts_one_withheld_ones_do_not(tmp_path: Path)
     run.due, run.ending = False, True  # a peer printed done: kills are withheld
     at = run.schedule(None, 3.0)
     assert run.schedule(at, 5.5) is None and not run.due and run.kills_not_done == 0
-    assert launcher(tmp_path, None).kills_not_done is None
+    assert launcher(tmp_path, csv_record, None).kills_not_done is None
